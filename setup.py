@@ -1,0 +1,45 @@
+"""Package definition for specdec_jax."""
+
+import setuptools
+
+setuptools.setup(
+    name="specdec_jax",
+    version="0.1.0",
+    description=(
+        "Speculative decoding (Leviathan, Kalman & Matias, ICML 2023) for T5 "
+        "in JAX/Flax, in the style of T5X."
+    ),
+    packages=setuptools.find_packages(include=["specdec_jax", "specdec_jax.*", "experiments"]),
+    package_data={"specdec_jax": ["assets/**/*"]},
+    include_package_data=True,
+    python_requires=">=3.10",
+    install_requires=[
+        "jax[cpu]>=0.4.30",
+        "flax>=0.8",
+        "optax",
+        "numpy",
+        "absl-py",
+        "gin-config",
+        "orbax-checkpoint",
+        "sentencepiece",
+        "seqio",
+        "safetensors",
+        "sacrebleu",
+        "rouge-score",
+        "matplotlib",
+    ],
+    extras_require={
+        "peer": ["torch==2.13.0", "transformers>=4.40"],
+        "test": [
+            "torch==2.13.0",
+            "transformers>=4.40",
+            "pytest",
+            "pytest-xdist",
+            "scipy",
+            "ruff",
+            "nbformat",
+            "nbclient",
+            "ipykernel",
+        ],
+    },
+)
