@@ -10,8 +10,6 @@ setuptools.setup(
         "in JAX/Flax, in the style of T5X."
     ),
     packages=setuptools.find_packages(include=["specdec_jax", "specdec_jax.*", "experiments"]),
-    package_data={"specdec_jax": ["assets/**/*"]},
-    include_package_data=True,
     python_requires=">=3.10",
     install_requires=[
         "jax[cpu]>=0.4.30",

@@ -1,0 +1,1 @@
+"""Decoding: the sampling distribution, the rejection rule, the decoders."""

@@ -1,0 +1,146 @@
+"""Logits -> the distribution we sample from (temperature, top-k, top-p).
+
+This module is the single place where logits become a sampling distribution.
+The baseline decoder and both sides of speculative sampling (draft q and target
+p) call `warp_logits` with the same settings, so "the speculative sampler draws
+from the same distribution as the baseline" holds by construction.
+
+Order of the transforms follows HuggingFace: temperature, then top-k, then
+top-p. Ties are broken towards the lower token id everywhere (like
+`jnp.argmax` and `lax.top_k`), so top-k keeps exactly k tokens and the result
+is a deterministic function of the logits.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+
+def _validate(logits: jax.Array, temperature: float, top_k: int, top_p: float) -> None:
+  """Raises ValueError for settings outside their domain.
+
+  The settings must be Python (or NumPy) scalars: they select the computation
+  and are static under `jax.jit`.
+  """
+  if not isinstance(temperature, numbers.Real) or isinstance(temperature, bool) or not (
+      math.isfinite(temperature) and temperature >= 0):
+    raise ValueError(f"temperature must be a finite Python float >= 0 (0 = greedy), "
+                     f"got {temperature!r}.")
+  if not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or top_k < 0:
+    raise ValueError(f"top_k must be a Python int >= 0 (0 = off), got {top_k!r}.")
+  if not isinstance(top_p, numbers.Real) or isinstance(top_p, bool) or not 0 < top_p <= 1:
+    raise ValueError(f"top_p must be a Python float in (0, 1] (1.0 = off), got {top_p!r}.")
+  if logits.ndim < 1 or logits.shape[-1] < 1:
+    raise ValueError(f"logits must have shape [..., vocab] with vocab >= 1, got shape "
+                     f"{logits.shape}.")
+  if not jnp.issubdtype(logits.dtype, jnp.floating):
+    raise ValueError(f"logits must be a floating-point array, got dtype {logits.dtype}; "
+                     "cast with .astype(jnp.float32).")
+
+
+def _top_k_top_p_mask(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """Which tokens survive top-k and then top-p.
+
+  Args:
+    scaled: `[..., vocab]` float32 temperature-scaled logits.
+    top_k: keep the k highest tokens (0 or >= vocab: keep all).
+    top_p: then keep the smallest set of highest-probability tokens whose
+      renormalised mass is >= top_p (1.0: keep all).
+
+  Returns:
+    `[..., vocab]` bool, True for kept tokens; at least one token is kept.
+  """
+  vocab = scaled.shape[-1]
+  # Stable sort of the negated logits: descending, equal logits by token id.
+  order = jnp.argsort(-scaled, axis=-1, stable=True)  # [..., vocab]
+  sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)  # [..., vocab]
+  if 0 < top_k < vocab:
+    keep_sorted = jnp.broadcast_to(jnp.arange(vocab) < top_k, scaled.shape)  # [..., vocab]
+  else:
+    keep_sorted = jnp.ones(scaled.shape, dtype=bool)  # [..., vocab]
+  if top_p < 1.0:
+    sorted_probs = jax.nn.softmax(jnp.where(keep_sorted, sorted_logits, -jnp.inf), axis=-1)
+    # Mass strictly above each token; the token is kept while that is < top_p,
+    # which always keeps the first (mass above it is 0 < top_p).
+    mass_above = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # [..., vocab]
+    keep_sorted = keep_sorted & (mass_above < top_p)
+  inverse = jnp.argsort(order, axis=-1)  # [..., vocab]
+  return jnp.take_along_axis(keep_sorted, inverse, axis=-1)
+
+
+def warp_logits(logits: jax.Array, *, temperature: float, top_k: int = 0,
+                top_p: float = 1.0) -> jax.Array:
+  """Log-probabilities of the distribution we sample from.
+
+  Args:
+    logits: `[..., vocab]` float logits.
+    temperature: 0 means greedy; otherwise logits are divided by it.
+    top_k: keep only the k most likely tokens; 0 means off. Ties at the k-th
+      place go to the lower token id, so exactly min(k, vocab) tokens are kept.
+    top_p: nucleus sampling; keep the smallest set of most likely tokens (after
+      top-k) whose mass is >= top_p, always at least one; 1.0 means off.
+
+  Returns:
+    `[..., vocab]` float32 normalised log-probabilities (`log_softmax`);
+    excluded tokens get -inf. At temperature 0 a one-hot at the first argmax:
+    0.0 there and -inf elsewhere (top-k/top-p cannot change the argmax, so they
+    are not applied).
+
+  Raises:
+    ValueError: on settings outside their domain or non-float logits.
+  """
+  logits = jnp.asarray(logits)
+  _validate(logits, temperature, top_k, top_p)
+  logits = logits.astype(jnp.float32)
+  vocab = logits.shape[-1]
+  if temperature == 0:
+    argmax = jnp.argmax(logits, axis=-1)  # [...]
+    return jnp.where(jnp.arange(vocab) == argmax[..., None], 0.0, -jnp.inf)
+  scaled = logits / jnp.float32(temperature)  # [..., vocab]
+  if 0 < top_k < vocab or top_p < 1.0:
+    keep = _top_k_top_p_mask(scaled, top_k, top_p)
+    scaled = jnp.where(keep, scaled, -jnp.inf)
+  return jax.nn.log_softmax(scaled, axis=-1)
+
+
+def probs_from_logits(logits: jax.Array, *, temperature: float, top_k: int = 0,
+                      top_p: float = 1.0) -> jax.Array:
+  """Probabilities of the distribution we sample from: `exp(warp_logits(...))`.
+
+  Args:
+    logits: `[..., vocab]` float logits.
+    temperature: see `warp_logits`.
+    top_k: see `warp_logits`.
+    top_p: see `warp_logits`.
+
+  Returns:
+    `[..., vocab]` float32 probabilities summing to 1 over the last axis;
+    exactly 0.0 for excluded tokens, and exactly 1.0/0.0 at temperature 0.
+  """
+  return jnp.exp(warp_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p))
+
+
+def sample(rng: jax.Array, logits: jax.Array, *, temperature: float, top_k: int = 0,
+           top_p: float = 1.0) -> jax.Array:
+  """Draws one token per row from the warped distribution.
+
+  Args:
+    rng: a PRNG key; unused at temperature 0.
+    logits: `[..., vocab]` float logits.
+    temperature: 0 means greedy (`argmax`, ties -> lowest id).
+    top_k: see `warp_logits`.
+    top_p: see `warp_logits`.
+
+  Returns:
+    `[...]` int32 token ids.
+  """
+  logits = jnp.asarray(logits)
+  _validate(logits, temperature, top_k, top_p)
+  if temperature == 0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  log_probs = warp_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+  return jax.random.categorical(rng, log_probs, axis=-1).astype(jnp.int32)

@@ -1,0 +1,324 @@
+"""The paper's analysis: expected tokens, speedup, operations, optimal gamma.
+
+Leviathan, Kalman & Matias (2023), Section 3. Notation:
+  alpha: expected acceptance rate, E[beta] with beta = sum_x min(p(x), q(x)).
+  gamma: number of draft proposals per iteration (>= 1).
+  c: draft step time / target step time (walltime).
+  c_hat: draft arithmetic operations per token / target's (operations).
+
+Plain NumPy; every formula takes floats or broadcastable arrays and returns a
+float for scalar inputs, an array otherwise. `CostModel` replaces the paper's
+assumption that scoring gamma + 1 tokens costs one target step by measured
+verification times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+_DEFAULT_MAX_GAMMA = 64
+
+
+def _as_float_or_array(x: np.ndarray) -> float | np.ndarray:
+  return float(x) if x.ndim == 0 else x
+
+
+def _check_alpha(alpha: ArrayLike) -> np.ndarray:
+  a = np.asarray(alpha, dtype=np.float64)
+  if not np.all((a >= 0) & (a <= 1)):
+    raise ValueError(f"alpha must lie in [0, 1] (an acceptance rate), got {alpha!r}.")
+  return a
+
+
+def _check_gamma(gamma: ArrayLike) -> np.ndarray:
+  g = np.asarray(gamma, dtype=np.float64)
+  if not np.all((g >= 1) & (g == np.floor(g))):
+    raise ValueError(f"gamma must be an integer >= 1 (draft tokens per iteration), got "
+                     f"{gamma!r}.")
+  return g
+
+
+def _check_nonnegative(name: str, value: ArrayLike) -> np.ndarray:
+  v = np.asarray(value, dtype=np.float64)
+  if not np.all(np.isfinite(v) & (v >= 0)):
+    raise ValueError(f"{name} must be a finite cost ratio >= 0, got {value!r}.")
+  return v
+
+
+def _expected_tokens(a: np.ndarray, g: np.ndarray) -> np.ndarray:
+  """(1 - a^(g+1)) / (1 - a), computed without cancellation; g + 1 at a = 1."""
+  below_one = a < 1
+  with np.errstate(divide="ignore"):  # log(0) = -inf at a = 0, giving 1 token.
+    log_a = np.log1p(a - 1)
+  ratio = -np.expm1((g + 1) * log_a) / np.where(below_one, 1 - a, 1.0)
+  return np.where(below_one, ratio, g + 1)
+
+
+def expected_tokens_per_iteration(alpha: ArrayLike, gamma: ArrayLike) -> float | np.ndarray:
+  """E[tokens emitted per iteration] = (1 - alpha^(gamma+1)) / (1 - alpha) (Eq. 1).
+
+  Args:
+    alpha: acceptance rate(s) in [0, 1]; alpha = 1 gives the limit gamma + 1.
+    gamma: draft proposals per iteration, integer(s) >= 1.
+
+  Returns:
+    A float, or an array of the broadcast shape of `alpha` and `gamma`.
+  """
+  return _as_float_or_array(_expected_tokens(_check_alpha(alpha), _check_gamma(gamma)))
+
+
+def walltime_improvement(alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike) -> float | np.ndarray:
+  """Expected walltime improvement factor (Theorem 3.8).
+
+  (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)), assuming the target scores
+  gamma + 1 tokens in the time of one step (see `CostModel` when it does not).
+
+  Args:
+    alpha: acceptance rate(s) in [0, 1].
+    gamma: draft proposals per iteration, integer(s) >= 1.
+    c: draft step time / target step time, >= 0.
+
+  Returns:
+    A float, or an array of the broadcast shape.
+  """
+  a, g, c = _check_alpha(alpha), _check_gamma(gamma), _check_nonnegative("c", c)
+  return _as_float_or_array(_expected_tokens(a, g) / (g * c + 1))
+
+
+def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike) -> float | np.ndarray:
+  """Expected factor of arithmetic operations (Theorem 3.11).
+
+  (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)); > 1 means more
+  operations than the target alone.
+
+  Args:
+    alpha: acceptance rate(s) in [0, 1].
+    gamma: draft proposals per iteration, integer(s) >= 1.
+    c_hat: draft operations per token / target operations per token, >= 0.
+
+  Returns:
+    A float, or an array of the broadcast shape.
+  """
+  a, g = _check_alpha(alpha), _check_gamma(gamma)
+  c_hat = _check_nonnegative("c_hat", c_hat)
+  return _as_float_or_array((g * c_hat + g + 1) / _expected_tokens(a, g))
+
+
+class OptimalGamma(NamedTuple):
+  """The best gamma and its expected improvement factor.
+
+  Attributes:
+    gamma: the integer gamma >= 1 with the largest improvement (smallest on ties).
+    improvement: the expected walltime improvement factor at that gamma; <= 1
+      means speculative decoding does not help at any gamma considered.
+  """
+
+  gamma: int
+  improvement: float
+
+  @property
+  def helps(self) -> bool:
+    """Whether any gamma beats the target alone (improvement > 1)."""
+    return self.improvement > 1
+
+
+def _best(gammas: np.ndarray, improvements: np.ndarray) -> OptimalGamma:
+  best = int(np.argmax(improvements))
+  return OptimalGamma(gamma=int(gammas[best]), improvement=float(improvements[best]))
+
+
+def _check_max_gamma(max_gamma: int) -> None:
+  if not isinstance(max_gamma, (int, np.integer)) or max_gamma < 1:
+    raise ValueError(f"max_gamma must be an int >= 1, got {max_gamma!r}.")
+
+
+def optimal_gamma(alpha: float, c: float, max_gamma: int = _DEFAULT_MAX_GAMMA) -> OptimalGamma:
+  """The gamma in 1..max_gamma maximising `walltime_improvement` (Fig. 3).
+
+  With c = 0 the improvement grows with gamma for every alpha > 0, so the answer
+  is max_gamma; with c > 0 it has an interior maximum.
+
+  Args:
+    alpha: acceptance rate in [0, 1].
+    c: draft step time / target step time, >= 0.
+    max_gamma: largest gamma considered.
+
+  Returns:
+    An `OptimalGamma`; check `.helps` (equivalently improvement > 1): when
+    alpha <= c no gamma helps.
+  """
+  _check_max_gamma(max_gamma)
+  gammas = np.arange(1, max_gamma + 1)
+  return _best(gammas, np.asarray(walltime_improvement(float(alpha), gammas, float(c))))
+
+
+def min_improvement_bound(alpha: ArrayLike, c: ArrayLike) -> float | np.ndarray:
+  """Lower bound (1 + alpha) / (1 + c) on the best improvement, valid for alpha > c.
+
+  It is the improvement at gamma = 1 (Corollary 3.9).
+
+  Args:
+    alpha: acceptance rate(s) in [0, 1].
+    c: cost ratio(s) >= 0, each below its alpha.
+
+  Returns:
+    A float, or an array of the broadcast shape.
+  """
+  a, c_arr = _check_alpha(alpha), _check_nonnegative("c", c)
+  if not np.all(a > c_arr):
+    raise ValueError(f"the bound holds only for alpha > c, got alpha={alpha!r}, c={c!r}; "
+                     "for alpha <= c speculative decoding is not guaranteed to help.")
+  return _as_float_or_array((1 + a) / (1 + c_arr))
+
+
+def alpha_from_beta(betas: ArrayLike, mask: ArrayLike | None = None) -> float:
+  """Estimates alpha = E[beta] as the mean of observed betas.
+
+  Args:
+    betas: any-shape array of beta = sum_x min(p(x), q(x)), e.g.
+      `VerifyOutput.beta` `[batch, gamma]` stacked over iterations.
+    mask: optional bool array of the same shape selecting the betas to use
+      (e.g. only column 0, whose context is text generated by the model).
+
+  Returns:
+    The mean, clipped to [0, 1] (float32 sums can exceed 1 by rounding).
+  """
+  b = np.asarray(betas, dtype=np.float64)
+  if mask is not None:
+    m = np.asarray(mask, dtype=bool)
+    if m.shape != b.shape:
+      raise ValueError(f"mask must have the shape of betas {b.shape}, got {m.shape}.")
+    b = b[m]
+  if b.size == 0:
+    raise ValueError("betas (after mask) is empty; pass at least one beta.")
+  if not np.all(np.isfinite(b)):
+    raise ValueError("betas must be finite; found NaN or inf.")
+  return float(np.clip(b.mean(), 0.0, 1.0))
+
+
+def alpha_from_num_accepted(num_accepted: ArrayLike, gamma: int) -> float:
+  """Maximum-likelihood alpha from accepted-prefix lengths.
+
+  Under the paper's i.i.d. assumption, P(n = k) = alpha^k (1 - alpha) for
+  k < gamma and alpha^gamma for k = gamma, so the MLE is S / (S + R) with S the
+  total accepted proposals and R the number of rejections (rows with n < gamma).
+
+  Args:
+    num_accepted: any-shape int array of `VerifyOutput.num_accepted` values.
+    gamma: the gamma used, integer >= 1.
+
+  Returns:
+    The estimate in [0, 1].
+  """
+  g = int(_check_gamma(gamma))
+  n = np.asarray(num_accepted)
+  if n.size == 0 or not np.all((n >= 0) & (n <= g)):
+    raise ValueError(f"num_accepted must be a non-empty array of values in 0..gamma={g}.")
+  accepted, rejections = float(n.sum()), float(np.sum(n < g))
+  if accepted + rejections == 0:
+    raise ValueError("num_accepted holds no accepted proposal and no rejection.")
+  return accepted / (accepted + rejections)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+  """Iteration-time model from measured step times.
+
+  The paper assumes that the target scores gamma + 1 tokens in the time of one
+  step; on memory-light hardware (CPUs) it costs more, and `t_verify` records
+  that.
+
+  Attributes:
+    t_target_step: seconds per one-token target decoding step.
+    t_draft_step: seconds per draft token.
+    t_verify: seconds to score k tokens in one cached target call, keyed by k
+      (k = gamma + 1 in an iteration); missing k inside the measured range are
+      interpolated linearly. Stored as a read-only mapping sorted by k.
+  """
+
+  t_target_step: float
+  t_draft_step: float
+  t_verify: Mapping[int, float]
+
+  def __post_init__(self):
+    if not (np.isfinite(self.t_target_step) and self.t_target_step > 0):
+      raise ValueError(f"t_target_step must be a time > 0 s, got {self.t_target_step!r}.")
+    if not (np.isfinite(self.t_draft_step) and self.t_draft_step >= 0):
+      raise ValueError(f"t_draft_step must be a time >= 0 s, got {self.t_draft_step!r}.")
+    if not self.t_verify:
+      raise ValueError("t_verify must map at least one chunk length k >= 1 to seconds.")
+    for k, t in self.t_verify.items():
+      if not isinstance(k, (int, np.integer)) or k < 1 or not (np.isfinite(t) and t > 0):
+        raise ValueError(f"t_verify must map ints k >= 1 to times > 0 s, got {k!r}: {t!r}.")
+    object.__setattr__(self, "t_verify", types.MappingProxyType(
+        {int(k): float(self.t_verify[k]) for k in sorted(self.t_verify)}))
+
+  @classmethod
+  def from_ratios(cls, c: float, verify_ratio: Mapping[int, float],
+                  t_target_step: float = 1.0) -> CostModel:
+    """Builds a model from ratios to the target step time.
+
+    Args:
+      c: draft step time / target step time.
+      verify_ratio: k -> (time to score k tokens) / (target step time).
+      t_target_step: the unit, seconds per target step.
+
+    Returns:
+      The `CostModel`.
+    """
+    c = float(_check_nonnegative("c", c))
+    return cls(t_target_step=t_target_step, t_draft_step=c * t_target_step,
+               t_verify={k: r * t_target_step for k, r in verify_ratio.items()})
+
+  def verify_time(self, k: int) -> float:
+    """Seconds to score k tokens in one target call (linear interpolation).
+
+    Raises:
+      ValueError: if k lies outside the measured range of `t_verify`.
+    """
+    ks = list(self.t_verify)
+    if not ks[0] <= k <= ks[-1]:
+      raise ValueError(f"verification of k={k} tokens is outside the measured range "
+                       f"{ks[0]}..{ks[-1]}; measure t_verify[{k}] or use a smaller gamma.")
+    return float(np.interp(k, ks, list(self.t_verify.values())))
+
+  def iteration_time(self, gamma: int) -> float:
+    """Seconds per iteration: gamma draft steps plus one verification of gamma+1 tokens."""
+    g = int(_check_gamma(gamma))
+    return g * self.t_draft_step + self.verify_time(g + 1)
+
+  def expected_speedup(self, alpha: ArrayLike, gamma: int) -> float | np.ndarray:
+    """E[tokens](alpha, gamma) * t_target_step / iteration_time(gamma).
+
+    Equals `walltime_improvement` when every `t_verify[k]` is `t_target_step`.
+    """
+    g = _check_gamma(gamma)
+    tokens = _expected_tokens(_check_alpha(alpha), g)
+    return _as_float_or_array(tokens * self.t_target_step / self.iteration_time(int(g)))
+
+  def optimal_gamma(self, alpha: float, max_gamma: int | None = None) -> OptimalGamma:
+    """The gamma maximising `expected_speedup` among those with measured range.
+
+    Args:
+      alpha: acceptance rate in [0, 1].
+      max_gamma: largest gamma considered; default: the largest k in
+        `t_verify` minus 1.
+
+    Returns:
+      An `OptimalGamma` (check `.helps`).
+    """
+    ks = list(self.t_verify)
+    if max_gamma is None:
+      max_gamma = ks[-1] - 1
+    _check_max_gamma(max_gamma)
+    gammas = np.arange(max(1, ks[0] - 1), max_gamma + 1)
+    if gammas.size == 0:
+      raise ValueError(f"t_verify covers k={ks[0]}..{ks[-1]}, which holds no gamma + 1 "
+                       f"with 1 <= gamma <= max_gamma={max_gamma}; measure t_verify[2].")
+    return _best(gammas, np.array([self.expected_speedup(alpha, int(g)) for g in gammas]))

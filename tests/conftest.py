@@ -1,0 +1,28 @@
+"""Shared fixtures: small random T5 models of both families."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from specdec_jax.models import T5Model, get_config
+
+# Random T5s with T5X's init decode one token over and over; scaling the kernels
+# makes them chaotic enough that greedy decoding exercises many tokens.
+KERNEL_SCALE = {"test-v1_0": 3.0, "test-v1_1": 1.0}
+
+
+def make_model(name: str, seed: int = 0, **overrides) -> tuple[T5Model, dict]:
+  """A small random model of config `name` (see `NAMED_CONFIGS`) and its params."""
+  model = T5Model(get_config(name, **overrides))
+  params = model.init_params(jax.random.PRNGKey(seed))
+  scale = KERNEL_SCALE[name]
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x * scale if "kernel" in jax.tree_util.keystr(path) else x, params)
+  return model, params
+
+
+@pytest.fixture(params=["test-v1_0", "test-v1_1"])
+def family(request) -> str:
+  """Both architecture families users bring: T5 v1.0 and T5.1.1 / Flan-T5."""
+  return request.param

@@ -1,0 +1,143 @@
+"""The Flax T5: parameter layout, chunked cached decoding, rewinding, configs."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import make_model
+
+from specdec_jax.models import NAMED_CONFIGS, T5Config, get_config
+
+
+def _flat_names(params: dict) -> set[str]:
+  return {"/".join(k.key for k in path) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def test_parameter_names_follow_t5x(family):
+  model, params = make_model(family)
+  names = _flat_names(params)
+  common = {
+      "token_embedder/embedding",
+      "encoder/relpos_bias/rel_embedding",
+      "encoder/layers_0/attention/query/kernel",
+      "encoder/layers_1/pre_mlp_layer_norm/scale",
+      "encoder/encoder_norm/scale",
+      "decoder/relpos_bias/rel_embedding",
+      "decoder/layers_0/self_attention/out/kernel",
+      "decoder/layers_0/encoder_decoder_attention/key/kernel",
+      "decoder/layers_1/pre_cross_attention_layer_norm/scale",
+      "decoder/decoder_norm/scale",
+  }
+  assert common <= names
+  if family == "test-v1_0":
+    assert "encoder/layers_0/mlp/wi/kernel" in names
+    assert not any("logits_dense" in n for n in names)
+  else:
+    assert {"encoder/layers_0/mlp/wi_0/kernel", "encoder/layers_0/mlp/wi_1/kernel",
+            "decoder/logits_dense/kernel", "decoder/layers_2/mlp/wo/kernel"} <= names
+  cfg = model.config
+  assert params["encoder"]["layers_0"]["attention"]["query"]["kernel"].shape == (
+      cfg.d_model, cfg.num_heads * cfg.d_kv)
+  assert params["decoder"]["relpos_bias"]["rel_embedding"].shape == (
+      cfg.num_heads, cfg.relative_attention_num_buckets)
+
+
+def _inputs(batch=3, length=9, vocab=97, seed=0):
+  rng = np.random.RandomState(seed)
+  inputs = rng.randint(2, vocab, size=(batch, length))
+  inputs[-1, length // 2:] = 0  # a padded row
+  return jnp.asarray(inputs, jnp.int32)
+
+
+def test_chunked_equals_one_by_one_and_teacher_forcing(family):
+  model, params = make_model(family)
+  inputs = _inputs()
+  targets = jnp.asarray(np.random.RandomState(1).randint(2, 97, size=(3, 17)), jnp.int32)
+  encoded = model.encode(params, inputs)
+  full = model.logits(params, inputs, targets)
+
+  cache = model.init_cache(3, 24)
+  one_by_one = []
+  for t in range(17):
+    logits, cache = model.decode_chunk(params, encoded, cache, targets[:, t:t + 1])
+    one_by_one.append(logits)
+  one_by_one = jnp.concatenate(one_by_one, axis=1)
+
+  cache = model.init_cache(3, 24)
+  chunked = []
+  for start, stop in ((0, 1), (1, 5), (5, 6), (6, 14), (14, 17)):
+    logits, cache = model.decode_chunk(params, encoded, cache, targets[:, start:stop])
+    chunked.append(logits)
+  chunked = jnp.concatenate(chunked, axis=1)
+
+  np.testing.assert_allclose(chunked, one_by_one, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(chunked, full, atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(cache.lengths, [17, 17, 17])
+
+
+def test_rows_at_different_lengths_and_rewind(family):
+  """Rows advance and rewind independently; stale cache entries are invisible."""
+  model, params = make_model(family)
+  inputs = _inputs()
+  rng = np.random.RandomState(2)
+  targets = jnp.asarray(rng.randint(2, 97, size=(3, 12)), jnp.int32)
+  junk = jnp.asarray(rng.randint(2, 97, size=(3, 4)), jnp.int32)
+  encoded = model.encode(params, inputs)
+  reference = model.logits(params, inputs, targets)  # [3, 12, vocab]
+
+  cache = model.init_cache(3, 20)
+  _, cache = model.decode_chunk(params, encoded, cache, targets[:, :6])
+  # Write junk after position 6 everywhere, then rewind each row differently.
+  _, cache = model.decode_chunk(params, encoded, cache, junk)
+  starts = np.array([2, 6, 4])
+  cache = cache.rewind(jnp.asarray(starts))
+  # Each row now scores its own next 3 true tokens, from its own position.
+  chunk = jnp.stack([targets[b, s:s + 3] for b, s in enumerate(starts)])
+  logits, cache = model.decode_chunk(params, encoded, cache, chunk)
+  for b, s in enumerate(starts):
+    np.testing.assert_allclose(logits[b], reference[b, s:s + 3], atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(cache.lengths, starts + 3)
+
+
+def test_dropout_only_when_asked(family):
+  model, params = make_model(family, dropout_rate=0.5)
+  inputs, targets = _inputs(), _inputs(seed=3)
+  a = model.logits(params, inputs, targets)
+  b = model.logits(params, inputs, targets)
+  c = model.logits(params, inputs, targets, dropout_rng=jax.random.PRNGKey(0))
+  np.testing.assert_array_equal(a, b)
+  assert not np.allclose(a, c)
+
+
+def test_bfloat16_compute_runs_close_to_float32(family):
+  model, params = make_model(family)
+  model16, _ = make_model(family, dtype="bfloat16")
+  inputs, targets = _inputs(), _inputs(seed=3)
+  ref = model.logits(params, inputs, targets)
+  low = model16.logits(params, inputs, targets)
+  assert low.dtype == jnp.bfloat16
+  scale = float(jnp.abs(ref).max())
+  assert float(jnp.abs(low.astype(jnp.float32) - ref).max()) < 0.1 * scale
+
+
+def test_named_configs_match_public_sizes():
+  assert get_config("t5-small").d_ff == 2048 and get_config("t5-small").tie_word_embeddings
+  xxl = get_config("flan-t5-xxl")
+  assert (xxl.d_model, xxl.d_ff, xxl.num_heads, xxl.num_layers) == (4096, 10240, 64, 24)
+  assert xxl.gated and not xxl.tie_word_embeddings
+  assert {"t5-11b", "t5-v1_1-small", "flan-t5-base"} <= set(NAMED_CONFIGS)
+  assert get_config("t5-base", vocab_size=8192).vocab_size == 8192
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(feed_forward_proj="swish"), "feed_forward_proj"),
+    (dict(num_heads=0), "num_heads"),
+    (dict(dtype="float33"), "dtype"),
+])
+def test_bad_config_names_the_field(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    T5Config(**kwargs)
+  with pytest.raises(ValueError, match="Unknown T5 config"):
+    get_config("t5-huge")

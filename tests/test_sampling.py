@@ -1,0 +1,173 @@
+"""Tests of logits -> sampling distribution (temperature, top-k, top-p)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+
+from specdec_jax.decoding import sampling
+
+
+def _reference_probs(logits: np.ndarray, temperature: float, top_k: int,
+                     top_p: float) -> np.ndarray:
+  """Float64 reference for one row `[vocab]`, written independently as loops."""
+  vocab = logits.shape[-1]
+  if temperature == 0:
+    out = np.zeros(vocab)
+    out[int(np.argmax(logits))] = 1.0
+    return out
+  scaled = logits.astype(np.float64) / temperature
+  order = sorted(range(vocab), key=lambda i: (-scaled[i], i))
+  kept = order[:top_k] if top_k else order
+  weights = np.exp(scaled[kept] - scaled[kept].max())
+  weights /= weights.sum()
+  nucleus, mass = [], 0.0
+  for token, w in zip(kept, weights, strict=True):
+    nucleus.append(token)
+    mass += w
+    if mass >= top_p:
+      break
+  out = np.zeros(vocab)
+  out[nucleus] = np.exp(scaled[nucleus] - scaled[nucleus].max())
+  return out / out.sum()
+
+
+SETTINGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.7),
+    dict(temperature=1.3, top_k=5),
+    dict(temperature=1.0, top_p=0.9),
+    dict(temperature=0.8, top_k=10, top_p=0.7),
+    dict(temperature=2.0, top_k=1),
+    dict(temperature=1.0, top_p=0.01),
+    dict(temperature=1.0, top_k=50, top_p=0.95),  # top_k == vocab: off.
+    dict(temperature=0.0, top_k=3, top_p=0.5),
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_matches_reference_and_normalised(settings):
+  logits = np.random.default_rng(0).normal(scale=2.0, size=(6, 4, 50)).astype(np.float32)
+  settings = dict(dict(top_k=0, top_p=1.0), **settings)
+  probs = np.asarray(sampling.probs_from_logits(jnp.asarray(logits), **settings))
+  assert probs.shape == logits.shape and probs.dtype == np.float32
+  np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-6)
+  expected = np.stack([_reference_probs(row, **settings) for row in logits.reshape(-1, 50)])
+  np.testing.assert_array_equal(probs.reshape(-1, 50) > 0, expected > 0)
+  np.testing.assert_allclose(probs.reshape(-1, 50), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("settings", [s for s in SETTINGS if s["temperature"] > 0])
+def test_matches_huggingface_warpers(settings):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  settings = dict(dict(top_k=0, top_p=1.0), **settings)
+  logits = np.random.default_rng(1).normal(scale=3.0, size=(32, 50)).astype(np.float32)
+  warpers = [transformers.TemperatureLogitsWarper(settings["temperature"])]
+  if settings["top_k"]:
+    warpers.append(transformers.TopKLogitsWarper(settings["top_k"]))
+  if settings["top_p"] < 1.0:
+    warpers.append(transformers.TopPLogitsWarper(settings["top_p"]))
+  scores = torch.from_numpy(logits)
+  for warper in warpers:
+    scores = warper(None, scores)
+  hf_probs = torch.softmax(scores, dim=-1).numpy()
+  probs = np.asarray(sampling.probs_from_logits(jnp.asarray(logits), **settings))
+  np.testing.assert_array_equal(probs > 0, hf_probs > 0)
+  np.testing.assert_allclose(probs, hf_probs, atol=1e-6)
+
+
+def test_greedy_is_one_hot_at_first_argmax():
+  logits = jnp.array([[1.0, 3.0, 3.0, -2.0], [0.0, 0.0, 0.0, 0.0], [-5.0, -1.0, -3.0, -1.0]])
+  log_probs = sampling.warp_logits(logits, temperature=0.0)
+  expected = np.array([[-np.inf, 0, -np.inf, -np.inf], [0, -np.inf, -np.inf, -np.inf],
+                       [-np.inf, 0, -np.inf, -np.inf]])
+  np.testing.assert_array_equal(log_probs, expected)
+  np.testing.assert_array_equal(sampling.probs_from_logits(logits, temperature=0.0),
+                                np.exp(expected))
+  tokens = sampling.sample(None, logits, temperature=0.0, top_k=2)
+  assert tokens.dtype == jnp.int32
+  np.testing.assert_array_equal(tokens, [1, 0, 1])
+
+
+def test_top_k_keeps_exactly_k_including_ties():
+  logits = np.random.default_rng(2).normal(size=(20, 30)).astype(np.float32)
+  for k in (1, 3, 29):
+    probs = sampling.probs_from_logits(jnp.asarray(logits), temperature=1.0, top_k=k)
+    np.testing.assert_array_equal((np.asarray(probs) > 0).sum(-1), k)
+    threshold = -np.sort(-logits, axis=-1)[:, k - 1:k]
+    np.testing.assert_array_equal(np.asarray(probs) > 0, logits >= threshold)
+  ties = jnp.array([0.0, 1.0, 1.0, 1.0, 0.5])
+  np.testing.assert_allclose(sampling.probs_from_logits(ties, temperature=1.0, top_k=2),
+                             [0, 0.5, 0.5, 0, 0])
+
+
+@pytest.mark.parametrize("top_p,kept", [
+    (0.01, [0]), (0.25, [0]), (0.2500001, [0, 1]), (0.5, [0, 1]), (0.5000001, [0, 1, 2]),
+    (0.75, [0, 1, 2]), (0.76, [0, 1, 2, 3]), (1.0, [0, 1, 2, 3]),
+])
+def test_top_p_boundaries(top_p, kept):
+  # Four equal logits give exactly 0.25 each, so the cumulative masses are exact.
+  probs = np.asarray(sampling.probs_from_logits(jnp.zeros(4), temperature=1.0, top_p=top_p))
+  np.testing.assert_array_equal(np.flatnonzero(probs), kept)
+  np.testing.assert_allclose(probs[kept], 1 / len(kept))
+
+
+def test_top_p_after_top_k():
+  # Top-k renormalises first: mass of the two kept tokens is 0.5/0.5, so
+  # top_p=0.5 keeps one; applied to the full softmax it would keep two.
+  logits = jnp.log(jnp.array([0.3, 0.3, 0.2, 0.2]))
+  probs = sampling.probs_from_logits(logits, temperature=1.0, top_k=2, top_p=0.5)
+  np.testing.assert_allclose(probs, [1, 0, 0, 0])
+
+
+def test_jit_matches_eager_and_sample_is_jittable():
+  logits = jnp.asarray(np.random.default_rng(3).normal(size=(4, 40)), dtype=jnp.float32)
+  settings = dict(temperature=0.9, top_k=7, top_p=0.8)
+  warp = jax.jit(functools.partial(sampling.warp_logits, **settings))
+  np.testing.assert_allclose(warp(logits), sampling.warp_logits(logits, **settings))
+  draw = jax.jit(functools.partial(sampling.sample, **settings))
+  tokens = draw(jax.random.key(0), logits)
+  assert tokens.shape == (4,) and tokens.dtype == jnp.int32
+  np.testing.assert_array_equal(tokens, sampling.sample(jax.random.key(0), logits, **settings))
+
+
+def test_sample_follows_warped_distribution():
+  logits = jnp.asarray([0.5, 2.0, -1.0, 1.0, 1.5, -3.0])
+  settings = dict(temperature=0.8, top_k=4, top_p=0.9)
+  probs = np.asarray(sampling.probs_from_logits(logits, **settings), dtype=np.float64)
+  n = 100_000
+  tokens = sampling.sample(jax.random.key(4), jnp.broadcast_to(logits, (n, 6)), **settings)
+  counts = np.bincount(np.asarray(tokens), minlength=6)
+  assert np.all(counts[probs == 0] == 0)
+  kept = probs > 0
+  p_value = scipy.stats.chisquare(counts[kept], n * probs[kept] / probs[kept].sum()).pvalue
+  assert p_value > 1e-3
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(temperature=-0.5), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=jnp.float32(1.0)), "temperature"),
+    (dict(temperature=1.0, top_k=-1), "top_k"),
+    (dict(temperature=1.0, top_k=2.5), "top_k"),
+    (dict(temperature=1.0, top_k=True), "top_k"),
+    (dict(temperature=1.0, top_p=0.0), "top_p"),
+    (dict(temperature=1.0, top_p=1.5), "top_p"),
+])
+def test_bad_settings_raise(kwargs, match):
+  logits = jnp.zeros((2, 5))
+  with pytest.raises(ValueError, match=match):
+    sampling.warp_logits(logits, **kwargs)
+  with pytest.raises(ValueError, match=match):
+    sampling.sample(jax.random.key(0), logits, **kwargs)
+
+
+def test_bad_logits_raise():
+  with pytest.raises(ValueError, match="floating-point"):
+    sampling.warp_logits(jnp.zeros((2, 5), jnp.int32), temperature=1.0)
+  with pytest.raises(ValueError, match=r"\[..., vocab\]"):
+    sampling.warp_logits(jnp.float32(1.0), temperature=1.0)

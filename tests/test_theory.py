@@ -1,0 +1,151 @@
+"""Tests of the paper's formulas, optimal gamma and the cost model."""
+
+import numpy as np
+import pytest
+
+from specdec_jax import theory
+
+# Table 1 of the paper (c = c_hat = 0): (alpha, gamma, operations, speed).
+TABLE_1 = [
+    (0.6, 2, 1.53, 1.96),
+    (0.7, 3, 1.58, 2.53),
+    (0.8, 2, 1.23, 2.44),
+    (0.8, 5, 1.63, 3.69),
+    (0.9, 2, 1.11, 2.71),
+    (0.9, 10, 1.60, 6.86),
+]
+
+
+@pytest.mark.parametrize("alpha,gamma,ops,speed", TABLE_1)
+def test_table_1(alpha, gamma, ops, speed):
+  assert round(theory.walltime_improvement(alpha, gamma, 0.0), 2) == speed
+  assert round(theory.operations_factor(alpha, gamma, 0.0), 2) == ops
+
+
+def test_expected_tokens_closed_form_and_edges():
+  alphas = np.linspace(0, 0.99, 23)
+  for gamma in (1, 2, 7):
+    series = sum(alphas**i for i in range(gamma + 1))
+    np.testing.assert_allclose(theory.expected_tokens_per_iteration(alphas, gamma), series,
+                               rtol=1e-12)
+  assert theory.expected_tokens_per_iteration(0.0, 5) == 1.0
+  assert theory.expected_tokens_per_iteration(1.0, 5) == 6.0
+
+
+def test_alpha_to_one_limit_is_continuous():
+  for gamma in (1, 3, 10):
+    near = theory.expected_tokens_per_iteration(1 - 1e-12, gamma)
+    assert near == pytest.approx(gamma + 1, rel=1e-9)
+    assert near < gamma + 1
+  assert theory.walltime_improvement(1.0, 4, 0.5) == pytest.approx(5 / 3)
+  assert theory.operations_factor(1.0, 4, 0.5) == pytest.approx(7 / 5)
+
+
+def test_vectorised_broadcasting():
+  out = theory.walltime_improvement(np.array([[0.5], [0.8]]), np.array([1, 2, 3]), 0.1)
+  assert out.shape == (2, 3)
+  assert out[1, 2] == pytest.approx((1 - 0.8**4) / (0.2 * 1.3))
+  assert isinstance(theory.walltime_improvement(0.5, 2, 0.1), float)
+
+
+def test_optimal_gamma_grows_with_alpha():
+  c = 0.05
+  gammas = [theory.optimal_gamma(a, c).gamma for a in (0.5, 0.7, 0.8, 0.9, 0.95)]
+  assert gammas == sorted(gammas)
+  assert gammas[0] < gammas[-1]
+  best = theory.optimal_gamma(0.8, c)
+  around = [theory.walltime_improvement(0.8, g, c) for g in range(1, 65)]
+  assert best.improvement == pytest.approx(max(around))
+  assert best.gamma == 1 + int(np.argmax(around))
+
+
+def test_optimal_gamma_with_free_draft_is_max_gamma():
+  assert theory.optimal_gamma(0.7, 0.0, max_gamma=12).gamma == 12
+
+
+def test_no_improvement_when_alpha_below_c():
+  result = theory.optimal_gamma(0.1, 0.3)
+  assert not result.helps
+  assert result.gamma == 1
+  assert result.improvement < 1
+  with pytest.raises(ValueError, match="alpha > c"):
+    theory.min_improvement_bound(0.1, 0.3)
+
+
+def test_min_improvement_bound_holds():
+  for alpha, c in [(0.3, 0.1), (0.6, 0.02), (0.9, 0.5)]:
+    bound = theory.min_improvement_bound(alpha, c)
+    assert bound == pytest.approx((1 + alpha) / (1 + c))
+    assert theory.optimal_gamma(alpha, c).improvement >= bound - 1e-12
+    assert theory.optimal_gamma(alpha, c).helps
+
+
+def test_cost_model_reduces_to_theorem_3_8():
+  model = theory.CostModel(t_target_step=0.015, t_draft_step=0.015 * 0.04,
+                           t_verify={1: 0.015, 32: 0.015})
+  for alpha in (0.0, 0.5, 0.8, 1.0):
+    for gamma in (1, 3, 7, 20):
+      assert model.expected_speedup(alpha, gamma) == pytest.approx(
+          theory.walltime_improvement(alpha, gamma, 0.04), rel=1e-12)
+  ratios = theory.CostModel.from_ratios(0.04, {k: 1.0 for k in range(1, 33)})
+  assert ratios.optimal_gamma(0.8) == theory.optimal_gamma(0.8, 0.04, max_gamma=31)
+
+
+def test_cost_model_interpolates_and_penalises_verification():
+  model = theory.CostModel.from_ratios(0.02, {1: 1.0, 2: 1.2, 4: 1.4, 8: 1.5, 16: 1.8},
+                                       t_target_step=2.0)
+  assert model.verify_time(3) == pytest.approx(2.6)
+  assert model.verify_time(12) == pytest.approx(3.3)
+  assert model.iteration_time(3) == pytest.approx(3 * 0.04 + 2.8)
+  assert model.expected_speedup(0.8, 3) == pytest.approx(
+      theory.expected_tokens_per_iteration(0.8, 3) * 2.0 / (3 * 0.04 + 2.8))
+  assert model.expected_speedup(0.8, 5) < theory.walltime_improvement(0.8, 5, 0.02)
+  best = model.optimal_gamma(0.8)
+  assert 1 <= best.gamma <= 15
+  assert best.gamma < theory.optimal_gamma(0.8, 0.02).gamma
+  with pytest.raises(ValueError, match="outside the measured range"):
+    model.verify_time(17)
+  with pytest.raises(ValueError, match="outside the measured range"):
+    model.optimal_gamma(0.8, max_gamma=20)
+
+
+def test_cost_model_is_immutable_copy():
+  table = {1: 1.0, 4: 2.0}
+  model = theory.CostModel(t_target_step=1.0, t_draft_step=0.1, t_verify=table)
+  table[8] = 3.0
+  assert list(model.t_verify) == [1, 4]
+  with pytest.raises(TypeError):
+    model.t_verify[2] = 1.5
+
+
+def test_alpha_estimators():
+  betas = np.array([[0.5, 0.7], [0.9, 0.1]])
+  assert theory.alpha_from_beta(betas) == pytest.approx(0.55)
+  assert theory.alpha_from_beta(betas, mask=np.array([[True, False]] * 2)) == pytest.approx(0.7)
+  assert theory.alpha_from_beta([1.0000001]) == 1.0
+  rng = np.random.default_rng(0)
+  alpha, gamma = 0.7, 4
+  accepted = np.minimum(rng.geometric(1 - alpha, size=200_000) - 1, gamma)
+  assert theory.alpha_from_num_accepted(accepted, gamma) == pytest.approx(alpha, abs=0.005)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: theory.expected_tokens_per_iteration(1.1, 2),
+    lambda: theory.expected_tokens_per_iteration(-0.1, 2),
+    lambda: theory.expected_tokens_per_iteration(np.nan, 2),
+    lambda: theory.expected_tokens_per_iteration(0.5, 0),
+    lambda: theory.expected_tokens_per_iteration(0.5, 2.5),
+    lambda: theory.walltime_improvement(0.5, 2, -0.1),
+    lambda: theory.operations_factor(0.5, 2, -1.0),
+    lambda: theory.optimal_gamma(0.5, 0.1, max_gamma=0),
+    lambda: theory.alpha_from_beta([]),
+    lambda: theory.alpha_from_num_accepted([0, 5], 4),
+    lambda: theory.CostModel(t_target_step=0.0, t_draft_step=0.1, t_verify={1: 1.0}),
+    lambda: theory.CostModel(t_target_step=1.0, t_draft_step=-0.1, t_verify={1: 1.0}),
+    lambda: theory.CostModel(t_target_step=1.0, t_draft_step=0.1, t_verify={}),
+    lambda: theory.CostModel(t_target_step=1.0, t_draft_step=0.1, t_verify={0: 1.0}),
+    lambda: theory.CostModel.from_ratios(-0.5, {1: 1.0}),
+])
+def test_bad_inputs_raise(call):
+  with pytest.raises(ValueError):
+    call()
