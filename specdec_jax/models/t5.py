@@ -26,6 +26,7 @@ and the next chunk overwrites them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -289,7 +290,8 @@ class Transformer(nn.Module):
 class T5Model:
   """Functional API around `Transformer`: pure functions of `params`.
 
-  Hashable (by config), so it can be a static argument of jitted decoders.
+  Hashable (by config), so it can be a static argument of jitted decoders. The
+  methods are jitted themselves (inlined when called inside another jit).
   `params` is the parameter tree without the outer `{"params": ...}` level.
   """
 
@@ -305,10 +307,12 @@ class T5Model:
     targets = jnp.ones((1, target_len), jnp.int32)
     return jax.jit(self.module.init)(rng, inputs, targets)["params"]
 
+  @functools.partial(jax.jit, static_argnums=0)
   def encode(self, params: dict, inputs: Array) -> EncodedInputs:
     """Runs the encoder once: `[batch, input_len]` -> `EncodedInputs`."""
     return self.module.apply({"params": params}, inputs, method=Transformer.encode)
 
+  @functools.partial(jax.jit, static_argnums=0)
   def encoder_outputs(self, params: dict, inputs: Array) -> Array:
     """`[batch, input_len]` -> encoder hidden states `[batch, input_len, d_model]`."""
     return self.module.apply({"params": params}, inputs, method=Transformer.encoder_outputs)
@@ -320,6 +324,7 @@ class T5Model:
     zeros = tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.n_decoder_layers))
     return DecoderCache(zeros, zeros, jnp.zeros((batch_size,), jnp.int32))
 
+  @functools.partial(jax.jit, static_argnums=0)
   def decode_chunk(self, params: dict, encoded: EncodedInputs, cache: DecoderCache,
                    tokens: Array) -> tuple[Array, DecoderCache]:
     """Scores `tokens [batch, k]` at each row's cached length.
@@ -334,6 +339,7 @@ class T5Model:
                                       method=Transformer.decode)
     return logits.astype(jnp.float32), cache
 
+  @functools.partial(jax.jit, static_argnums=0)
   def logits(self, params: dict, encoder_input_tokens: Array, decoder_input_tokens: Array,
              *, dropout_rng: Array | None = None) -> Array:
     """Teacher-forced logits `[batch, target_len, vocab]`; dropout iff `dropout_rng`."""

@@ -1,0 +1,304 @@
+"""Draft models for speculative sampling, behind one small interface.
+
+A draft proposes `gamma` tokens per row and returns the logits of the
+distribution each was drawn from (`q`, before warping: the sampler warps draft
+and target logits with the same settings, so proposals must be drawn with
+`sampling.sample` under those settings too). Kinds:
+
+  * `T5Draft`: a smaller T5, with its own encoder pass and KV cache.
+  * `NgramDraft`: the paper's trivial unigram / bigram drafts (Table 3),
+    estimated from token counts of a corpus.
+  * `PromptLookupDraft`: proposes the continuation of the longest n-gram of
+    the generated text found in the input (a deterministic draft: q is a
+    point mass; useful for summarization; beyond the paper).
+
+Drafts are pytrees (`flax.struct.dataclass`): arrays such as parameters are
+traced leaves, configuration is static, so one compiled loop serves any
+weights of the same shapes.
+
+Conventions shared with `speculative.py`: `tokens [batch, buffer_len]` holds the
+decoder start token at index 0 and the generated tokens after it; `lengths
+[batch]` = m is the number generated, so `tokens[:, m]` is the last token,
+which neither model has processed yet.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specdec_jax.decoding import sampling
+from specdec_jax.models.t5 import DecoderCache, EncodedInputs, T5Model
+
+Array = jax.Array
+
+
+@struct.dataclass
+class Warp:
+  """The sampling settings (static): see `sampling.warp_logits`."""
+
+  temperature: float = struct.field(pytree_node=False, default=0.0)
+  top_k: int = struct.field(pytree_node=False, default=0)
+  top_p: float = struct.field(pytree_node=False, default=1.0)
+
+  def sample(self, rng: Array, logits: Array) -> Array:
+    return sampling.sample(rng, logits, temperature=self.temperature, top_k=self.top_k,
+                           top_p=self.top_p)
+
+  def probs(self, logits: Array) -> Array:
+    return sampling.probs_from_logits(logits, temperature=self.temperature, top_k=self.top_k,
+                                      top_p=self.top_p)
+
+
+def _last_tokens(tokens: Array, lengths: Array) -> Array:
+  """`tokens[b, lengths[b]]`: `[batch, T]`, `[batch]` -> `[batch]`."""
+  return jnp.take_along_axis(tokens, lengths[:, None], axis=1)[:, 0]
+
+
+class Draft(abc.ABC):
+  """What the speculative loop needs from a draft."""
+
+  @property
+  @abc.abstractmethod
+  def vocab_size(self) -> int:
+    """Size of the draft's vocabulary (must equal the target's)."""
+
+  @property
+  def forward_passes_per_proposal(self) -> int:
+    """Model forward passes per proposed token (0 for table look-ups)."""
+    return 0
+
+  @abc.abstractmethod
+  def init_state(self, inputs: Array, cache_len: int) -> Any:
+    """Per-generation state (e.g. encoder outputs and a cache).
+
+    Args:
+      inputs: int32 `[batch, input_len]` encoder tokens.
+      cache_len: positions the decoder may reach (max_decode_len + gamma + 1).
+    """
+
+  @abc.abstractmethod
+  def propose(self, state: Any, tokens: Array, lengths: Array, rng: Array, *, gamma: int,
+              warp: Warp) -> tuple[Any, Array, Array]:
+    """Proposes `gamma` tokens after `tokens[:, :lengths + 1]` per row.
+
+    Returns:
+      The new state, proposals int32 `[batch, gamma]` and the draft logits
+      `[batch, gamma, vocab]` that proposal j was sampled from (warped by `warp`).
+    """
+
+  def commit(self, state: Any, lengths: Array) -> Any:
+    """Rewinds the state to `lengths [batch]` generated tokens (accepted text)."""
+    del lengths
+    return state
+
+
+@struct.dataclass
+class T5DraftState:
+  """State of a T5 draft.
+
+  Attributes:
+    encoded: the draft encoder's `EncodedInputs`.
+    cache: its decoder cache; after `commit`, a row's cached length is m or m - 1
+      (the latter when every proposal was accepted: the last one was never fed).
+  """
+
+  encoded: EncodedInputs
+  cache: DecoderCache
+
+
+@struct.dataclass
+class T5Draft(Draft):
+  """A smaller T5 model as the draft (the paper's setting)."""
+
+  model: T5Model = struct.field(pytree_node=False)
+  params: dict
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.config.vocab_size
+
+  @property
+  def forward_passes_per_proposal(self) -> int:
+    return 1
+
+  def init_state(self, inputs: Array, cache_len: int) -> T5DraftState:
+    return T5DraftState(self.model.encode(self.params, inputs),
+                        self.model.init_cache(inputs.shape[0], cache_len))
+
+  def propose(self, state: T5DraftState, tokens: Array, lengths: Array, rng: Array, *,
+              gamma: int, warp: Warp) -> tuple[T5DraftState, Array, Array]:
+    cache = state.cache
+    last = _last_tokens(tokens, lengths)  # [batch]
+    # Rows whose cache ends one token short first feed the token before `last`;
+    # the others feed `last` and a throw-away token that the rewind below drops.
+    catch_up = cache.lengths < lengths  # [batch]
+    prev = _last_tokens(tokens, jnp.maximum(lengths - 1, 0))  # [batch]
+    pad = jnp.zeros_like(last)
+    chunk = jnp.where(catch_up[:, None], jnp.stack([prev, last], 1),
+                      jnp.stack([last, pad], 1))  # [batch, 2]
+    logits, cache = self.model.decode_chunk(self.params, state.encoded, cache, chunk)
+    first_logits = jnp.where(catch_up[:, None], logits[:, 1], logits[:, 0])  # [batch, V]
+    cache = cache.rewind(lengths + 1)
+    rngs = jax.random.split(rng, gamma)
+    first = warp.sample(rngs[0], first_logits)  # [batch]
+
+    def step(carry, step_rng):
+      cache, token = carry
+      logits, cache = self.model.decode_chunk(self.params, state.encoded, cache, token[:, None])
+      new_token = warp.sample(step_rng, logits[:, 0])
+      return (cache, new_token), (new_token, logits[:, 0])
+
+    (cache, _), (rest, rest_logits) = jax.lax.scan(step, (cache, first), rngs[1:])
+    proposals = jnp.concatenate([first[:, None], rest.T], axis=1)  # [batch, gamma]
+    q_logits = jnp.concatenate([first_logits[:, None], jnp.swapaxes(rest_logits, 0, 1)],
+                               axis=1)  # [batch, gamma, V]
+    return T5DraftState(state.encoded, cache), proposals, q_logits
+
+  def commit(self, state: T5DraftState, lengths: Array) -> T5DraftState:
+    # After `propose` the cache holds m + gamma positions; the accepted text
+    # needs lengths = m + n + 1 of them, of which only m + gamma exist if n == gamma.
+    cache = state.cache.rewind(jnp.minimum(lengths, state.cache.lengths))
+    return T5DraftState(state.encoded, cache)
+
+
+@struct.dataclass
+class NgramDraft(Draft):
+  """The paper's unigram (order 1) or bigram (order 2) draft.
+
+  q(x | prev) = w[prev] * bigram(x | prev) + (1 - w[prev]) * unigram(x), with the
+  bigram part restricted to the `top_next` most frequent successors of `prev`
+  and the Witten-Bell weight w = n(prev) / (n(prev) + types(prev)). Unigram
+  probabilities are add-one smoothed, so q > 0 everywhere.
+
+  Attributes:
+    order: 1 or 2 (static).
+    unigram: float32 `[vocab]` unigram probabilities.
+    next_ids: int32 `[vocab, top_next]` successors of each token.
+    next_probs: float32 `[vocab, top_next]` their conditional probabilities.
+    weight: float32 `[vocab]` the bigram weight w of each context token.
+  """
+
+  order: int = struct.field(pytree_node=False)
+  unigram: Array
+  next_ids: Array
+  next_probs: Array
+  weight: Array
+
+  @property
+  def vocab_size(self) -> int:
+    return int(self.unigram.shape[0])
+
+  @classmethod
+  def from_counts(cls, unigram_counts: np.ndarray, bigram_prev: np.ndarray,
+                  bigram_next: np.ndarray, bigram_count: np.ndarray, *, order: int,
+                  top_next: int = 32) -> NgramDraft:
+    """Builds the draft from token counts (see `data.ngram_stats.NgramStats`).
+
+    Args:
+      unigram_counts: `[vocab]` counts of each token.
+      bigram_prev: `[N]` context token of each observed bigram.
+      bigram_next: `[N]` following token.
+      bigram_count: `[N]` count of each (prev, next) pair.
+      order: 1 (unigram) or 2 (bigram).
+      top_next: successors kept per context token.
+    """
+    if order not in (1, 2):
+      raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {order}.")
+    vocab = int(unigram_counts.shape[0])
+    unigram = (unigram_counts + 1.0) / (unigram_counts.sum() + vocab)
+    next_ids = np.zeros((vocab, top_next), np.int32)
+    next_probs = np.zeros((vocab, top_next), np.float32)
+    weight = np.zeros((vocab,), np.float32)
+    # Sort by (prev, -count, next) so each context's successors come most frequent first.
+    order_idx = np.lexsort((bigram_next, -bigram_count, bigram_prev))
+    prev, nxt, cnt = bigram_prev[order_idx], bigram_next[order_idx], bigram_count[order_idx]
+    starts = np.searchsorted(prev, np.arange(vocab + 1))
+    for token in np.nonzero(np.diff(starts))[0]:
+      lo, hi = starts[token], starts[token + 1]
+      keep = slice(lo, min(hi, lo + top_next))
+      total = cnt[lo:hi].sum()
+      n_keep = keep.stop - keep.start
+      next_ids[token, :n_keep] = nxt[keep]
+      next_probs[token, :n_keep] = cnt[keep] / cnt[keep].sum()
+      weight[token] = total / (total + (hi - lo))
+    return cls(order, jnp.asarray(unigram, jnp.float32), jnp.asarray(next_ids),
+               jnp.asarray(next_probs), jnp.asarray(weight))
+
+  def init_state(self, inputs: Array, cache_len: int) -> None:
+    del inputs, cache_len
+    return None
+
+  def _logits(self, prev: Array) -> Array:
+    """log q(. | prev): `[batch]` -> `[batch, vocab]`."""
+    unigram = jnp.broadcast_to(self.unigram, prev.shape + self.unigram.shape)
+    if self.order == 1:
+      return jnp.log(unigram)
+    w = self.weight[prev][:, None]  # [batch, 1]
+    rows = jnp.arange(prev.shape[0])[:, None]
+    q = ((1.0 - w) * unigram).at[rows, self.next_ids[prev]].add(w * self.next_probs[prev])
+    return jnp.log(q)
+
+  def propose(self, state: None, tokens: Array, lengths: Array, rng: Array, *, gamma: int,
+              warp: Warp) -> tuple[None, Array, Array]:
+    def step(prev, step_rng):
+      logits = self._logits(prev)
+      token = warp.sample(step_rng, logits)
+      return token, (token, logits)
+
+    _, (proposals, logits) = jax.lax.scan(step, _last_tokens(tokens, lengths),
+                                          jax.random.split(rng, gamma))
+    return state, proposals.T, jnp.swapaxes(logits, 0, 1)
+
+
+@struct.dataclass
+class PromptLookupDraft(Draft):
+  """Copies from the input: the continuation of the longest matching n-gram.
+
+  The last `n` generated tokens (n = max_ngram down to 1; the first n with a
+  match wins, and the earliest match within it) are looked up in the encoder
+  input, and the `gamma` input tokens after the match are proposed. With no
+  match, the last token is proposed `gamma` times. q is a point mass on each
+  proposal (logits 0 there, -inf elsewhere), so acceptance is min(1, p(x)).
+  """
+
+  vocab: int = struct.field(pytree_node=False)
+  max_ngram: int = struct.field(pytree_node=False, default=3)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.vocab
+
+  def init_state(self, inputs: Array, cache_len: int) -> Array:
+    del cache_len
+    return inputs
+
+  def propose(self, state: Array, tokens: Array, lengths: Array, rng: Array, *, gamma: int,
+              warp: Warp) -> tuple[Array, Array, Array]:
+    del rng, warp  # Deterministic.
+    inputs = state  # [batch, L]
+    batch, input_len = inputs.shape
+    last = _last_tokens(tokens, lengths)
+    found = jnp.zeros((batch,), bool)
+    start = jnp.zeros((batch,), jnp.int32)  # Input index of the first proposed token.
+    for n in range(self.max_ngram, 0, -1):
+      # The n-gram ending at the last token; positions before the start token never match.
+      idx = lengths[:, None] - jnp.arange(n - 1, -1, -1)[None]  # [batch, n]
+      gram = jnp.take_along_axis(tokens, jnp.maximum(idx, 0), axis=1)  # [batch, n]
+      valid = jnp.all(idx >= 1, axis=1)  # [batch]
+      windows = jnp.stack([jnp.roll(inputs, -i, axis=1) for i in range(n)], -1)  # [b, L, n]
+      in_range = jnp.arange(input_len) <= input_len - n - 1  # A continuation exists.
+      match = jnp.all(windows == gram[:, None, :], -1) & in_range & (inputs != 0)  # [b, L]
+      hit = jnp.any(match, axis=1) & valid & ~found
+      start = jnp.where(hit, jnp.argmax(match, axis=1) + n, start)
+      found = found | hit
+    positions = jnp.minimum(start[:, None] + jnp.arange(gamma)[None], input_len - 1)
+    copied = jnp.take_along_axis(inputs, positions, axis=1)  # [batch, gamma]
+    proposals = jnp.where(found[:, None], copied, last[:, None]).astype(jnp.int32)
+    q_logits = jnp.where(jax.nn.one_hot(proposals, self.vocab, dtype=bool), 0.0, -jnp.inf)
+    return state, proposals, q_logits

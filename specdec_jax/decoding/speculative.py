@@ -1,0 +1,265 @@
+"""Speculative sampling (Leviathan, Kalman & Matias 2023, Algorithm 1) as one jitted loop.
+
+Each iteration of the `lax.while_loop`:
+
+  draft:  gamma proposals per row and their distributions q  (`drafts.Draft`)
+  target: ONE cached forward over [last token, proposals] -> p at gamma + 1 positions
+  accept: n = accepted prefix length per row (`acceptance.verify`); the token after
+          it comes from norm(max(0, p - q)) on a rejection, from p[gamma] otherwise
+  write:  n + 1 tokens per row (fewer if EOS or max_decode_len falls inside them)
+  rewind: both caches' per-row lengths set to the accepted length; no copies
+
+Every row advances by its own accepted count; finished rows stop changing
+while the others go on. At temperature 0, p and q are one-hot and the output is
+token for token the target's greedy decoding.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec_jax.decoding import acceptance
+from specdec_jax.decoding.baseline import check_decode_args
+from specdec_jax.decoding.drafts import Draft, Warp
+from specdec_jax.models.t5 import DecoderCache, EncodedInputs, T5Model
+
+Array = jax.Array
+
+
+@struct.dataclass
+class SpeculativeStats:
+  """Per-row counters of one `speculative_sample` call.
+
+  Attributes:
+    iterations: int32 `[batch]`, target calls while the row was unfinished.
+    draft_calls: int32 `[batch]`, draft forward passes while unfinished.
+    tokens: int32 `[batch]`, tokens emitted (== the output lengths).
+    accepted_histogram: int32 `[batch, gamma + 1]`, how often n proposals were
+      accepted, n = 0..gamma.
+    accepted: int32 `[batch]`, accepted proposals in total (S).
+    rejections: int32 `[batch]`, iterations that ended in a rejection (R).
+    beta_sum: float32 `[batch]`, sum of beta = sum_x min(p(x), q(x)) over the
+      verified positions whose context is accepted text (each prefix of the
+      output at most once).
+    beta_count: int32 `[batch]`, the number of such positions.
+    loop_iterations: int32 `[]`, iterations of the batched loop.
+  """
+
+  iterations: Array
+  draft_calls: Array
+  tokens: Array
+  accepted_histogram: Array
+  accepted: Array
+  rejections: Array
+  beta_sum: Array
+  beta_count: Array
+  loop_iterations: Array
+
+  def alpha_empirical(self) -> Array:
+    """`[batch]` acceptance rate S / (S + R): the MLE of alpha under the paper's model."""
+    return self.accepted / jnp.maximum(self.accepted + self.rejections, 1)
+
+  def alpha_beta(self) -> Array:
+    """`[batch]` the paper's estimator: mean beta over the generated text."""
+    return self.beta_sum / jnp.maximum(self.beta_count, 1)
+
+  def tokens_per_iteration(self) -> Array:
+    """`[batch]` tokens emitted per target call."""
+    return self.tokens / jnp.maximum(self.iterations, 1)
+
+
+@struct.dataclass
+class SpeculativeOutput:
+  """Result of `speculative_sample`.
+
+  Attributes:
+    sequences: int32 `[batch, max_decode_len]`, generated tokens, EOS included,
+      0 after it (the same layout as `baseline.DecodeOutput`).
+    lengths: int32 `[batch]`, generated tokens per row, EOS included.
+    stats: the `SpeculativeStats`.
+    accepted_mask: bool `[batch, max_decode_len]`, True where the token was a
+      draft proposal that the target accepted (False: sampled by the target).
+  """
+
+  sequences: Array
+  lengths: Array
+  stats: SpeculativeStats
+  accepted_mask: Array
+
+
+@struct.dataclass
+class SpeculativeLoopState:
+  """State of the speculative while loop.
+
+  Attributes:
+    tokens: int32 `[batch, max_decode_len + gamma + 2]`, the decoder start token
+      at index 0, then the generated tokens; beyond a row's length: scratch.
+    from_draft: bool, same shape: True where the token is an accepted proposal.
+    lengths: int32 `[batch]`, m = tokens generated; `tokens[:, m]` is the last
+      token, which neither model has processed.
+    done: bool `[batch]`, True once a row emitted EOS or reached max_decode_len.
+    target_cache: the target's cache; holds exactly m positions per row.
+    draft_state: the draft's state (see `drafts.Draft`).
+    rng: PRNG key for the remaining iterations.
+    stats: running `SpeculativeStats`.
+  """
+
+  tokens: Array
+  from_draft: Array
+  lengths: Array
+  done: Array
+  target_cache: DecoderCache
+  draft_state: object
+  rng: Array
+  stats: SpeculativeStats
+
+
+def speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array, *,
+                       gamma: int, max_decode_len: int, temperature: float = 0.0,
+                       top_k: int = 0, top_p: float = 1.0, eos_id: int | None = None,
+                       rng: Array | None = None, draft_inputs: Array | None = None
+                       ) -> SpeculativeOutput:
+  """Samples from `target` with `draft` proposing `gamma` tokens per target call.
+
+  The output is distributed exactly as `baseline.temperature_sample` on the
+  target with the same temperature / top_k / top_p; at temperature 0 it is
+  the same tokens.
+
+  Args:
+    target: the target model (static).
+    target_params: its parameters.
+    draft: a `drafts.Draft` with the target's vocabulary.
+    inputs: int32 `[batch, input_len]` encoder tokens, 0-padded.
+    gamma: proposals per iteration (>= 1).
+    max_decode_len: the most tokens to generate per row.
+    temperature: 0 for greedy; otherwise the softmax temperature.
+    top_k: keep the k most likely tokens (0: all).
+    top_p: nucleus mass to keep (1.0: all).
+    eos_id: end-of-sequence id (default: the target config's).
+    rng: PRNG key (default `PRNGKey(0)`).
+    draft_inputs: encoder tokens for the draft if they differ (default `inputs`).
+
+  Returns:
+    A `SpeculativeOutput`.
+  """
+  eos_id = target.config.eos_token_id if eos_id is None else eos_id
+  check_decode_args(inputs, max_decode_len, eos_id, target.config.vocab_size)
+  if not isinstance(gamma, int) or gamma < 1:
+    raise ValueError(f"gamma must be an int >= 1 (proposals per target call), got {gamma!r}.")
+  if draft.vocab_size != target.config.vocab_size:
+    raise ValueError(f"The draft's vocabulary ({draft.vocab_size}) differs from the target's "
+                     f"({target.config.vocab_size}); both must share one vocabulary.")
+  inputs = jnp.asarray(inputs, jnp.int32)
+  draft_inputs = inputs if draft_inputs is None else jnp.asarray(draft_inputs, jnp.int32)
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  warp = Warp(float(temperature), int(top_k), float(top_p))
+  return _speculative_sample(target, target_params, draft, inputs, draft_inputs, rng,
+                             gamma=gamma, max_decode_len=max_decode_len, warp=warp,
+                             eos_id=int(eos_id))
+
+
+@functools.partial(jax.jit, static_argnames=("target", "gamma", "max_decode_len", "warp",
+                                             "eos_id"))
+def _speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array,
+                        draft_inputs: Array, rng: Array, *, gamma: int, max_decode_len: int,
+                        warp: Warp, eos_id: int) -> SpeculativeOutput:
+  batch = inputs.shape[0]
+  cache_len = max_decode_len + gamma + 1
+  encoded = target.encode(target_params, inputs)
+  zeros = jnp.zeros((batch,), jnp.int32)
+  buffer = jnp.full((batch, max_decode_len + gamma + 2), target.config.pad_token_id, jnp.int32)
+  init = SpeculativeLoopState(
+      tokens=buffer.at[:, 0].set(target.config.decoder_start_token_id),
+      from_draft=jnp.zeros(buffer.shape, bool),
+      lengths=zeros,
+      done=jnp.zeros((batch,), bool),
+      target_cache=target.init_cache(batch, cache_len),
+      draft_state=draft.init_state(draft_inputs, cache_len),
+      rng=rng,
+      stats=SpeculativeStats(
+          iterations=zeros, draft_calls=zeros, tokens=zeros,
+          accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32), accepted=zeros,
+          rejections=zeros, beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros,
+          loop_iterations=jnp.array(0, jnp.int32)))
+
+  def cond(state: SpeculativeLoopState) -> Array:
+    return ~jnp.all(state.done)
+
+  def body(state: SpeculativeLoopState) -> SpeculativeLoopState:
+    return _speculative_step(target, target_params, encoded, draft, state, gamma=gamma,
+                             max_decode_len=max_decode_len, warp=warp, eos_id=eos_id)
+
+  final = jax.lax.while_loop(cond, body, init)
+  valid = jnp.arange(max_decode_len)[None] < final.lengths[:, None]
+  sequences = jnp.where(valid, final.tokens[:, 1:max_decode_len + 1], 0)
+  from_draft = valid & final.from_draft[:, 1:max_decode_len + 1]
+  stats = final.stats.replace(tokens=final.lengths)
+  return SpeculativeOutput(sequences, final.lengths, stats, from_draft)
+
+
+def _write_rows(buffer: Array, chunk: Array, start: Array) -> Array:
+  """Writes `chunk [batch, k]` into `buffer [batch, T]` at per-row `start [batch]`."""
+  return jax.vmap(lambda b, c, s: jax.lax.dynamic_update_slice(b, c, (s,)))(buffer, chunk, start)
+
+
+def _speculative_step(target: T5Model, target_params: dict, encoded: EncodedInputs,
+                      draft: Draft, state: SpeculativeLoopState, *, gamma: int,
+                      max_decode_len: int, warp: Warp, eos_id: int) -> SpeculativeLoopState:
+  """One draft-propose / target-verify / accept / rewind iteration for every row."""
+  rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
+  m = state.lengths  # [batch]
+  active = ~state.done  # [batch]
+
+  draft_state, proposals, q_logits = draft.propose(
+      state.draft_state, state.tokens, m, draft_rng, gamma=gamma, warp=warp)
+  last = jnp.take_along_axis(state.tokens, m[:, None], axis=1)  # [batch, 1]
+  chunk = jnp.concatenate([last, proposals], axis=1)  # [batch, gamma + 1]
+  p_logits, target_cache = target.decode_chunk(target_params, encoded, state.target_cache, chunk)
+  p_probs = warp.probs(p_logits)  # [batch, gamma + 1, V]
+  q_probs = warp.probs(q_logits)  # [batch, gamma, V]
+  verdict = acceptance.verify(verify_rng, proposals, q_probs, p_probs)
+  n = verdict.num_accepted  # [batch]
+
+  # The n accepted proposals, then the next token: n + 1 new tokens per row.
+  j = jnp.arange(gamma + 1)[None]  # [1, gamma + 1]
+  padded = jnp.pad(proposals, ((0, 0), (0, 1)))
+  new = jnp.where(j < n[:, None], padded, verdict.next_token[:, None])  # [batch, gamma + 1]
+  # Cut at the first EOS and at max_decode_len.
+  is_eos = (new == eos_id) & (j <= n[:, None])
+  first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), gamma + 1)  # [batch]
+  count = jnp.minimum(jnp.minimum(n + 1, first_eos + 1), max_decode_len - m)
+  count = jnp.where(active, count, 0)  # [batch]
+  new_lengths = m + count
+  done = state.done | (first_eos < count) | (new_lengths >= max_decode_len)
+
+  # Everything past a row's new length is scratch (finished rows included): the
+  # next write starts there, and the output masks it.
+  tokens = _write_rows(state.tokens, new, m + 1)
+  from_draft = _write_rows(state.from_draft, j < n[:, None], m + 1)
+
+  stats = state.stats
+  beta_mask = (j[:, :gamma] <= n[:, None]) & active[:, None]  # Context = accepted text.
+  stats = stats.replace(
+      iterations=stats.iterations + active,
+      draft_calls=stats.draft_calls + active * gamma * draft.forward_passes_per_proposal,
+      accepted_histogram=stats.accepted_histogram + (
+          (jnp.arange(gamma + 1)[None] == n[:, None]) & active[:, None]),
+      accepted=stats.accepted + jnp.where(active, n, 0),
+      rejections=stats.rejections + (active & (n < gamma)),
+      beta_sum=stats.beta_sum + jnp.sum(jnp.where(beta_mask, verdict.beta, 0.0), axis=1),
+      beta_count=stats.beta_count + jnp.sum(beta_mask, axis=1, dtype=jnp.int32),
+      loop_iterations=stats.loop_iterations + 1)
+
+  return SpeculativeLoopState(
+      tokens=tokens,
+      from_draft=from_draft,
+      lengths=new_lengths,
+      done=done,
+      target_cache=target_cache.rewind(new_lengths),
+      draft_state=draft.commit(draft_state, new_lengths),
+      rng=rng,
+      stats=stats)
