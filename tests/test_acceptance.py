@@ -250,6 +250,9 @@ def test_greedy_reduces_to_argmax_equality(gamma):
     np.testing.assert_array_equal(out.accepted_mask, np.cumprod(match, axis=1).astype(bool))
     np.testing.assert_array_equal(out.next_token, target_argmax[np.arange(batch), expected_n])
     np.testing.assert_array_equal(out.beta, match.astype(np.float32))
+  greedy = acceptance.verify_greedy(proposals, jnp.asarray(target_logits))
+  for field in ("num_accepted", "next_token", "accepted_mask", "beta"):
+    np.testing.assert_array_equal(getattr(greedy, field), getattr(out, field))
 
 
 # --- (d) determinism and the outputs' form --------------------------------------

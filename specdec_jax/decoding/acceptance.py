@@ -17,6 +17,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.decoding import sampling
+
 
 def _token_probs(probs: jax.Array, tokens: jax.Array) -> jax.Array:
   """`probs[..., tokens]`: `[..., vocab]`, `[...]` -> `[...]`."""
@@ -102,8 +104,9 @@ def verify(rng: jax.Array, proposals: jax.Array, q_probs: jax.Array,
   exactly 1.0 and 0.0), and proposals are the draft's argmax, so q_j(x_j) = 1:
   the test is `u < 1` (always true) when x_j is the target's argmax and `u < 0`
   (never) otherwise. The residual of two different one-hots is the target's
-  one-hot, and `jax.random.categorical` on log(one-hot) returns its index, so
-  the next token is the target argmax, exactly.
+  one-hot, and sampling a one-hot returns its index, so the next token is the
+  target argmax, exactly. `verify_greedy` computes the same without the
+  probabilities and random numbers.
 
   Args:
     rng: a PRNG key.
@@ -149,8 +152,34 @@ def verify(rng: jax.Array, proposals: jax.Array, q_probs: jax.Array,
   p_n = jnp.take_along_axis(p_probs, at_n, axis=1)[:, 0]  # [batch, vocab]
   q_n = jnp.take_along_axis(q_padded, at_n, axis=1)[:, 0]  # [batch, vocab]
   next_probs = residual_distribution(p_n, q_n)  # [batch, vocab]
-  next_token = jax.random.categorical(next_rng, jnp.log(next_probs), axis=-1)
+  next_token = sampling.sample_from_probs(next_rng, next_probs)
 
   beta = jnp.sum(jnp.minimum(p_head, q_probs), axis=-1)  # [batch, gamma]
   return VerifyOutput(num_accepted=num_accepted, next_token=next_token.astype(jnp.int32),
                       accepted_mask=accepted_mask, beta=beta)
+
+
+def verify_greedy(proposals: jax.Array, p_logits: jax.Array) -> VerifyOutput:
+  """`verify` at temperature 0, from the target's logits alone.
+
+  Proposal j is accepted iff it equals the target's argmax at j (ties -> the
+  lowest id, as `sampling.sample`); the next token is the target's argmax at
+  the first mismatch, or at position gamma. For greedy proposals this equals
+  `verify` on the one-hot p and q of `sampling.probs_from_logits(temperature=0)`,
+  for any rng (tested), without a softmax or a random number over the vocabulary.
+
+  Args:
+    proposals: `[batch, gamma]` int draft tokens (the draft's argmax).
+    p_logits: `[batch, gamma + 1, vocab]` target logits.
+
+  Returns:
+    A `VerifyOutput`; beta is 1 where the draft's and the target's argmax agree.
+  """
+  gamma = proposals.shape[1]
+  target = jnp.argmax(p_logits, axis=-1).astype(jnp.int32)  # [batch, gamma + 1]
+  match = proposals == target[:, :gamma]  # [batch, gamma]
+  accepted_mask = jnp.cumprod(match.astype(jnp.int32), axis=1).astype(bool)
+  num_accepted = jnp.sum(accepted_mask, axis=1, dtype=jnp.int32)  # [batch]
+  next_token = jnp.take_along_axis(target, num_accepted[:, None], axis=1)[:, 0]
+  return VerifyOutput(num_accepted=num_accepted, next_token=next_token,
+                      accepted_mask=accepted_mask, beta=match.astype(jnp.float32))

@@ -219,9 +219,10 @@ def _speculative_step(target: T5Model, target_params: dict, encoded: EncodedInpu
   last = jnp.take_along_axis(state.tokens, m[:, None], axis=1)  # [batch, 1]
   chunk = jnp.concatenate([last, proposals], axis=1)  # [batch, gamma + 1]
   p_logits, target_cache = target.decode_chunk(target_params, encoded, state.target_cache, chunk)
-  p_probs = warp.probs(p_logits)  # [batch, gamma + 1, V]
-  q_probs = warp.probs(q_logits)  # [batch, gamma, V]
-  verdict = acceptance.verify(verify_rng, proposals, q_probs, p_probs)
+  if warp.temperature == 0:
+    verdict = acceptance.verify_greedy(proposals, p_logits)
+  else:
+    verdict = acceptance.verify(verify_rng, proposals, warp.probs(q_logits), warp.probs(p_logits))
   n = verdict.num_accepted  # [batch]
 
   # The n accepted proposals, then the next token: n + 1 new tokens per row.

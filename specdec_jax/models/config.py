@@ -40,6 +40,8 @@ class T5Config:
   param_dtype: str = "float32"
 
   def __post_init__(self):
+    if self.num_decoder_layers is None:  # HF's convention: as many as the encoder.
+      object.__setattr__(self, "num_decoder_layers", self.num_layers)
     if self.feed_forward_proj not in _ACTIVATIONS:
       raise ValueError(
           f"feed_forward_proj={self.feed_forward_proj!r} is not supported; "
@@ -57,7 +59,7 @@ class T5Config:
 
   @property
   def n_decoder_layers(self) -> int:
-    return self.num_decoder_layers or self.num_layers
+    return self.num_decoder_layers
 
   @property
   def gated(self) -> bool:

@@ -243,7 +243,10 @@ class Decoder(nn.Module):
         new_values.append(cache_kv[1])
     x = self.dropout(self.decoder_norm(x), deterministic=deterministic)
     if cfg.tie_word_embeddings:
-      logits = self.embedder.attend(x * cfg.d_model**-0.5)
+      # An einsum over the embedding's d_model axis: `attend` (x @ E.T) made
+      # XLA:CPU copy the transposed [vocab, d_model] table on every step.
+      embedding = self.embedder.embedding.astype(cfg.compute_dtype)
+      logits = jnp.einsum("bkd,vd->bkv", x * cfg.d_model**-0.5, embedding)
     else:
       logits = self.logits_dense(x)
     if cache is not None:

@@ -1,0 +1,191 @@
+"""Times our baseline greedy decoder against HuggingFace's `generate` on the same weights.
+
+  python -m experiments.benchmark_baseline [--config=t5-v1_1-small] [--new_tokens=64]
+
+A randomly initialised model (ours, T5X init) is saved in HF format and loaded
+by `T5ForConditionalGeneration.from_pretrained`, so both implementations run
+the same weights on the same prompts at batch 1. The EOS id is one neither
+emits, so both generate exactly `--new_tokens` tokens, and the tokens must be
+identical. Calls alternate (ours, theirs, theirs, ours, ...) so that load from
+other processes hits both alike; the first call of each (compilation for us,
+warm-up for PyTorch) is reported apart from the medians of the rest.
+Appends one row to `--output` (a JSON list, replaced atomically).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers
+from absl import app, flags, logging
+
+from specdec_jax.checkpoints import save_hf_checkpoint
+from specdec_jax.decoding.baseline import temperature_sample
+from specdec_jax.models import T5Model, get_config
+
+_CONFIG = flags.DEFINE_enum("config", "t5-v1_1-small", ["t5-v1_1-small", "t5-small"],
+                            "Architecture of the randomly initialised model.")
+_VOCAB = flags.DEFINE_integer("vocab_size", 32128, "Vocabulary size.")
+_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 64, "Tokens generated per call (exactly).")
+_INPUT_LEN = flags.DEFINE_integer("input_len", 32, "Prompt length in tokens.")
+_PROMPTS = flags.DEFINE_integer("num_prompts", 3, "Distinct random prompts.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed passes over the prompts, per side.")
+_THREADS = flags.DEFINE_integer("threads", os.cpu_count(), "torch.set_num_threads.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and prompts.")
+_OUTPUT = flags.DEFINE_string("output", "results/baseline_benchmark/results.json",
+                              "JSON list the result row is appended to.")
+
+
+def _cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def _timed(fn: Callable[[], np.ndarray]) -> tuple[float, np.ndarray]:
+  start = time.perf_counter()
+  tokens = fn()
+  return time.perf_counter() - start, tokens
+
+
+def _append_row(path: str, row: dict) -> None:
+  """Appends `row` to the JSON list at `path`, replacing the file atomically."""
+  rows = []
+  if os.path.exists(path):
+    with open(path) as f:
+      rows = json.load(f)
+  rows.append(row)
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=".results_", suffix=".json", dir=directory)
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(rows, f, indent=2)
+      f.write("\n")
+    os.replace(tmp, path)
+  except BaseException:
+    os.unlink(tmp)
+    raise
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  torch.set_num_threads(_THREADS.value)
+  n_new = _NEW_TOKENS.value
+  cfg = get_config(_CONFIG.value, vocab_size=_VOCAB.value)
+  model = T5Model(cfg)
+  start = time.perf_counter()
+  params = jax.device_get(model.init_params(jax.random.PRNGKey(_SEED.value)))
+  logging.info("Initialised %s in %.1f s.", _CONFIG.value, time.perf_counter() - start)
+
+  with tempfile.TemporaryDirectory() as tmp:
+    save_hf_checkpoint(os.path.join(tmp, "hf"), cfg, params)
+    hf = transformers.T5ForConditionalGeneration.from_pretrained(os.path.join(tmp, "hf")).eval()
+  params = jax.device_put(params)
+
+  rng = np.random.RandomState(_SEED.value)
+  # The last id (an unused sentinel in T5 vocabularies) as EOS: checked below to be
+  # emitted by neither side, so both generate exactly n_new tokens.
+  eos_id = cfg.vocab_size - 1
+  prompts = [rng.randint(2, eos_id, size=(1, _INPUT_LEN.value)).astype(np.int32)
+             for _ in range(_PROMPTS.value)]
+
+  def ours(prompt: np.ndarray) -> np.ndarray:
+    out = temperature_sample(model, params, jnp.asarray(prompt), max_decode_len=n_new,
+                             eos_id=eos_id)
+    return np.asarray(out.sequences)
+
+  def theirs(prompt: np.ndarray) -> np.ndarray:
+    ids = torch.from_numpy(prompt).long()
+    with torch.inference_mode():
+      out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                        max_new_tokens=n_new, eos_token_id=eos_id, pad_token_id=0,
+                        decoder_start_token_id=0)
+    return out.numpy()[:, 1:]
+
+  sides = {"ours": ours, "theirs": theirs}
+  first_call_s = {}
+  for name, fn in sides.items():
+    first_call_s[name], _ = _timed(lambda fn=fn: fn(prompts[0]))
+  times = {name: [] for name in sides}
+  for rep in range(_REPEATS.value):
+    for i, prompt in enumerate(prompts):
+      order = ("ours", "theirs") if (rep + i) % 2 == 0 else ("theirs", "ours")
+      tokens = {}
+      for name in order:
+        elapsed, tokens[name] = _timed(lambda fn=sides[name], p=prompt: fn(p))
+        times[name].append(elapsed)
+      for name, seq in tokens.items():
+        if seq.shape != (1, n_new) or eos_id in seq:
+          raise RuntimeError(f"{name} did not generate exactly {n_new} tokens: {seq}")
+      if not np.array_equal(tokens["ours"], tokens["theirs"]):
+        first = int(np.argmax(tokens["ours"][0] != tokens["theirs"][0]))
+        raise RuntimeError(f"greedy tokens differ from step {first} on prompt {i}: "
+                           f"ours {tokens['ours'][0, first:first + 5]}, "
+                           f"theirs {tokens['theirs'][0, first:first + 5]}")
+    logging.info("pass %d/%d done", rep + 1, _REPEATS.value)
+
+  ms_per_token = {name: 1e3 * statistics.median(t) / n_new for name, t in times.items()}
+  ratio = ms_per_token["theirs"] / ms_per_token["ours"]
+  compile_s = first_call_s["ours"] - statistics.median(times["ours"])
+  row = {
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "config": _CONFIG.value,
+      "vocab_size": cfg.vocab_size,
+      "batch": 1,
+      "input_len": _INPUT_LEN.value,
+      "new_tokens": n_new,
+      "num_prompts": _PROMPTS.value,
+      "repeats": _REPEATS.value,
+      "ours_ms_per_token": ms_per_token["ours"],
+      "theirs_ms_per_token": ms_per_token["theirs"],
+      "ratio_theirs_over_ours": ratio,
+      "ours_first_call_s": first_call_s["ours"],
+      "ours_compile_s": compile_s,
+      "theirs_first_call_s": first_call_s["theirs"],
+      "ours_call_s": times["ours"],
+      "theirs_call_s": times["theirs"],
+      "tokens_identical": True,
+      "jax": jax.__version__,
+      "torch": torch.__version__,
+      "transformers": transformers.__version__,
+      "torch_threads": torch.get_num_threads(),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "cpu_model": _cpu_model(),
+      "cpu_count": os.cpu_count(),
+      "load_average_at_end": os.getloadavg(),
+  }
+  _append_row(_OUTPUT.value, row)
+
+  print(f"{_CONFIG.value} (vocab {cfg.vocab_size}), batch 1, {_INPUT_LEN.value}-token prompts, "
+        f"{n_new} new tokens, {_PROMPTS.value} prompts x {_REPEATS.value} passes; "
+        f"{row['cpu_model']}, {row['cpu_count']} cores; jax {jax.__version__}, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
+  print(f"{'':<28}{'ms/token (median)':>18}{'first call s':>14}")
+  print(f"{'ours (temperature_sample)':<28}{ms_per_token['ours']:>18.2f}"
+        f"{first_call_s['ours']:>14.2f}  (compile ~{compile_s:.2f} s)")
+  print(f"{'HF generate (PyTorch)':<28}{ms_per_token['theirs']:>18.2f}"
+        f"{first_call_s['theirs']:>14.2f}")
+  verdict = "ours at least as fast" if ratio >= 1 else "ours slower"
+  print(f"ratio theirs/ours = {ratio:.2f} ({verdict}); tokens identical; "
+        f"row appended to {_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,125 @@
+r"""What the speculative loop itself costs, as a share of one iteration, at batch 1.
+
+One iteration = the draft's gamma proposals + one target verification of
+gamma + 1 tokens + the loop's own work (rejection rule, writing the accepted
+tokens, rewinding both caches, statistics). The first two are timed on their
+own inside jitted loops (`benchmarking.draft_token_time`,
+`benchmarking.target_step_times`); the iteration is timed inside
+`speculative_sample` (its total minus both encoders, over its loop iterations).
+The remainder is the loop's overhead. Calls are interleaved and medians taken.
+
+  python -m experiments.benchmark_loop_overhead --gammas=3,5 \
+      --output=results/loop_overhead/results.json
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from specdec_jax import benchmarking
+from specdec_jax.data import corpora
+from specdec_jax.decoding.drafts import T5Draft, Warp
+from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.models import T5Model, get_config
+
+_TARGET = flags.DEFINE_string("target_config", "t5-v1_1-small", "Named config of the target.")
+_DRAFT_D_MODEL = flags.DEFINE_integer("draft_d_model", 128, "d_model of the draft.")
+_DRAFT_LAYERS = flags.DEFINE_integer("draft_layers", 2, "Encoder and decoder layers of the draft.")
+_VOCAB = flags.DEFINE_integer("vocab_size", 8192, "Vocabulary of both models.")
+_GAMMAS = flags.DEFINE_list("gammas", ["3", "5"], "Proposals per iteration to measure.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")
+_MAX_LEN = flags.DEFINE_integer("max_decode_len", 64, "Tokens per generation.")
+_INPUT_LEN = flags.DEFINE_integer("input_len", 32, "Encoder tokens.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Interleaved timed repetitions.")
+_OUTPUT = flags.DEFINE_string("output", "results/loop_overhead/results.json",
+                              "JSON file written atomically.")
+
+
+def _models() -> tuple[T5Model, dict, T5Draft]:
+  target = T5Model(get_config(_TARGET.value, vocab_size=_VOCAB.value, dropout_rate=0.0))
+  draft_model = T5Model(get_config(
+      "t5-v1_1-small", vocab_size=_VOCAB.value, d_model=_DRAFT_D_MODEL.value,
+      num_layers=_DRAFT_LAYERS.value, num_decoder_layers=_DRAFT_LAYERS.value,
+      num_heads=max(_DRAFT_D_MODEL.value // 64, 1), d_ff=2 * _DRAFT_D_MODEL.value,
+      dropout_rate=0.0))
+  params = target.init_params(jax.random.PRNGKey(0))
+  draft = T5Draft(draft_model, draft_model.init_params(jax.random.PRNGKey(1)))
+  return target, params, draft
+
+
+def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Array,
+                  gamma: int) -> dict:
+  """Times one gamma: iteration, its parts, and the remainder (the loop's overhead)."""
+  warp = Warp(_TEMPERATURE.value)
+  max_len = _MAX_LEN.value
+  cache_len = max_len + gamma + 1
+  position = max_len // 2  # Attention spans the cache either way; a typical length.
+  # eos_id = pad id 0 is never the argmax of these random models in practice, so
+  # every call runs max_decode_len tokens; the stats below confirm it.
+  spec = lambda: speculative_sample(target, params, draft, inputs, gamma=gamma,
+                                    max_decode_len=max_len, temperature=_TEMPERATURE.value,
+                                    eos_id=0)
+  encode = lambda: (target.encode(params, inputs), draft.init_state(inputs, cache_len))
+  out = spec()
+  iterations = int(out.stats.loop_iterations)
+  spec_s, encode_s, verify_s, draft_s = [], [], [], []
+  for _ in range(_REPEATS.value):
+    spec_s.append(benchmarking.timed(spec)[0])
+    encode_s.append(benchmarking.timed(encode)[0])
+    verify_s.append(benchmarking.target_step_times(
+        target, params, inputs, chunk_lengths=[gamma + 1], cache_len=cache_len,
+        position=position, calls=16, repeats=1)[gamma + 1].seconds)
+    draft_s.append(gamma * benchmarking.draft_token_time(
+        draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len, position=position,
+        calls=16, repeats=1).seconds)
+  iteration = (statistics.median(spec_s) - statistics.median(encode_s)) / iterations
+  verify, propose = statistics.median(verify_s), statistics.median(draft_s)
+  overhead = iteration - verify - propose
+  return {
+      "gamma": gamma,
+      "loop_iterations": iterations,
+      "tokens": int(np.asarray(out.lengths)[0]),
+      "iteration_ms": 1e3 * iteration,
+      "draft_propose_ms": 1e3 * propose,
+      "target_verify_ms": 1e3 * verify,
+      "overhead_ms": 1e3 * overhead,
+      "overhead_share": overhead / iteration,
+      "speculative_call_ms": [1e3 * s for s in spec_s],
+      "encode_ms": [1e3 * s for s in encode_s],
+  }
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  target, params, draft = _models()
+  inputs = jnp.asarray(np.random.RandomState(0).randint(
+      2, _VOCAB.value, size=(1, _INPUT_LEN.value)), jnp.int32)
+  rows = []
+  for gamma in (int(g) for g in _GAMMAS.value):
+    row = measure_gamma(target, params, draft, inputs, gamma)
+    rows.append(row)
+    print(f"gamma={gamma}: iteration {row['iteration_ms']:.2f} ms = draft "
+          f"{row['draft_propose_ms']:.2f} + verify {row['target_verify_ms']:.2f} + loop "
+          f"{row['overhead_ms']:.2f} ms ({100 * row['overhead_share']:.1f}% overhead; "
+          f"{row['loop_iterations']} iterations, {row['tokens']} tokens)")
+  result = {
+      "target_config": _TARGET.value,
+      "draft": {"d_model": _DRAFT_D_MODEL.value, "layers": _DRAFT_LAYERS.value},
+      "vocab_size": _VOCAB.value, "batch": 1, "temperature": _TEMPERATURE.value,
+      "max_decode_len": _MAX_LEN.value, "input_len": _INPUT_LEN.value,
+      "repeats": _REPEATS.value, "rows": rows, "environment": benchmarking.environment(),
+  }
+  os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
+  corpora.write_json(_OUTPUT.value, result)
+  print(f"wrote {_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)

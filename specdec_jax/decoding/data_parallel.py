@@ -1,0 +1,130 @@
+"""Data-parallel decoding: each device decodes its own rows with a full copy of the params.
+
+Built on `jax.shard_map`, not `jax.pmap`: in JAX 0.10 `pmap` still runs, but
+its documentation calls it "the old way of doing parallel map", says it is now
+implemented in terms of `jit` and `shard_map`, and recommends `shard_map`,
+which also composes with multi-process meshes. `shard_map` over the mesh's
+data axis is exactly the pmap program: params replicated, the batch split, and
+every device running its own `lax.while_loop` (so a shard whose rows finish
+early stops early, with no cross-device communication at all).
+
+Sampling: shard i draws with `fold_in(rng, i)`, so sampled outputs equal the
+single-device decoders run on each shard's rows with that key (greedy outputs
+equal the single-device outputs outright). For sampling that does not depend
+on the device count, use the GSPMD path in `specdec_jax.partitioning`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from specdec_jax.decoding import baseline, speculative
+from specdec_jax.decoding.baseline import DecodeOutput
+from specdec_jax.decoding.drafts import Draft, Warp
+from specdec_jax.decoding.speculative import SpeculativeOutput
+from specdec_jax.models.t5 import T5Model
+
+Array = jax.Array
+
+
+def _check(inputs: Array, mesh: Mesh, axis: str) -> None:
+  """Raises ValueError unless `inputs [batch, ...]` can be split over `mesh`'s `axis`.
+
+  The decoders' own argument checks run when the shard function is traced.
+  """
+  if axis not in mesh.shape:
+    raise ValueError(f"axis={axis!r} is not an axis of the mesh {dict(mesh.shape)}; pass the "
+                     "name of its data-parallel axis.")
+  if inputs.shape[0] % mesh.shape[axis]:
+    raise ValueError(f"The batch ({inputs.shape[0]} rows) does not divide by the mesh's "
+                     f"{axis!r} axis ({mesh.shape[axis]}); pad the batch to a multiple of it.")
+
+
+def temperature_sample(model: T5Model, params: dict, inputs: Array, *, mesh: Mesh,
+                       max_decode_len: int, axis: str = "data", temperature: float = 0.0,
+                       top_k: int = 0, top_p: float = 1.0, eos_id: int | None = None,
+                       rng: Array | None = None) -> DecodeOutput:
+  """`baseline.temperature_sample` with rows split over `mesh`'s `axis`.
+
+  Args:
+    model, params, max_decode_len, temperature, top_k, top_p, eos_id: as in
+      `baseline.temperature_sample`.
+    inputs: int32 `[batch, input_len]`; batch must divide by the axis size.
+    mesh: the device mesh; other axes than `axis` hold replicas.
+    axis: the mesh axis the rows are split over.
+    rng: PRNG key (default `PRNGKey(0)`); shard i uses `fold_in(rng, i)`.
+
+  Returns:
+    `DecodeOutput`, sharded over `axis` by rows.
+  """
+  _check(inputs, mesh, axis)
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  return _dp_temperature_sample(model, params, inputs, rng, mesh=mesh, axis=axis,
+                                max_decode_len=max_decode_len, temperature=float(temperature),
+                                top_k=int(top_k), top_p=float(top_p), eos_id=eos_id)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "mesh", "axis", "max_decode_len",
+                                             "temperature", "top_k", "top_p", "eos_id"))
+def _dp_temperature_sample(model: T5Model, params: dict, inputs: Array, rng: Array, *,
+                           mesh: Mesh, axis: str, max_decode_len: int, temperature: float,
+                           top_k: int, top_p: float, eos_id: int | None) -> DecodeOutput:
+  def shard(params: dict, inputs: Array, rng: Array) -> DecodeOutput:
+    rng = jax.random.fold_in(rng, jax.lax.axis_index(axis))
+    return baseline.temperature_sample(
+        model, params, inputs, max_decode_len=max_decode_len, temperature=temperature,
+        top_k=top_k, top_p=top_p, eos_id=eos_id, rng=rng)
+
+  return jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(axis), P()), out_specs=P(axis),
+                       check_vma=False)(params, inputs, rng)
+
+
+def speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array, *,
+                       mesh: Mesh, gamma: int, max_decode_len: int, axis: str = "data",
+                       temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                       eos_id: int | None = None, rng: Array | None = None
+                       ) -> SpeculativeOutput:
+  """`speculative.speculative_sample` with rows split over `mesh`'s `axis`.
+
+  Args:
+    target, target_params, draft, gamma, max_decode_len, temperature, top_k,
+      top_p, eos_id: as in `speculative.speculative_sample`.
+    inputs: int32 `[batch, input_len]`; batch must divide by the axis size.
+    mesh: the device mesh; other axes than `axis` hold replicas.
+    axis: the mesh axis the rows are split over.
+    rng: PRNG key (default `PRNGKey(0)`); shard i uses `fold_in(rng, i)`.
+
+  Returns:
+    `SpeculativeOutput`, sharded over `axis` by rows;
+    `stats.loop_iterations` is the largest count of any shard (the slowest).
+  """
+  _check(inputs, mesh, axis)
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  return _dp_speculative_sample(
+      target, target_params, draft, inputs, rng, mesh=mesh, axis=axis, gamma=gamma,
+      max_decode_len=max_decode_len, warp=Warp(float(temperature), int(top_k), float(top_p)),
+      eos_id=eos_id)
+
+
+@functools.partial(jax.jit, static_argnames=("target", "mesh", "axis", "gamma",
+                                             "max_decode_len", "warp", "eos_id"))
+def _dp_speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array,
+                           rng: Array, *, mesh: Mesh, axis: str, gamma: int,
+                           max_decode_len: int, warp: Warp, eos_id: int | None
+                           ) -> SpeculativeOutput:
+  def shard(target_params: dict, draft: Draft, inputs: Array, rng: Array) -> SpeculativeOutput:
+    rng = jax.random.fold_in(rng, jax.lax.axis_index(axis))
+    out = speculative.speculative_sample(
+        target, target_params, draft, inputs, gamma=gamma, max_decode_len=max_decode_len,
+        temperature=warp.temperature, top_k=warp.top_k, top_p=warp.top_p, eos_id=eos_id,
+        rng=rng)
+    # A scalar per shard cannot leave shard_map unsplit: stack them as [shards].
+    return out.replace(stats=out.stats.replace(loop_iterations=out.stats.loop_iterations[None]))
+
+  out = jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(), P(axis), P()), out_specs=P(axis),
+                      check_vma=False)(target_params, draft, inputs, rng)
+  return out.replace(stats=out.stats.replace(loop_iterations=out.stats.loop_iterations.max()))
