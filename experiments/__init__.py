@@ -1,0 +1,1 @@
+"""Entry points: measurement runs, training, analysis, benchmarks."""

@@ -1,0 +1,231 @@
+"""What one measurement run does: the gin-configurable `Experiment` and its checks.
+
+Every setting of `python -m experiments.run` is a field here, bound in a gin
+file (`gin_configs/*.gin`) or by `--gin.Experiment.FIELD=VALUE`. `validate`
+checks everything that can be checked without loading weights, so a bad run
+fails in seconds, before any measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+
+import gin
+
+from specdec_jax.data import layout
+from specdec_jax.data.ngram_stats import load_ngram_stats
+from specdec_jax.models import T5Config
+
+TRIVIAL_DRAFTS = ("unigram", "bigram", "prompt_lookup")
+NGRAM_ORDER = {"unigram": 1, "bigram": 2}
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """One measurement run: the cross product of tasks, batch sizes, drafts, T and gamma.
+
+  Attributes:
+    name: experiment name; the default output directory is `results/<name>`.
+    models_dir: directory that checkpoint names in `target` / `drafts` are
+      resolved in (absolute paths are used as they are).
+    target: HF-format checkpoint directory of the target.
+    drafts: draft specs: a checkpoint directory of a T5 draft, or one of
+      "unigram", "bigram" (the corpus's n-gram statistics) or "prompt_lookup".
+    tasks: corpora, "ende" and/or "mansum".
+    split: corpus split the examples come from.
+    num_examples: examples per task (the first ones of the split); a multiple
+      of every batch size.
+    batch_sizes: decoder batch sizes.
+    temperatures: sampling temperatures (0 = greedy).
+    gammas: draft proposals per iteration, each >= 1.
+    best_gamma_from: a results.jsonl of an earlier run (e.g. the gamma sweep);
+      when it exists, each (task, draft, temperature) runs only at its gamma of
+      highest measured speedup at batch size 1 there, falling back to `gammas`
+      for combinations it lacks.
+    max_decode_len: most tokens generated per example.
+    input_len: every input is cut / 0-padded to this many tokens (EOS
+      included), so nothing recompiles between batches.
+    repetitions: timed passes over the examples per decoder.
+    seed: seed of the sampling PRNG keys.
+    timing_calls: calls per jitted loop when timing step costs.
+    timing_repeats: timed runs of each such loop (median used).
+    vocab_path: SentencePiece model the prompts are tokenised with.
+    stand_ins_when_missing: if the target is missing from `models_dir` (the
+      trained family is not shipped yet), measure random-init stand-ins of the
+      family's shapes instead, written once to `<data_dir>/random_models`; a
+      warning says that their acceptance rates mean nothing.
+  """
+
+  name: str
+  drafts: Sequence[str]
+  models_dir: str = os.path.join("assets", "models")
+  target: str = "target"
+  tasks: Sequence[str] = ("ende",)
+  split: str = "test"
+  num_examples: int = 8
+  batch_sizes: Sequence[int] = (1,)
+  temperatures: Sequence[float] = (0.0, 1.0)
+  gammas: Sequence[int] = (3,)
+  best_gamma_from: str | None = None
+  max_decode_len: int = 64
+  input_len: int = 128
+  repetitions: int = 2
+  seed: int = 0
+  timing_calls: int = 8
+  timing_repeats: int = 3
+  vocab_path: str = os.path.join(layout.ASSETS_DIR, "vocab", f"{layout.VOCAB_NAME}.model")
+  stand_ins_when_missing: bool = False
+
+  def checkpoint_dir(self, spec: str) -> str:
+    """The directory of a target or T5-draft spec (`models_dir`-relative or absolute)."""
+    return os.path.join(self.models_dir, spec)
+
+  def is_t5_draft(self, spec: str) -> bool:
+    return spec not in TRIVIAL_DRAFTS
+
+
+def draft_name(spec: str) -> str:
+  """The name a draft has in results: the trivial kind, or its checkpoint's basename."""
+  return spec if spec in TRIVIAL_DRAFTS else os.path.basename(os.path.normpath(spec))
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One measured point; `key` identifies it in results.jsonl."""
+
+  task: str
+  batch_size: int
+  draft: str  # The spec (see `Experiment.drafts`).
+  temperature: float
+  gamma: int
+
+  @property
+  def key(self) -> tuple:
+    return point_key(self.task, draft_name(self.draft), self.temperature, self.gamma,
+                     self.batch_size)
+
+
+def point_key(task: str, draft: str, temperature: float, gamma: int, batch_size: int) -> tuple:
+  """The identity of a point: (task, draft name, temperature, gamma, batch size)."""
+  return (task, draft, float(temperature), int(gamma), int(batch_size))
+
+
+def _require(ok: bool, message: str) -> None:
+  if not ok:
+    raise ValueError(message)
+
+
+def _check_checkpoint(exp: Experiment, spec: str, field: str) -> int:
+  """Checks that a checkpoint directory is complete; returns its vocabulary size."""
+  path = exp.checkpoint_dir(spec)
+  config_path = os.path.join(path, "config.json")
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(
+        f"Experiment.{field}: no checkpoint at {path!r} (missing config.json). Ship the trained "
+        "family there (`python -m experiments.export_family`), write "
+        "random stand-ins with `python -m experiments.random_models --output_dir=DIR` and bind "
+        "--gin.Experiment.models_dir=\"'DIR'\", or fix the path.")
+  has_weights = any(os.path.isfile(os.path.join(path, f))
+                    for f in ("model.safetensors", "model.safetensors.index.json"))
+  _require(has_weights, f"Experiment.{field}: {path!r} has config.json but no "
+                        "model.safetensors; re-export it with save_hf_checkpoint.")
+  with open(config_path) as f:
+    return T5Config.from_hf_dict(json.load(f)).vocab_size
+
+
+def _vocab_size(path: str) -> int:
+  import sentencepiece as spm  # noqa: PLC0415  (no TensorFlow on this path)
+
+  _require(os.path.isfile(path), f"Experiment.vocab_path={path!r} does not exist; point it at "
+                                 "the SentencePiece model (assets/vocab/specdec_sp8k.model).")
+  return spm.SentencePieceProcessor(model_file=path).vocab_size()
+
+
+def validate(exp: Experiment) -> None:
+  """Raises ValueError / FileNotFoundError, naming the field and the fix, for a bad run.
+
+  Checks numbers and lists, that every checkpoint exists, and that every draft
+  (and the tokenizer) shares the target's vocabulary. Reads config.json files
+  and n-gram statistics only, no weights.
+  """
+  for field in ("drafts", "tasks", "batch_sizes", "temperatures", "gammas"):
+    _require(len(getattr(exp, field)) > 0, f"Experiment.{field} is empty; list at least one.")
+  for task in exp.tasks:
+    _require(task in layout.CORPORA,
+             f"Experiment.tasks has {task!r}; use any of {sorted(layout.CORPORA)}.")
+  _require(exp.split in layout.SPLITS, f"Experiment.split={exp.split!r}; use one of "
+                                       f"{layout.SPLITS}.")
+  for gamma in exp.gammas:
+    _require(isinstance(gamma, int) and gamma >= 1,
+             f"Experiment.gammas has {gamma!r}; gamma (draft tokens per target call) must be an "
+             "int >= 1.")
+  for t in exp.temperatures:
+    _require(isinstance(t, (int, float)) and t >= 0,
+             f"Experiment.temperatures has {t!r}; use 0 (greedy) or a positive float.")
+  for b in exp.batch_sizes:
+    _require(isinstance(b, int) and b >= 1 and exp.num_examples % b == 0,
+             f"Experiment.batch_sizes has {b!r}; each must be an int >= 1 dividing "
+             f"Experiment.num_examples={exp.num_examples} (equal batches never recompile).")
+  for field in ("num_examples", "max_decode_len", "repetitions", "timing_calls",
+                "timing_repeats"):
+    _require(getattr(exp, field) >= 1, f"Experiment.{field} must be >= 1, got "
+                                       f"{getattr(exp, field)}.")
+  _require(exp.input_len >= 2, f"Experiment.input_len must be >= 2 (a token and EOS), got "
+                               f"{exp.input_len}.")
+  _require(len(set(map(draft_name, exp.drafts))) == len(exp.drafts),
+           f"Experiment.drafts {list(exp.drafts)} has two drafts of one name; results are "
+           "keyed by the checkpoint's directory name.")
+
+  target_vocab = _check_checkpoint(exp, exp.target, "target")
+  tokenizer_vocab = _vocab_size(exp.vocab_path)
+  _require(tokenizer_vocab <= target_vocab,
+           f"Experiment.vocab_path has {tokenizer_vocab} pieces but the target's vocabulary is "
+           f"{target_vocab}; use the tokenizer the target was trained with.")
+  for spec in exp.drafts:
+    if spec in NGRAM_ORDER:
+      vocabs = {task: load_ngram_stats(task).vocab_size for task in exp.tasks}
+    elif spec == "prompt_lookup":
+      vocabs = {}  # Built with the target's vocabulary.
+    else:
+      vocabs = {"": _check_checkpoint(exp, spec, f"drafts ({spec!r})")}
+    for where, vocab in vocabs.items():
+      _require(vocab == target_vocab,
+               f"Experiment.drafts: draft {spec!r}{' for ' + where if where else ''} has a "
+               f"vocabulary of {vocab}, the target of {target_vocab}; speculative sampling "
+               "needs one shared vocabulary: use a draft trained with the target's tokenizer.")
+
+
+def best_gammas(path: str) -> dict[tuple[str, str, float], int]:
+  """{(task, draft, temperature): gamma of highest measured speedup at batch size 1}."""
+  best: dict[tuple[str, str, float], tuple[float, int]] = {}
+  with open(path) as f:
+    for line in f:
+      if not line.strip():
+        continue
+      row = json.loads(line)
+      if row["batch_size"] != 1:
+        continue
+      key = (row["task"], row["draft"], float(row["temperature"]))
+      if key not in best or row["speedup_measured"] > best[key][0]:
+        best[key] = (row["speedup_measured"], int(row["gamma"]))
+  return {key: gamma for key, (_, gamma) in best.items()}
+
+
+def plan(exp: Experiment) -> list[Point]:
+  """The points of the run, in measurement order (task, batch, draft, T, gamma)."""
+  chosen = {}
+  if exp.best_gamma_from and os.path.exists(exp.best_gamma_from):
+    chosen = best_gammas(exp.best_gamma_from)
+  points = []
+  for task in exp.tasks:
+    for batch_size in exp.batch_sizes:
+      for spec in exp.drafts:
+        for t in exp.temperatures:
+          best = chosen.get((task, draft_name(spec), float(t)))
+          for gamma in ([best] if best is not None else exp.gammas):
+            points.append(Point(task, batch_size, spec, float(t), int(gamma)))
+  return points

@@ -1,0 +1,153 @@
+"""Ships the trained family: `checkpoints/<name>/hf` -> `assets/models/<name>/` + model card.
+
+  python -m experiments.export_family [--alpha_json=results/alpha.json]
+
+Each model directory gets the HF T5 files (`config.json`, `model.safetensors` stored in
+float16 to keep the family under 100 MB, `spiece.model`) and a `README.md` model card
+built from the run's `train_summary.json`. `--alpha_json` adds the measured acceptance
+rates vs the target: `{"<draft name>": {"<task>": {"T=0": alpha, "T=1": alpha}}}`.
+Each directory is replaced atomically; runs without a summary are skipped with a note.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+from absl import app, flags
+from safetensors.numpy import load_file, save_file
+
+from specdec_jax.data import layout
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("checkpoints_dir", os.path.join(layout.REPO_ROOT, "checkpoints"),
+                    "Where experiments/train_family.sh trained the family.")
+flags.DEFINE_string("out_dir", os.path.join(layout.ASSETS_DIR, "models"), "Output root.")
+flags.DEFINE_string("alpha_json", None, "Measured alphas vs the target (optional).")
+flags.DEFINE_list("names", ["target", "draft_small", "draft_base", "draft_large",
+                            "draft_distilled"], "Runs to export.")
+flags.DEFINE_float("max_total_mb", 100.0, "Fail if the shipped family is larger.")
+
+ROLES = {
+    "target": "the target model (the large model whose outputs speculative decoding "
+              "reproduces)",
+    "draft_small": "the smallest draft (approximation) model",
+    "draft_base": "the middle draft model",
+    "draft_large": "the largest draft model",
+    "draft_distilled": "the middle draft architecture, distilled from the target "
+                       "(word-level KD to its logits, mixed with the label loss)",
+}
+DATA = ("`specdec_mix`: En-De pairs aligned from the LibreOffice help pages "
+        "(`libreoffice-help-en-us` / `-de`, MPL-2.0), prefix `translate English to German: `, "
+        "and man-page DESCRIPTION -> NAME-line summaries (`manpages`, `manpages-dev`), prefix "
+        "`summarize: `; mixed in proportion to their sizes.")
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+  return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def model_card(name: str, summary: dict, alphas: dict | None) -> str:
+  """The README.md of one shipped model."""
+  cfg = summary["model_config"]
+  hours = summary["train_wall_time_s"] / 3600
+  val = summary["validation_loss"]
+  lines = [
+      f"# specdec_jax `{name}`", "",
+      f"T5.1.1-style encoder-decoder trained from scratch for the speculative-decoding "
+      f"reproduction (Leviathan et al., 2023): {ROLES.get(name, name)}.", "",
+      "| | |", "|---|---|",
+      f"| parameters | {summary['params'] / 1e6:.2f}M |",
+      f"| d_model / d_ff / d_kv / heads | {cfg['d_model']} / {cfg['d_ff']} / {cfg['d_kv']} / "
+      f"{cfg['num_heads']} |",
+      f"| encoder / decoder layers | {cfg['num_layers']} / {cfg['num_decoder_layers']} |",
+      f"| vocabulary | {cfg['vocab_size']} SentencePiece pieces (`spiece.model`) |",
+      f"| training steps | {summary['steps']} |",
+      f"| tokens seen (inputs / targets, non-padding) | {summary['input_tokens_seen']:,} / "
+      f"{summary['target_tokens_seen']:,} |",
+      f"| training wall time | {hours:.2f} h on a 2-core CPU (fp32) |",
+      f"| validation loss (En-De / man-page / all) | {_fmt(val.get('specdec_ende'), 3)} / "
+      f"{_fmt(val.get('specdec_mansum'), 3)} / {_fmt(val.get('all'), 3)} |",
+      f"| test BLEU, En-De (sacrebleu) | {_fmt(summary['test_bleu_ende'])} |",
+      f"| test ROUGE-L, man-page summaries | {_fmt(summary['test_rougeL_mansum'])} |",
+      f"| test decoding | {summary['test_decode']} |", "",
+      f"Data: {DATA}", "",
+  ]
+  if summary.get("teacher_dir"):
+    loss = summary["loss"]
+    lines += [f"Distilled from the target: loss = {1 - loss['distill_weight']:.2f} x label "
+              f"cross-entropy + {loss['distill_weight']:.2f} x soft cross-entropy to the "
+              f"target's logits (temperature {loss['distill_temperature']}).", ""]
+  if name != "target":
+    lines += ["## Acceptance rate α vs the target", ""]
+    if alphas and name in alphas:
+      lines += ["| task | α (T=0) | α (T=1) |", "|---|---|---|"]
+      for task, by_t in sorted(alphas[name].items()):
+        lines.append(f"| {task} | {_fmt(by_t.get('T=0'), 3)} | {_fmt(by_t.get('T=1'), 3)} |")
+    else:
+      lines.append("Not measured yet (filled in by the speculative-decoding experiments).")
+    lines.append("")
+  lines += [
+      "## Use", "", "```python",
+      "from specdec_jax.checkpoints import load_hf_checkpoint",
+      "from specdec_jax.models import T5Model",
+      f'cfg, params = load_hf_checkpoint("assets/models/{name}")  # float16 on disk, '
+      "float32 in memory", "model = T5Model(cfg)", "```", "",
+      "Weights are stored in float16 (trained in float32); the files are HuggingFace T5 "
+      "(`T5ForConditionalGeneration`) format.", "",
+  ]
+  return "\n".join(lines)
+
+
+def export_model(name: str, src_dir: str, out_dir: str, alphas: dict | None) -> int:
+  """Writes `out_dir/<name>` atomically; returns its size in bytes."""
+  with open(os.path.join(src_dir, "train_summary.json")) as f:
+    summary = json.load(f)
+  hf = os.path.join(src_dir, "hf")
+  os.makedirs(out_dir, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f".tmp_{name}_", dir=out_dir)
+  try:
+    for fname in ("config.json", "spiece.model"):
+      shutil.copyfile(os.path.join(hf, fname), os.path.join(tmp, fname))
+    tensors = load_file(os.path.join(hf, "model.safetensors"))
+    save_file({k: v.astype(np.float16) for k, v in tensors.items()},
+              os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(tmp, "README.md"), "w") as f:
+      f.write(model_card(name, summary, alphas))
+    dest = os.path.join(out_dir, name)
+    if os.path.exists(dest):
+      shutil.rmtree(dest)
+    os.replace(tmp, dest)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return sum(os.path.getsize(os.path.join(dest, f)) for f in os.listdir(dest))
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  alphas = None
+  if FLAGS.alpha_json:
+    with open(FLAGS.alpha_json) as f:
+      alphas = json.load(f)
+  total = 0
+  for name in FLAGS.names:
+    src = os.path.join(FLAGS.checkpoints_dir, name)
+    if not os.path.exists(os.path.join(src, "train_summary.json")):
+      print(f"{name}: no {src}/train_summary.json (not trained yet); skipped.")
+      continue
+    size = export_model(name, src, FLAGS.out_dir, alphas)
+    total += size
+    print(f"{name}: {size / 1e6:.1f} MB -> {os.path.join(FLAGS.out_dir, name)}")
+  print(f"total {total / 1e6:.1f} MB")
+  if total > FLAGS.max_total_mb * 1e6:
+    raise SystemExit(f"The exported family is {total / 1e6:.1f} MB > --max_total_mb="
+                     f"{FLAGS.max_total_mb}; shrink a model or raise the limit knowingly.")
+
+
+if __name__ == "__main__":
+  app.run(main)

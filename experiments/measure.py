@@ -1,0 +1,235 @@
+"""One measured point: baseline vs speculative sampling on the same examples, one row.
+
+The two decoders run interleaved over the same fixed-length batches (the order
+alternates per batch and repetition, so background load hits both alike). The
+first call of each compiles and is reported apart; times are medians over
+repetitions of the total over all batches. The row holds the measured speedup,
+alpha by both estimators, the measured step costs, and the speedups predicted
+by Theorem 3.8 and by the refined `CostModel`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import statistics
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from experiments.config import Experiment, Point, draft_name
+from specdec_jax import benchmarking, theory
+from specdec_jax.decoding.baseline import temperature_sample
+from specdec_jax.decoding.drafts import Draft, Warp
+from specdec_jax.decoding.speculative import SpeculativeOutput, speculative_sample
+from specdec_jax.models import T5Model
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetCosts:
+  """Measured target step costs at one batch size.
+
+  Attributes:
+    t_chunk: {k: seconds per cached call scoring k tokens}; k = 1 is T_step.
+    compile_s: compile time of all timing loops together.
+  """
+
+  t_chunk: dict[int, float]
+  compile_s: float
+
+  @property
+  def t_step(self) -> float:
+    return self.t_chunk[1]
+
+
+def timing_geometry(exp: Experiment, max_gamma: int) -> tuple[int, int]:
+  """(cache_len, position) used by every step-time measurement of a run.
+
+  The cache is as long as the speculative decoder's; chunks are scored halfway
+  into the generation.
+  """
+  return exp.max_decode_len + max_gamma + 1, exp.max_decode_len // 2
+
+
+def measure_target_costs(exp: Experiment, target: T5Model, params: dict, inputs: Array,
+                         max_gamma: int) -> TargetCosts:
+  """T_step and T_verify(k), k = 1..max_gamma + 1, at the batch size of `inputs`."""
+  cache_len, position = timing_geometry(exp, max_gamma)
+  times = benchmarking.target_step_times(
+      target, params, inputs, chunk_lengths=range(1, max_gamma + 2), cache_len=cache_len,
+      position=position, calls=exp.timing_calls, repeats=exp.timing_repeats)
+  return TargetCosts({k: t.seconds for k, t in times.items()},
+                     sum(t.compile_s for t in times.values()))
+
+
+def measure_draft_cost(exp: Experiment, draft: Draft, inputs: Array, gamma: int, warp: Warp,
+                       max_gamma: int) -> benchmarking.StepTimes:
+  """T_draft: seconds per proposed token at this gamma and sampling setting."""
+  cache_len, position = timing_geometry(exp, max_gamma)
+  return benchmarking.draft_token_time(draft, inputs, gamma=gamma, warp=warp,
+                                       cache_len=cache_len, position=position,
+                                       calls=exp.timing_calls, repeats=exp.timing_repeats,
+                                       seed=exp.seed)
+
+
+def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
+  row, col = np.argwhere(a != b)[0]
+  return (f"row {row}, token {col}: baseline {a[row, col:col + 5].tolist()}, speculative "
+          f"{b[row, col:col + 5].tolist()}")
+
+
+def _sum_stats(outputs: Sequence[SpeculativeOutput]) -> dict[str, np.ndarray]:
+  stats = [jax.device_get(out.stats) for out in outputs]
+  fields = ("iterations", "draft_calls", "tokens", "accepted_histogram", "accepted",
+            "rejections", "beta_sum", "beta_count", "loop_iterations")
+  return {f: np.sum([np.sum(getattr(s, f), axis=0) for s in stats], axis=0) for f in fields}
+
+
+def measure_point(exp: Experiment, point: Point, target: T5Model, target_params: dict,
+                  draft: Draft, batches: Sequence[Array], target_costs: TargetCosts,
+                  max_gamma: int, pieces: Callable[[list[int]], list[str]]) -> dict:
+  """Measures one (task, draft, temperature, gamma, batch size) point.
+
+  Args:
+    exp: the experiment (max_decode_len, repetitions, seed, ...).
+    point: the point.
+    target: the target model.
+    target_params: its parameters.
+    draft: the draft built from `point.draft`.
+    batches: int32 `[point.batch_size, exp.input_len]` input batches (all examples).
+    target_costs: the target's step costs at this batch size.
+    max_gamma: the largest gamma of the run (sets the timing cache length).
+    pieces: token ids -> SentencePiece pieces (for the saved example).
+
+  Returns:
+    The results row (JSON-serialisable).
+
+  Raises:
+    RuntimeError: at temperature 0, if the speculative tokens differ from the
+      baseline's (they must be identical).
+  """
+  greedy = point.temperature == 0
+  base_key = jax.random.PRNGKey(exp.seed)
+  rngs = [jax.random.fold_in(base_key, i) for i in range(len(batches))]
+  kwargs = dict(max_decode_len=exp.max_decode_len, temperature=point.temperature)
+
+  def baseline(i: int):
+    return temperature_sample(target, target_params, batches[i], rng=rngs[i], **kwargs)
+
+  def speculative(i: int):
+    return speculative_sample(target, target_params, draft, batches[i], gamma=point.gamma,
+                              rng=rngs[i], **kwargs)
+
+  decoders = {"baseline": baseline, "speculative": speculative}
+  first_s = {name: benchmarking.timed(lambda fn=fn: fn(0))[0] for name, fn in decoders.items()}
+  totals = {name: [] for name in decoders}
+  batch0 = {name: [] for name in decoders}
+  outputs: dict[str, list] = {}
+  for rep in range(exp.repetitions):
+    rep_s = dict.fromkeys(decoders, 0.0)
+    rep_out: dict[str, list] = {name: [] for name in decoders}
+    for i in range(len(batches)):
+      order = list(decoders) if (rep + i) % 2 == 0 else list(decoders)[::-1]
+      for name in order:
+        seconds, out = benchmarking.timed(lambda fn=decoders[name], i=i: fn(i))
+        rep_s[name] += seconds
+        rep_out[name].append(jax.device_get(out))
+        if i == 0:
+          batch0[name].append(seconds)
+      if greedy:
+        base, spec = rep_out["baseline"][i], rep_out["speculative"][i]
+        if not (np.array_equal(base.sequences, spec.sequences)
+                and np.array_equal(base.lengths, spec.lengths)):
+          raise RuntimeError(
+              f"Greedy speculative output differs from the baseline ({point}, batch {i}, "
+              f"{_first_difference(np.asarray(base.sequences), np.asarray(spec.sequences))}); "
+              "speculative sampling at temperature 0 must reproduce the target's greedy tokens.")
+    for name in decoders:
+      totals[name].append(rep_s[name])
+    outputs = outputs or rep_out
+
+  median = {name: statistics.median(t) for name, t in totals.items()}
+  tokens = {name: int(sum(int(np.sum(o.lengths)) for o in outs)) for name, outs in outputs.items()}
+  stats = _sum_stats(outputs["speculative"])
+  accepted, rejections = int(stats["accepted"]), int(stats["rejections"])
+  alpha_empirical = accepted / max(accepted + rejections, 1)
+  alpha_beta = float(np.clip(stats["beta_sum"] / max(int(stats["beta_count"]), 1), 0.0, 1.0))
+  tokens_per_iteration = int(stats["tokens"]) / max(int(stats["iterations"]), 1)
+
+  warp = Warp(point.temperature)
+  draft_cost = measure_draft_cost(exp, draft, batches[0], point.gamma, warp, max_gamma)
+  t_step = target_costs.t_step
+  c = draft_cost.seconds / t_step
+  cost_model = theory.CostModel(t_step, draft_cost.seconds, target_costs.t_chunk)
+  iteration_s = cost_model.iteration_time(point.gamma)
+
+  # Per generated token: at T > 0 the two decoders sample texts of different lengths.
+  ms_per_token = {name: 1e3 * median[name] / max(tokens[name], 1) for name in decoders}
+  spec_out = outputs["speculative"][0]
+  length = int(spec_out.lengths[0])
+  example_tokens = np.asarray(spec_out.sequences[0, :length]).tolist()
+
+  return {
+      "experiment": exp.name,
+      "task": point.task,
+      "split": exp.split,
+      "draft": draft_name(point.draft),
+      "draft_spec": point.draft,
+      "target": exp.target,
+      "temperature": point.temperature,
+      "gamma": point.gamma,
+      "batch_size": point.batch_size,
+      "num_examples": exp.num_examples,
+      "input_len": exp.input_len,
+      "max_decode_len": exp.max_decode_len,
+      "repetitions": exp.repetitions,
+      "seed": exp.seed,
+      # Times.
+      "baseline_s": totals["baseline"],
+      "speculative_s": totals["speculative"],
+      "baseline_median_s": median["baseline"],
+      "speculative_median_s": median["speculative"],
+      "baseline_compile_s": max(first_s["baseline"] - statistics.median(batch0["baseline"]), 0.0),
+      "speculative_compile_s": max(
+          first_s["speculative"] - statistics.median(batch0["speculative"]), 0.0),
+      "baseline_tokens": tokens["baseline"],
+      "speculative_tokens": tokens["speculative"],
+      "baseline_ms_per_token": ms_per_token["baseline"],
+      "speculative_ms_per_token": ms_per_token["speculative"],
+      "speedup_measured": ms_per_token["baseline"] / ms_per_token["speculative"],
+      "speedup_walltime_ratio": median["baseline"] / median["speculative"],
+      # Acceptance.
+      "alpha_empirical": alpha_empirical,
+      "alpha_beta": alpha_beta,
+      "accepted": accepted,
+      "rejections": rejections,
+      "beta_sum": float(stats["beta_sum"]),
+      "beta_count": int(stats["beta_count"]),
+      "iterations": int(stats["iterations"]),
+      "loop_iterations": int(stats["loop_iterations"]),
+      "draft_calls": int(stats["draft_calls"]),
+      "tokens_per_iteration": tokens_per_iteration,
+      "accepted_histogram": stats["accepted_histogram"].astype(int).tolist(),
+      # Costs.
+      "t_target_step_s": t_step,
+      "t_verify_s": {str(k): t for k, t in target_costs.t_chunk.items()},
+      "verify_ratio": {str(k): t / t_step for k, t in target_costs.t_chunk.items()},
+      "t_draft_token_s": draft_cost.seconds,
+      "c": c,
+      "step_timing_compile_s": target_costs.compile_s + draft_cost.compile_s,
+      # Predictions (alpha = alpha_beta, the paper's estimator).
+      "speedup_predicted_thm38": float(theory.walltime_improvement(alpha_beta, point.gamma, c)),
+      "speedup_predicted_cost_model": float(cost_model.expected_speedup(alpha_beta, point.gamma)),
+      "speedup_predicted_cost_model_measured_tokens": tokens_per_iteration * t_step / iteration_s,
+      "greedy_identical": True if greedy else None,
+      "example": {
+          "tokens": example_tokens,
+          "pieces": pieces(example_tokens),
+          "accepted_mask": np.asarray(spec_out.accepted_mask[0, :length]).astype(bool).tolist(),
+      },
+      "environment": benchmarking.environment(),
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+  }

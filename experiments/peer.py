@@ -1,0 +1,169 @@
+"""Our decoders side by side with HuggingFace transformers, on the same weights and prompts.
+
+  python -m experiments.peer [--models_dir=assets/models] [--target=target] \
+      [--draft=draft_small] [--task=ende] [--gamma=3] [--num_examples=4]
+
+At batch 1 and temperature 0, four decoders generate for the same prompts:
+our `temperature_sample` and `speculative_sample`, and transformers' greedy
+`generate` and assisted generation (`assistant_model=`, a constant
+`num_assistant_tokens=gamma`, no confidence cut-off, so it always drafts gamma
+tokens like ours). All four must produce identical tokens (reported, and the
+run fails if not). Calls rotate their order per prompt and repetition; first
+calls (compilation / warm-up) are reported apart. Writes
+`<output_dir>/peer_<target>_<draft>_<task>_g<gamma>.json` atomically.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import statistics
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sentencepiece as spm
+import torch
+import transformers
+from absl import app, flags
+
+from experiments import prompts
+from specdec_jax import benchmarking
+from specdec_jax.checkpoints import load_hf_checkpoint
+from specdec_jax.data import corpora, layout
+from specdec_jax.decoding.baseline import temperature_sample
+from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.models import T5Model
+
+_MODELS_DIR = flags.DEFINE_string("models_dir", os.path.join("assets", "models"),
+                                  "Directory of the HF-format checkpoints.")
+_TARGET = flags.DEFINE_string("target", "target", "Target checkpoint (in --models_dir).")
+_DRAFT = flags.DEFINE_string("draft", "draft_small", "Draft checkpoint (in --models_dir).")
+_TASK = flags.DEFINE_enum("task", "ende", sorted(layout.CORPORA), "Corpus of the prompts.")
+_NUM = flags.DEFINE_integer("num_examples", 4, "Prompts (the split's first ones).")
+_GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per target call, for both sides.")
+_MAX_LEN = flags.DEFINE_integer("max_decode_len", 64, "Most new tokens per prompt.")
+_INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Prompts are cut / padded to this length.")
+_REPEATS = flags.DEFINE_integer("repeats", 2, "Timed passes over the prompts.")
+_THREADS = flags.DEFINE_integer("threads", os.cpu_count(), "torch.set_num_threads.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", os.path.join("results", "peer"),
+                                  "Where the JSON goes.")
+_VOCAB = os.path.join(layout.ASSETS_DIR, "vocab", f"{layout.VOCAB_NAME}.model")
+
+Decoder = Callable[[np.ndarray], list[int]]
+
+
+def _trim(tokens: np.ndarray, eos_id: int) -> list[int]:
+  """Generated ids up to and including the first EOS."""
+  tokens = [int(t) for t in tokens]
+  return tokens[:tokens.index(eos_id) + 1] if eos_id in tokens else tokens
+
+
+def _decoders(target_dir: str, draft_dir: str, gamma: int, max_len: int) -> dict[str, Decoder]:
+  """The four greedy decoders, each mapping int32 `[1, input_len]` -> generated ids."""
+  cfg, params = load_hf_checkpoint(target_dir)
+  draft_cfg, draft_params = load_hf_checkpoint(draft_dir)
+  target = T5Model(cfg)
+  params = jax.device_put(params)
+  draft = T5Draft(T5Model(draft_cfg), jax.device_put(draft_params))
+  eos = cfg.eos_token_id
+  # float32 like ours, whatever the stored dtype (the shipped family is stored in float16).
+  load = lambda path: transformers.T5ForConditionalGeneration.from_pretrained(
+      path, dtype=torch.float32).eval()
+  hf_target, hf_draft = load(target_dir), load(draft_dir)
+  hf_draft.generation_config.num_assistant_tokens = gamma
+  hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
+  hf_draft.generation_config.assistant_confidence_threshold = 0.0  # Always draft gamma.
+
+  def ours_baseline(x: np.ndarray) -> list[int]:
+    out = temperature_sample(target, params, jnp.asarray(x), max_decode_len=max_len)
+    return _trim(np.asarray(out.sequences[0]), eos)
+
+  def ours_speculative(x: np.ndarray) -> list[int]:
+    out = speculative_sample(target, params, draft, jnp.asarray(x), gamma=gamma,
+                             max_decode_len=max_len)
+    return _trim(np.asarray(out.sequences[0]), eos)
+
+  def hf(x: np.ndarray, **kwargs) -> list[int]:
+    ids = torch.from_numpy(x).long()
+    with torch.inference_mode():
+      out = hf_target.generate(input_ids=ids, attention_mask=(ids != cfg.pad_token_id).long(),
+                               do_sample=False, max_new_tokens=max_len, eos_token_id=eos,
+                               pad_token_id=cfg.pad_token_id,
+                               decoder_start_token_id=cfg.decoder_start_token_id, **kwargs)
+    return _trim(out.numpy()[0, 1:], eos)
+
+  return {"ours_baseline": ours_baseline, "ours_speculative": ours_speculative,
+          "hf_greedy": hf, "hf_assisted": lambda x: hf(x, assistant_model=hf_draft)}
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
+  torch.set_num_threads(_THREADS.value)
+  target_dir = os.path.join(_MODELS_DIR.value, _TARGET.value)
+  draft_dir = os.path.join(_MODELS_DIR.value, _DRAFT.value)
+  decoders = _decoders(target_dir, draft_dir, _GAMMA.value, _MAX_LEN.value)
+  pairs, source = prompts.load_examples(_TASK.value, "test", _NUM.value)
+  processor = spm.SentencePieceProcessor(model_file=_VOCAB)
+  inputs = prompts.tokenize(processor, [x for x, _ in pairs], _INPUT_LEN.value)[:, None]
+
+  names = list(decoders)
+  first_s = {n: benchmarking.timed(lambda fn=decoders[n]: fn(inputs[0]))[0] for n in names}
+  totals = {n: [] for n in names}
+  outputs: dict[str, list[list[int]]] = {n: [] for n in names}
+  for rep in range(_REPEATS.value):
+    rep_s = dict.fromkeys(names, 0.0)
+    for i, x in enumerate(inputs):
+      shift = (rep * len(inputs) + i) % len(names)
+      for n in names[shift:] + names[:shift]:
+        seconds, out = benchmarking.timed(lambda fn=decoders[n], x=x: fn(x))
+        rep_s[n] += seconds
+        if rep == 0:
+          outputs[n].append(out)
+    for n in names:
+      totals[n].append(rep_s[n])
+
+  reference = outputs["ours_baseline"]
+  mismatches = [{"prompt": i, **{n: outputs[n][i] for n in names}}
+                for i in range(len(inputs)) if any(outputs[n][i] != reference[i] for n in names)]
+  tokens = sum(len(t) for t in reference)
+  tokens_per_s = {n: tokens / statistics.median(totals[n]) for n in names}
+  result = {
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "target": target_dir, "draft": draft_dir, "task": _TASK.value, "prompts_file": source,
+      "num_examples": len(inputs), "gamma": _GAMMA.value, "max_decode_len": _MAX_LEN.value,
+      "input_len": _INPUT_LEN.value, "batch_size": 1, "repeats": _REPEATS.value,
+      "tokens": tokens,
+      "identical": not mismatches,
+      "mismatches": mismatches,
+      "tokens_per_s": tokens_per_s,
+      "seconds": totals,
+      "first_call_s": first_s,
+      "ratio_ours_over_theirs": {
+          "greedy": tokens_per_s["ours_baseline"] / tokens_per_s["hf_greedy"],
+          "speculative": tokens_per_s["ours_speculative"] / tokens_per_s["hf_assisted"]},
+      "speedup_speculative": {
+          "ours": tokens_per_s["ours_speculative"] / tokens_per_s["ours_baseline"],
+          "theirs": tokens_per_s["hf_assisted"] / tokens_per_s["hf_greedy"]},
+      "transformers": transformers.__version__,
+      "torch_threads": torch.get_num_threads(),
+      "environment": benchmarking.environment(),
+  }
+  path = os.path.join(_OUTPUT_DIR.value, f"peer_{_TARGET.value}_{_DRAFT.value}_{_TASK.value}"
+                                         f"_g{_GAMMA.value}.json")
+  corpora.write_json(path, result)
+  for n in names:
+    print(f"{n:<18}{tokens_per_s[n]:>10.1f} tokens/s   first call {first_s[n]:.1f} s")
+  print(f"ours/theirs: greedy {result['ratio_ours_over_theirs']['greedy']:.2f}X, speculative "
+        f"{result['ratio_ours_over_theirs']['speculative']:.2f}X; written to {path}")
+  if mismatches:
+    raise RuntimeError(f"Greedy outputs differ between decoders on {len(mismatches)} prompt(s) "
+                       f"(first: {mismatches[0]}); see {path}.")
+  print(f"All four decoders produced identical tokens on {len(inputs)} prompts.")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,35 @@
+"""results.jsonl: one JSON object per measured point, rewritten atomically per append."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from experiments.config import point_key
+from specdec_jax.data import corpora
+
+RESULTS_FILE = "results.jsonl"
+
+
+def read_rows(path: str) -> list[dict]:
+  """All rows of a results file ([] if it does not exist)."""
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def row_key(row: dict) -> tuple:
+  """The point a row measured (see `config.point_key`)."""
+  return point_key(row["task"], row["draft"], row["temperature"], row["gamma"],
+                   row["batch_size"])
+
+
+def append_row(path: str, row: dict) -> None:
+  """Appends `row`: the whole file is rewritten to a temporary file, then os.replace'd.
+
+  A crash leaves either the old or the new file, never a torn line.
+  """
+  rows = read_rows(path) + [row]
+  text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+  corpora.atomic_write_bytes(path, text.encode("utf-8"))

@@ -1,0 +1,167 @@
+"""Measures speculative against baseline sampling over a gin-configured grid of points.
+
+  python -m experiments.run --gin_file=gin_configs/quickstart.gin \
+      [--gin.Experiment.gammas=[1,2,3]] [--gin_bindings="Experiment.seed = 1"] \
+      [--output_dir=results/quickstart]
+
+Everything about a run is `experiments.config.Experiment`, bound in gin. The
+run is checked before any work (`config.validate`), then each point
+(task, batch size, draft, temperature, gamma) is measured by
+`measure.measure_point` and appended to `<output_dir>/results.jsonl`
+atomically. Points already in that file are skipped, so an interrupted run
+resumes where it stopped. `python -m experiments.analyze` turns the file into
+tables and figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import gin
+import jax
+import numpy as np
+import sentencepiece as spm
+import tqdm
+from absl import app, flags, logging
+
+from experiments import config, measure, prompts, random_models, results_io
+from specdec_jax.checkpoints import load_hf_checkpoint
+from specdec_jax.data import layout
+from specdec_jax.data.ngram_stats import load_ngram_stats
+from specdec_jax.decoding.drafts import Draft, NgramDraft, PromptLookupDraft, T5Draft
+from specdec_jax.models import T5Model
+
+_GIN_FILE = flags.DEFINE_multi_string("gin_file", [], "Gin files, applied in order.")
+_GIN_BINDINGS = flags.DEFINE_multi_string(
+    "gin_bindings", [], "Gin bindings, e.g. 'Experiment.gammas = [1, 2]'; also --gin.NAME=VALUE.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None,
+                                  "Where results.jsonl goes (default results/<Experiment.name>).")
+
+GIN_PREFIX = "--gin."
+RESULTS_ROOT = "results"
+
+
+def split_gin_args(argv: list[str]) -> tuple[list[str], list[str]]:
+  """Separates T5X-style `--gin.NAME=VALUE` arguments from the rest.
+
+  Returns:
+    (argv without them, bindings "NAME=VALUE").
+  """
+  rest, bindings = [], []
+  for arg in argv:
+    if arg.startswith(GIN_PREFIX):
+      binding = arg[len(GIN_PREFIX):]
+      if "=" not in binding:
+        raise app.UsageError(f"{arg!r} has no value; write --gin.NAME=VALUE.")
+      bindings.append(binding)
+    else:
+      rest.append(arg)
+  return rest, bindings
+
+
+def load_experiment(gin_files: list[str], bindings: list[str]) -> config.Experiment:
+  """Parses the gin files and bindings afresh and returns the validated `Experiment`."""
+  gin.clear_config()
+  gin.add_config_file_search_path(layout.REPO_ROOT)
+  try:
+    gin.parse_config_files_and_bindings(gin_files, bindings)
+  except (ValueError, KeyError, SyntaxError) as e:
+    raise ValueError(f"Bad gin configuration ({e}). Check the names against "
+                     "experiments/config.py:Experiment and the files in gin_configs/.") from e
+  try:
+    exp = config.Experiment()
+  except TypeError as e:
+    raise ValueError(f"Experiment is incomplete ({e}); bind it in a gin file, e.g. "
+                     "Experiment.name = 'mine' and Experiment.drafts = ['draft_small'].") from e
+  if exp.stand_ins_when_missing and not os.path.isdir(exp.checkpoint_dir(exp.target)):
+    stand_ins = os.path.join(layout.default_data_dir(), "random_models")
+    logging.warning(
+        "%s has no trained target yet: measuring RANDOM-INIT stand-ins of the family's shapes "
+        "from %s instead. Timings are real, acceptance rates are meaningless.",
+        exp.models_dir, stand_ins)
+    names = [exp.target] + [d for d in exp.drafts if exp.is_t5_draft(d)]
+    random_models.write_stand_ins(stand_ins, names)
+    # Its own results directory: stand-in rows must never stand for the family's.
+    exp = dataclasses.replace(exp, models_dir=stand_ins, name=f"{exp.name}_random_stand_ins")
+  config.validate(exp)
+  return exp
+
+
+def _build_draft(exp: config.Experiment, spec: str, task: str, vocab_size: int) -> Draft:
+  """The draft of `spec` for `task` (n-gram drafts use the task's corpus statistics)."""
+  if spec in config.NGRAM_ORDER:
+    stats = load_ngram_stats(task)
+    return NgramDraft.from_counts(stats.unigram, stats.bigram_prev, stats.bigram_next,
+                                  stats.bigram_count, order=config.NGRAM_ORDER[spec])
+  if spec == "prompt_lookup":
+    return PromptLookupDraft(vocab_size)
+  cfg, params = load_hf_checkpoint(exp.checkpoint_dir(spec))
+  return T5Draft(T5Model(cfg), jax.device_put(params))
+
+
+def run(exp: config.Experiment, output_dir: str) -> str:
+  """Measures every point of `exp` missing from `<output_dir>/results.jsonl`.
+
+  Returns:
+    The path of results.jsonl.
+  """
+  path = os.path.join(output_dir, results_io.RESULTS_FILE)
+  points = config.plan(exp)
+  done = {results_io.row_key(r) for r in results_io.read_rows(path)}
+  pending = [p for p in points if p.key not in done]
+  max_gamma = max(p.gamma for p in points)
+  print(f"{exp.name}: {len(points)} points, {len(points) - len(pending)} already in {path}.",
+        file=sys.stderr)
+  if not pending:
+    return path
+
+  cfg, params = load_hf_checkpoint(exp.checkpoint_dir(exp.target))
+  target, params = T5Model(cfg), jax.device_put(params)
+  processor = spm.SentencePieceProcessor(model_file=exp.vocab_path)
+  pieces = lambda ids: [processor.id_to_piece(i) for i in ids]
+  drafts: dict[tuple[str, str], Draft] = {}  # (spec, task) -> draft, built once.
+  batches: dict[tuple[str, int], list[jax.Array]] = {}
+  costs: dict[tuple[str, int], measure.TargetCosts] = {}
+
+  bar = tqdm.tqdm(total=len(points), initial=len(points) - len(pending), unit="point",
+                  file=sys.stderr, dynamic_ncols=True)
+  for point in pending:
+    bar.set_description(f"{point.task} b{point.batch_size} {config.draft_name(point.draft)} "
+                        f"T={point.temperature:g} g={point.gamma}")
+    key = (point.task, point.batch_size)
+    if key not in batches:
+      pairs, _ = prompts.load_examples(point.task, exp.split, exp.num_examples)
+      tokens = prompts.tokenize(processor, [x for x, _ in pairs], exp.input_len)
+      batches[key] = [jax.device_put(b) for b in np.split(tokens, len(tokens) // point.batch_size)]
+      costs[key] = measure.measure_target_costs(exp, target, params, batches[key][0], max_gamma)
+    draft_key = (point.draft, point.task if point.draft in config.NGRAM_ORDER else "")
+    if draft_key not in drafts:
+      drafts[draft_key] = _build_draft(exp, point.draft, point.task, cfg.vocab_size)
+    draft = drafts[draft_key]
+    row = measure.measure_point(exp, point, target, params, draft, batches[key], costs[key],
+                                max_gamma, pieces)
+    results_io.append_row(path, row)
+    bar.write(f"{point.task} {row['draft']} T={point.temperature:g} gamma={point.gamma} "
+              f"batch={point.batch_size}: speedup {row['speedup_measured']:.2f}X (predicted "
+              f"{row['speedup_predicted_cost_model']:.2f}X), alpha {row['alpha_beta']:.2f}, "
+              f"c {row['c']:.3f}, {row['tokens_per_iteration']:.2f} tokens/call")
+    bar.update(1)
+  bar.close()
+  return path
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
+  exp = load_experiment(_GIN_FILE.value, _GIN_BINDINGS.value)
+  output_dir = _OUTPUT_DIR.value or os.path.join(RESULTS_ROOT, exp.name)
+  path = run(exp, output_dir)
+  print(f"Results: {path}; tables and figures: python -m experiments.analyze "
+        f"--results_dir={output_dir}")
+
+
+if __name__ == "__main__":
+  args, gin_bindings = split_gin_args(sys.argv)
+  app.run(main, argv=args + [f"--gin_bindings={b}" for b in gin_bindings])

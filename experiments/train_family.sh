@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Trains the model family in order: target, the three drafts, then the draft distilled
+# from the target. Each run resumes from its latest checkpoint; finished runs (those with
+# a train_summary.json) are skipped, so rerunning this script continues where it stopped.
+#
+#   nohup setsid experiments/train_family.sh > checkpoints/family.log 2>&1 &
+#
+# Stop it with `kill -TERM -- -<pid>` (the process group): the running trainer saves a
+# checkpoint first. Environment: CKPT_ROOT (default <repo>/checkpoints); extra arguments
+# are passed to every run (e.g. --gin.train.log_every=10).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CKPT_ROOT="${CKPT_ROOT:-$PWD/checkpoints}"
+mkdir -p "$CKPT_ROOT"
+
+for name in target draft_small draft_base draft_large draft_distilled; do
+  dir="$CKPT_ROOT/$name"
+  if [[ -f "$dir/train_summary.json" ]]; then
+    echo "$(date -Is) $name: finished earlier, skipping."
+    continue
+  fi
+  if pgrep -f -- "--model_dir=$dir( |\$)" > /dev/null; then
+    echo "$(date -Is) $name: a trainer is already running on $dir; stopping." >&2
+    exit 1
+  fi
+  extra=()
+  if [[ "$name" == draft_distilled ]]; then
+    if [[ ! -f "$CKPT_ROOT/target/hf/model.safetensors" ]]; then
+      echo "$(date -Is) $name: needs the trained target in $CKPT_ROOT/target/hf; stopping." >&2
+      exit 1
+    fi
+    extra=("--gin.train.teacher_dir='$CKPT_ROOT/target/hf'")
+  fi
+  echo "$(date -Is) $name: training (log $CKPT_ROOT/$name.log)."
+  status=0
+  python -m experiments.train --gin_file="gin_configs/train/$name.gin" --model_dir="$dir" \
+    "${extra[@]}" "$@" >> "$CKPT_ROOT/$name.log" 2>&1 || status=$?
+  if [[ "$status" -ne 0 ]]; then
+    echo "$(date -Is) $name: failed (exit $status); see $CKPT_ROOT/$name.log." >&2
+    exit "$status"
+  fi
+  if [[ ! -f "$dir/train_summary.json" ]]; then
+    echo "$(date -Is) $name: stopped before finishing (signal?); rerun to resume." >&2
+    exit 1
+  fi
+done
+echo "$(date -Is) family complete."

@@ -1,0 +1,220 @@
+"""Timing utilities: wall-clock medians, per-call step times, and the environment record.
+
+Step times feed `theory.CostModel`. Each is measured as the per-call time of a
+jitted `lax.fori_loop` over `calls` calls, so Python dispatch and host
+round-trips are excluded, as they are inside the decoders' while loops. The
+first call of every compiled program is timed apart (compilation).
+No TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.decoding.drafts import Draft, Warp
+from specdec_jax.models.t5 import DecoderCache, EncodedInputs, T5Model
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """Wall-clock times of repeated calls of one function.
+
+  Attributes:
+    first_s: the first call (includes compilation for a fresh jitted program).
+    times_s: the later calls, in order.
+  """
+
+  first_s: float
+  times_s: tuple[float, ...]
+
+  @property
+  def median_s(self) -> float:
+    return statistics.median(self.times_s)
+
+  @property
+  def compile_s(self) -> float:
+    """First call minus a steady call: the compilation (and first-run) overhead."""
+    return max(self.first_s - self.median_s, 0.0)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+  """Calls `fn()`, blocks until its outputs are ready; returns (seconds, outputs)."""
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return time.perf_counter() - start, out
+
+
+def time_calls(fn: Callable[[], Any], repeats: int) -> Timing:
+  """Times one first call and then `repeats` further calls of `fn()`.
+
+  Args:
+    fn: a function of no arguments returning JAX arrays (or pytrees of them).
+    repeats: number of timed calls after the first, >= 1.
+
+  Returns:
+    A `Timing`.
+  """
+  if repeats < 1:
+    raise ValueError(f"repeats must be >= 1 (timed calls after the first), got {repeats}.")
+  first_s, _ = timed(fn)
+  return Timing(first_s, tuple(timed(fn)[0] for _ in range(repeats)))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+  """Per-call seconds of one program inside a jitted loop, and its compile time."""
+
+  seconds: float
+  compile_s: float
+
+
+def _per_call(loop: Callable[[], Array], calls: int, repeats: int) -> StepTimes:
+  timing = time_calls(loop, repeats)
+  return StepTimes(timing.median_s / calls, timing.compile_s)
+
+
+def target_step_times(model: T5Model, params: dict, inputs: Array, *, chunk_lengths: Sequence[int],
+                      cache_len: int, position: int, calls: int, repeats: int
+                      ) -> dict[int, StepTimes]:
+  """Seconds per cached `decode_chunk` call of k tokens, for each k in `chunk_lengths`.
+
+  k = 1 is the baseline's step time T_step; k = gamma + 1 is the verification
+  time T_verify(k) of one speculative iteration. Each call scores k tokens at
+  `position` of a cache of `cache_len` positions (rewound after every call), so
+  every k attends over the same context.
+
+  Args:
+    model: the target.
+    params: its parameters.
+    inputs: int32 `[batch, input_len]` encoder tokens (the batch size is timed).
+    chunk_lengths: the k to time, each >= 1.
+    cache_len: positions of the cache (as in the decoders).
+    position: cached length at which each chunk is scored.
+    calls: `decode_chunk` calls per jitted loop.
+    repeats: timed loop runs (the median is used).
+
+  Returns:
+    {k: StepTimes}.
+  """
+  if min(chunk_lengths) < 1 or position + max(chunk_lengths) > cache_len:
+    raise ValueError(f"chunk_lengths {list(chunk_lengths)} at position={position} must be >= 1 "
+                     f"and fit in cache_len={cache_len}.")
+  encoded = model.encode(params, inputs)
+  batch = inputs.shape[0]
+  start = jnp.full((batch,), position, jnp.int32)
+  results = {}
+  for k in chunk_lengths:
+    tokens = jnp.ones((batch, k), jnp.int32)
+    results[int(k)] = _per_call(
+        lambda t=tokens: _chunk_loop(model, params, encoded, t, start, cache_len=cache_len,
+                                     calls=calls), calls, repeats)
+  return results
+
+
+@functools.partial(jax.jit, static_argnames=("model", "cache_len", "calls"))
+def _chunk_loop(model: T5Model, params: dict, encoded: EncodedInputs, tokens: Array,
+                start: Array, *, cache_len: int, calls: int) -> Array:
+  """Runs `calls` chunk calls; returns a scalar that depends on every call's logits."""
+
+  def body(_, carry: tuple[DecoderCache, Array]) -> tuple[DecoderCache, Array]:
+    cache, acc = carry
+    logits, cache = model.decode_chunk(params, encoded, cache.rewind(start), tokens)
+    return cache, acc + logits[:, -1, 0].sum()
+
+  cache = model.init_cache(tokens.shape[0], cache_len).rewind(start)
+  _, acc = jax.lax.fori_loop(0, calls, body, (cache, jnp.zeros((), jnp.float32)))
+  return acc
+
+
+def draft_token_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cache_len: int,
+                     position: int, calls: int, repeats: int, seed: int = 0) -> StepTimes:
+  """Seconds per proposed token of `draft.propose(..., gamma=gamma)`.
+
+  This is the draft's T_draft as the speculative loop pays it (for a T5 draft:
+  one catch-up chunk of 2 tokens and gamma - 1 single-token steps per call).
+
+  Args:
+    draft: any `drafts.Draft`.
+    inputs: int32 `[batch, input_len]` encoder tokens.
+    gamma: proposals per call.
+    warp: the sampling settings proposals are drawn with.
+    cache_len: decoder positions, as in `speculative_sample`.
+    position: tokens already generated when proposing (the state is rewound to it).
+    calls: `propose` calls per jitted loop.
+    repeats: timed loop runs (the median is used).
+    seed: PRNG seed of the proposals.
+
+  Returns:
+    `StepTimes` with seconds per proposed token.
+  """
+  if position + gamma + 2 > cache_len:
+    raise ValueError(f"position={position} + gamma={gamma} + 2 must fit in cache_len={cache_len}.")
+  batch = inputs.shape[0]
+  lengths = jnp.full((batch,), position, jnp.int32)
+  tokens = jnp.ones((batch, cache_len + 1), jnp.int32)
+
+  state = draft.init_state(inputs, cache_len)  # The encoder runs once, outside the timing.
+  rng = jax.random.PRNGKey(seed)
+  per_call = _per_call(
+      lambda: _propose_loop(draft, state, tokens, lengths, rng, gamma=gamma, warp=warp,
+                            calls=calls), calls, repeats)
+  return StepTimes(per_call.seconds / gamma, per_call.compile_s)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "warp", "calls"))
+def _propose_loop(draft: Draft, state: Any, tokens: Array, lengths: Array, rng: Array, *,
+                  gamma: int, warp: Warp, calls: int) -> Array:
+  """Runs `calls` proposals, each from the same state; returns a scalar using all of them."""
+
+  def body(i, carry):
+    state, acc = carry
+    state, proposals, _ = draft.propose(state, tokens, lengths, jax.random.fold_in(rng, i),
+                                        gamma=gamma, warp=warp)
+    return draft.commit(state, lengths), acc + proposals.sum()
+
+  return jax.lax.fori_loop(0, calls, body, (state, jnp.zeros((), jnp.int32)))[1]
+
+
+def _cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def environment() -> dict[str, Any]:
+  """Where a measurement ran: versions, devices, CPU, load."""
+  devices = jax.devices()
+  env = {
+      "jax": jax.__version__,
+      "backend": jax.default_backend(),
+      "device_kind": devices[0].device_kind,
+      "device_count": len(devices),
+      "cpu_model": _cpu_model(),
+      "cpu_count": os.cpu_count(),
+      "python": platform.python_version(),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "load_average": list(os.getloadavg()),
+  }
+  try:
+    import torch  # noqa: PLC0415  (optional: only recorded when installed)
+    env["torch"] = torch.__version__
+  except ImportError:
+    pass
+  return env

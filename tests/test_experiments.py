@@ -1,0 +1,152 @@
+"""experiments.run / analyze: rows, restarts, early errors, tables and figures."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import pytest
+from conftest import make_model
+
+# experiments/ holds entry points run from the repository root (python -m experiments.X).
+from experiments import analyze, config, measure, results_io  # noqa: E402
+from experiments import run as runner  # noqa: E402
+from specdec_jax.checkpoints import save_hf_checkpoint  # noqa: E402
+from specdec_jax.data import layout  # noqa: E402
+
+VOCAB = 8192  # The committed SentencePiece model's size.
+ROW_FIELDS = (
+    "task", "draft", "temperature", "gamma", "batch_size", "baseline_s", "speculative_s",
+    "baseline_median_s", "speculative_median_s", "baseline_compile_s", "speculative_compile_s",
+    "speedup_measured", "alpha_empirical", "alpha_beta", "tokens_per_iteration",
+    "accepted_histogram", "t_target_step_s", "t_verify_s", "verify_ratio", "t_draft_token_s", "c",
+    "speedup_predicted_thm38", "speedup_predicted_cost_model", "greedy_identical", "example",
+    "environment")
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory) -> str:
+  """A tiny random target, a perturbed copy as the draft, and one of another vocabulary."""
+  root = str(tmp_path_factory.mktemp("models"))
+  model, params = make_model("test-v1_1", seed=0, vocab_size=VOCAB)
+  params = jax.device_get(params)
+  save_hf_checkpoint(os.path.join(root, "target"), model.config, params)
+  draft_params = jax.tree.map(lambda x: x * 1.05, params)  # No second init to compile.
+  save_hf_checkpoint(os.path.join(root, "draft"), model.config, draft_params)
+  # Validation reads only config.json, so a copy whose config claims more tokens will do.
+  wide = model.config.replace(vocab_size=VOCAB + 8)
+  os.makedirs(os.path.join(root, "wide_draft"))
+  with open(os.path.join(root, "wide_draft", "config.json"), "w") as f:
+    json.dump(wide.to_hf_dict(), f)
+  with open(os.path.join(root, "wide_draft", "model.safetensors"), "wb"):
+    pass
+  return root
+
+
+def _gin(tmp_path, models_dir: str, **overrides) -> str:
+  bindings = {
+      "name": "'tiny'", "models_dir": repr(models_dir), "drafts": "['draft']",
+      "tasks": "['ende']", "num_examples": "2", "temperatures": "[0.0]", "gammas": "[2]",
+      "max_decode_len": "8", "input_len": "16", "repetitions": "1", "timing_calls": "2",
+      "timing_repeats": "1", **overrides}
+  path = tmp_path / "tiny.gin"
+  path.write_text("".join(f"Experiment.{k} = {v}\n" for k, v in bindings.items()))
+  return str(path)
+
+
+def test_split_gin_args():
+  rest, bindings = runner.split_gin_args(["run", "--gin.Experiment.gammas=[1, 2]", "--x=1"])
+  assert rest == ["run", "--x=1"] and bindings == ["Experiment.gammas=[1, 2]"]
+
+
+def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
+  out = tmp_path / "out"
+  out.mkdir()
+  earlier = dict(task="mansum", draft="draft", temperature=1.0, gamma=4, batch_size=1)
+  (out / results_io.RESULTS_FILE).write_text(json.dumps(earlier) + "\n")
+  exp = runner.load_experiment([_gin(tmp_path, models_dir)], [])
+  path = runner.run(exp, str(out))
+  rows = results_io.read_rows(path)
+  assert len(rows) == 2 and rows[0] == earlier  # Appending kept the earlier row.
+  row = rows[1]
+  assert set(ROW_FIELDS) <= set(row)
+  assert row["greedy_identical"] is True and row["draft"] == "draft"
+  assert len(row["accepted_histogram"]) == 3 and row["speedup_measured"] > 0
+  assert 0 <= row["alpha_beta"] <= 1 and set(row["t_verify_s"]) == {"1", "2", "3"}
+  assert len(row["example"]["tokens"]) == len(row["example"]["accepted_mask"])
+
+  # A restart measures nothing that is already in the file.
+  monkeypatch.setattr(measure, "measure_point", lambda *a: pytest.fail("measured again"))
+  runner.run(exp, str(out))
+  assert results_io.read_rows(path) == rows
+
+
+@pytest.mark.parametrize("binding, error, match", [
+    ("Experiment.no_such_field = 1", ValueError, "gin"),
+    ("Experiment.target = 'missing'", FileNotFoundError, "missing"),
+    ("Experiment.gammas = [0]", ValueError, "gamma"),
+    ("Experiment.drafts = ['wide_draft']", ValueError, "vocabulary"),
+    ("Experiment.batch_sizes = [3]", ValueError, "batch_sizes"),
+])
+def test_bad_config_fails_before_work(tmp_path, models_dir, monkeypatch, binding, error, match):
+  monkeypatch.setattr(runner, "load_hf_checkpoint", lambda *a: pytest.fail("work started"))
+  with pytest.raises(error, match=match):
+    runner.load_experiment([_gin(tmp_path, models_dir)], [binding])
+
+
+def test_plan_uses_best_gamma(tmp_path, models_dir):
+  sweep = tmp_path / "sweep.jsonl"
+  rows = [dict(task="ende", draft="draft", temperature=0.0, gamma=g, batch_size=1,
+               speedup_measured=s) for g, s in ((1, 1.1), (2, 1.5), (3, 1.2))]
+  sweep.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  exp = runner.load_experiment([_gin(tmp_path, models_dir, gammas="[5]",
+                                     temperatures="[0.0, 1.0]",
+                                     best_gamma_from=repr(str(sweep)))], [])
+  assert [(p.temperature, p.gamma) for p in config.plan(exp)] == [(0.0, 2), (1.0, 5)]
+
+
+def test_committed_prompts_exist():
+  for task in layout.CORPORA:
+    with open(os.path.join(layout.ASSETS_DIR, "prompts", f"{task}_test.jsonl")) as f:
+      first = json.loads(f.readline())
+    assert first["inputs"] and first["targets"]
+
+
+def _synthetic_row(draft: str, temperature: float, gamma: int, batch_size: int,
+                   measured: float, predicted: float) -> dict:
+  alpha = 0.7
+  return dict(
+      task="ende", draft=draft, temperature=temperature, gamma=gamma, batch_size=batch_size,
+      alpha_beta=alpha, alpha_empirical=alpha, beta_sum=7.0, beta_count=10, c=0.05,
+      tokens_per_iteration=2.0, speedup_measured=measured, speedup_predicted_cost_model=predicted,
+      speedup_predicted_thm38=predicted * 1.2,
+      example=dict(tokens=[5, 6, 1], pieces=["\u2581Hallo", "\u2581Welt", "</s>"],
+                   accepted_mask=[True, False, False]))
+
+
+def test_analyze_writes_tables_figures_and_flags(tmp_path):
+  rows = [_synthetic_row("small", t, g, 1, 1 + g / 10, 1 + g / 10) for t in (0.0, 1.0)
+          for g in (1, 2, 3)]
+  rows += [_synthetic_row("small", 0.0, 3, b, 2.0 / b, 2.0 / b) for b in (2, 4)]
+  off = _synthetic_row("large", 0.0, 2, 1, 2.0, 1.5)  # 33% above its prediction.
+  rows.append(off)
+  exp_dir = tmp_path / "sweep"
+  exp_dir.mkdir()
+  (exp_dir / results_io.RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+  section = analyze.analyze([str(exp_dir)], str(tmp_path))
+  tables = (exp_dir / analyze.TABLES_FILE).read_text()
+  for title in ("Table 2", "Table 3", "Table 4", "Speedup vs batch size", "All points"):
+    assert title in tables
+  assert "| ende | small | 0 | 3 | 0.70 | 1.30X |" in tables  # Best gamma per (task, draft, T).
+  assert "| ende | small | 0 | 3 | 1.30 | 1.00 | 0.50 | 4 |" in tables  # Crossover at batch 4.
+  assert analyze.is_flagged(off) and not analyze.is_flagged(rows[0])
+  assert "1 flagged" in tables and tables.count("**>15%**") == 2  # Table 4 and all points.
+  for png in ("speedup_vs_gamma", "measured_vs_predicted", "speedup_vs_batch",
+              "speedup_vs_alpha", "fig1_example"):
+    assert (exp_dir / f"{png}.png").stat().st_size > 0
+  for png in ("fig2_expected_tokens", "fig3_optimal_gamma"):
+    assert (tmp_path / analyze.THEORY_DIR / f"{png}.png").stat().st_size > 0
+  with open(section) as f:
+    assert "## sweep" in f.read()
