@@ -1,0 +1,288 @@
+"""Device meshes, T5X-style logical axis rules, and shardings of params, batches and caches.
+
+Model parallelism follows T5X / Megatron: every array dimension carries a
+*logical* axis name ("batch", "heads", "mlp", "vocab", "embed", ...) and a
+table of rules maps logical names to the axes of a `(data, model)` device mesh.
+With the default rules the batch is split over "data"; attention heads, MLP
+hidden units and the vocabulary over "model"; everything else is replicated.
+
+Decoding runs under `jax.jit` with the parameters placed by `shard_params`,
+inside `jax.set_mesh(mesh)` (JAX's successor of `with mesh:`): GSPMD partitions
+the whole generation loop. The KV caches created inside it need no annotation:
+propagation from the sharded q/k/v kernels splits them `(data, None, model,
+None)`, as `cache_sharding` says (the tests check the compiled per-device shapes).
+
+Example:
+
+  mesh = make_mesh(data=2, model=4)
+  params = shard_params(params, mesh)
+  with jax.set_mesh(mesh):
+    out = temperature_sample(model, params, shard_batch(inputs, mesh), max_decode_len=64)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+
+import gin
+import jax
+import numpy as np
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
+
+from specdec_jax.models.config import T5Config
+from specdec_jax.models.t5 import T5Model
+
+Array = jax.Array
+LogicalAxes = tuple[str | None, ...]
+LogicalRules = tuple[tuple[str, str | None], ...]
+
+MESH_AXES = ("data", "model")
+# Logical axes of each `[batch, max_len, heads, d_kv]` KV-cache array.
+CACHE_AXES = ("batch", "length", "heads", "kv")
+
+
+@gin.configurable
+def axis_rules(*, batch: str | None = "data", heads: str | None = "model",
+               mlp: str | None = "model", vocab: str | None = "model",
+               embed: str | None = None, length: str | None = None, kv: str | None = None,
+               relpos_buckets: str | None = None) -> LogicalRules:
+  """Logical axis -> mesh axis ("data", "model", or None: replicated).
+
+  Args:
+    batch: rows of a batch (and of the KV caches).
+    heads: attention heads (q/k/v kernels' output, out kernel's input, caches).
+    mlp: MLP hidden units.
+    vocab: the vocabulary (embedding rows, logits columns).
+    embed: d_model.
+    length: sequence positions.
+    kv: d_kv, the per-head width.
+    relpos_buckets: relative position buckets.
+
+  Returns:
+    The rules: (logical axis, mesh axis or None) pairs, T5X's format.
+  """
+  rules = dict(batch=batch, heads=heads, mlp=mlp, vocab=vocab, embed=embed, length=length,
+               kv=kv, relpos_buckets=relpos_buckets)
+  for name, axis in rules.items():
+    if axis not in (*MESH_AXES, None):
+      raise ValueError(f"axis_rules: {name}={axis!r}; use one of {MESH_AXES} or None.")
+  return tuple(rules.items())
+
+
+@gin.configurable
+def draft_axis_rules(*, heads: str | None = None, mlp: str | None = None,
+                     vocab: str | None = None) -> LogicalRules:
+  """Rules for draft models: `axis_rules()` but replicating heads, MLP and vocab by default.
+
+  Drafts are small (Flan-T5-small has 6 heads, which no model axis of 4 or 8
+  divides) and fast; splitting them would add collectives to every draft step.
+  """
+  return tuple((name, {"heads": heads, "mlp": mlp, "vocab": vocab}.get(name, axis))
+               for name, axis in axis_rules())
+
+
+@gin.configurable
+def make_mesh(data: int | None = None, model: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A `(data, model)` mesh over `devices` (default: all devices, of every process).
+
+  Axes are `AxisType.Auto` (GSPMD propagation), not JAX's newer default Explicit.
+
+  Args:
+    data: size of the data-parallel axis (batch rows are split over it); default:
+      the number of devices / `model`.
+    model: size of the model-parallel axis (heads, MLP units, vocab).
+    devices: the devices to use; their number must be `data * model`.
+  """
+  devices = jax.devices() if devices is None else list(devices)
+  data = len(devices) // max(model, 1) if data is None else data
+  if data < 1 or model < 1:
+    raise ValueError(f"make_mesh: data={data} and model={model} must both be >= 1 (model may "
+                     f"be at most the device count, {len(devices)}).")
+  if data * model != len(devices):
+    raise ValueError(
+        f"make_mesh: data * model = {data} * {model} = {data * model}, but there are "
+        f"{len(devices)} devices; choose data and model whose product is {len(devices)} (on "
+        "CPU, simulate devices with XLA_FLAGS=--xla_force_host_platform_device_count=N).")
+  return jax.make_mesh((data, model), MESH_AXES, axis_types=(AxisType.Auto,) * 2,
+                       devices=devices)
+
+
+def logical_to_spec(axes: LogicalAxes, rules: LogicalRules | None = None) -> PartitionSpec:
+  """Logical axis names (None: replicated) -> a `PartitionSpec` of mesh axes."""
+  table = dict(rules or axis_rules())
+  unknown = [a for a in axes if a is not None and a not in table]
+  if unknown:
+    raise ValueError(f"Logical axes {unknown} have no rule; known: {sorted(table)}.")
+  return PartitionSpec(*(None if a is None else table[a] for a in axes))
+
+
+def param_logical_axes(params: dict) -> dict:
+  """The logical axes of every parameter of a T5X-named tree (same structure).
+
+  Raises:
+    ValueError: for a parameter path this module does not know.
+  """
+  def axes(path: tuple, x: Array) -> LogicalAxes:
+    names = [getattr(k, "key", str(k)) for k in path]
+    leaf, parent = names[-1], names[-2] if len(names) > 1 else ""
+    if leaf == "embedding":
+      return ("vocab", "embed")
+    if leaf == "rel_embedding":
+      return ("heads", "relpos_buckets")
+    if leaf == "scale":
+      return ("embed",)
+    if leaf == "kernel" and parent in ("query", "key", "value"):
+      return ("embed", "heads")  # [d_model, heads * d_kv], split at head boundaries.
+    if leaf == "kernel" and parent == "out":
+      return ("heads", "embed")
+    if leaf == "kernel" and parent in ("wi", "wi_0", "wi_1"):
+      return ("embed", "mlp")
+    if leaf == "kernel" and parent == "wo":
+      return ("mlp", "embed")
+    if leaf == "kernel" and parent == "logits_dense":
+      return ("embed", "vocab")
+    raise ValueError(f"No logical axes for parameter {'/'.join(names)} (shape {x.shape}); "
+                     "add its path to partitioning.param_logical_axes.")
+
+  return jax.tree_util.tree_map_with_path(axes, params)
+
+
+def _sharding(shape: tuple[int, ...], axes: LogicalAxes, mesh: Mesh | AbstractMesh,
+              rules: LogicalRules,
+              what: str) -> NamedSharding:
+  spec = logical_to_spec(axes, rules)
+  for size, axis, logical in zip(shape, spec, axes, strict=True):
+    if axis is not None and size % mesh.shape[axis]:
+      raise ValueError(
+          f"{what}: dimension '{logical}' of size {size} does not divide by the mesh's "
+          f"'{axis}' axis ({mesh.shape[axis]}); choose a mesh whose '{axis}' size divides "
+          f"{size}, or replicate it with axis_rules({logical}=None).")
+  return NamedSharding(mesh, spec)
+
+
+def check_model_fits(config: T5Config, mesh: Mesh | AbstractMesh,
+                     rules: LogicalRules | None = None) -> None:
+  """Raises ValueError if the heads (or another split dimension) don't divide the mesh."""
+  table = dict(rules or axis_rules())
+  for name, size in (("heads", config.num_heads), ("mlp", config.d_ff),
+                     ("vocab", config.vocab_size)):
+    axis = table.get(name)
+    if axis is not None and size % mesh.shape[axis]:
+      field = {"heads": "num_heads", "mlp": "d_ff", "vocab": "vocab_size"}[name]
+      raise ValueError(
+          f"{field}={size} does not divide by the mesh's '{axis}' axis ({mesh.shape[axis]}); "
+          f"use a '{axis}' size that divides {size}, or axis_rules({name}=None) to replicate "
+          f"'{name}'.")
+
+
+def param_shardings(params: dict, mesh: Mesh | AbstractMesh,
+                    rules: LogicalRules | None = None) -> dict:
+  """A `NamedSharding` per parameter (same tree structure as `params`).
+
+  Raises:
+    ValueError: a split dimension does not divide by its mesh axis; the heads are
+      checked through the relative-position tables `[heads, buckets]`.
+  """
+  rules = rules or axis_rules()
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x, axes: _sharding(x.shape, axes, mesh, rules, jax.tree_util.keystr(path)),
+      params, param_logical_axes(params), is_leaf=lambda x: isinstance(x, tuple))
+
+
+def batch_sharding(mesh: Mesh, rules: LogicalRules | None = None) -> NamedSharding:
+  """Sharding of `[batch, length]` token arrays."""
+  return NamedSharding(mesh, logical_to_spec(("batch", "length"), rules))
+
+
+def cache_sharding(mesh: Mesh, rules: LogicalRules | None = None) -> NamedSharding:
+  """Sharding of each `[batch, max_len, heads, d_kv]` KV-cache array."""
+  return NamedSharding(mesh, logical_to_spec(CACHE_AXES, rules))
+
+
+def _put(x: Array | np.ndarray, sharding: NamedSharding) -> Array:
+  """`jax.device_put`, or, across processes, assembled from each process's full copy."""
+  if jax.process_count() == 1:
+    return jax.device_put(x, sharding)
+  host = np.asarray(x)
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def shard_params(params: dict, mesh: Mesh, rules: LogicalRules | None = None) -> dict:
+  """Places every parameter on `mesh` by the rules (each process passes the full tree)."""
+  return jax.tree_util.tree_map(_put, params, param_shardings(params, mesh, rules))
+
+
+def shard_batch(tokens: Array | np.ndarray, mesh: Mesh,
+                rules: LogicalRules | None = None) -> Array:
+  """Places `[batch, length]` tokens on `mesh`, rows split over "data"."""
+  sharding = batch_sharding(mesh, rules)
+  _sharding(tokens.shape, ("batch", "length"), mesh, rules or axis_rules(), "inputs")
+  return _put(tokens, sharding)
+
+
+@functools.cache
+def _param_shapes(config: T5Config) -> dict:
+  """The parameter tree of `config` as `jax.ShapeDtypeStruct`s (traced, never allocated)."""
+  return jax.eval_shape(T5Model(config).init_params, jax.random.PRNGKey(0))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+  """Per-device bytes of one model's decoding state.
+
+  Attributes:
+    params: parameter bytes on one device.
+    kv_cache: self-attention cache bytes on one device (`max_len` positions).
+    cross_kv: cross-attention keys/values of the encoded inputs on one device.
+  """
+
+  params: int
+  kv_cache: int
+  cross_kv: int
+
+  @property
+  def total(self) -> int:
+    return self.params + self.kv_cache + self.cross_kv
+
+
+def estimate_memory(config: T5Config, mesh: Mesh | tuple[int, int], batch: int, max_len: int,
+                    input_len: int | None = None,
+                    rules: LogicalRules | None = None) -> MemoryEstimate:
+  """Per-device memory of decoding with `config` on a `(data, model)` mesh.
+
+  Counts the parameters (each split as the rules split it) and the KV caches
+  (`[batch, max_len, heads, d_kv]` self-attention per decoder layer, twice; and
+  the same for cross-attention over `input_len` positions), but not activations
+  or XLA's temporaries (small at decoding time: one chunk of tokens).
+
+  Args:
+    config: the model.
+    mesh: a `Mesh` or its `(data, model)` shape (no devices needed).
+    batch: global batch size.
+    max_len: cache positions (for speculative decoding: max_decode_len + gamma + 1).
+    input_len: encoder input length (default `max_len`).
+    rules: logical axis rules (default `axis_rules()`).
+  """
+  shape = dict(mesh.shape) if isinstance(mesh, Mesh) else dict(zip(MESH_AXES, mesh, strict=True))
+  table = dict(rules or axis_rules())
+
+  def split(axes: LogicalAxes) -> int:
+    return math.prod(shape[table[a]] for a in axes if a is not None and table.get(a))
+
+  abstract = _param_shapes(config)
+  param_bytes = sum(
+      x.size * x.dtype.itemsize // split(axes) for x, axes in zip(
+          jax.tree_util.tree_leaves(abstract),
+          jax.tree_util.tree_leaves(param_logical_axes(abstract),
+                                    is_leaf=lambda x: isinstance(x, tuple)), strict=True))
+  per_position = (config.num_heads * config.d_kv * config.compute_dtype.itemsize * 2
+                  * config.n_decoder_layers)  # K and V, every decoder layer.
+  rows = math.ceil(batch / shape[table["batch"]]) if table["batch"] else batch
+  per_position //= split(("heads",))
+  input_len = max_len if input_len is None else input_len
+  return MemoryEstimate(param_bytes, rows * max_len * per_position,
+                        rows * input_len * per_position)

@@ -1,0 +1,140 @@
+"""Sharded decoding on 8 simulated CPU devices, run by `test_partitioning.py` in a subprocess.
+
+The device count must be fixed before JAX starts, and the rest of the suite
+runs on one device, so these checks live in their own process. Each check
+records `{"ok": bool, "detail": str, "seconds": float}` under its name in the
+JSON file given as the only argument.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+
+os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
+                           "--xla_backend_optimization_level=0")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import make_model  # noqa: E402
+
+from specdec_jax import partitioning  # noqa: E402
+from specdec_jax.decoding import data_parallel  # noqa: E402
+from specdec_jax.decoding.baseline import temperature_sample  # noqa: E402
+from specdec_jax.decoding.drafts import T5Draft, Warp  # noqa: E402
+from specdec_jax.decoding.speculative import _speculative_sample, speculative_sample  # noqa: E402
+
+MESHES = ((8, 1), (2, 4), (1, 8))
+BATCH, INPUT_LEN, MAX_LEN, GAMMA = 8, 7, 12, 3
+# Heads, MLP units and vocabulary all divide by 8, so every mesh above splits them.
+TARGET = dict(num_heads=8, d_kv=4, d_ff=64, vocab_size=96, num_layers=1, num_decoder_layers=1)
+# The draft: the target's weights plus this much of another random model's, so
+# that some proposals are accepted and some rejected (alpha ~0.5 greedy, ~0.9 sampled).
+DRAFT_NOISE = 0.2
+
+
+def _same(a, b) -> tuple[bool, str]:
+  a, b = np.asarray(a), np.asarray(b)
+  return bool(np.array_equal(a, b)), f"{a.tolist()} vs {b.tolist()}"
+
+
+def main(out_path: str) -> None:
+  results = {}
+
+  def check(name: str, fn) -> None:
+    start = time.perf_counter()
+    try:
+      ok, detail = fn()
+    except Exception as e:  # noqa: BLE001 -- reported to the test, which fails on it.
+      ok, detail = False, f"{type(e).__name__}: {e}"
+    results[name] = {"ok": ok, "detail": detail, "seconds": time.perf_counter() - start}
+    print(name, results[name]["ok"], f"{results[name]['seconds']:.1f}s", flush=True)
+
+  target, target_params = make_model("test-v1_1", 0, **TARGET)
+  _, noise = make_model("test-v1_1", 1, **TARGET)
+  draft_model = target
+  draft_params = jax.tree.map(lambda p, n: p + DRAFT_NOISE * n, target_params, noise)
+  inputs = np.random.RandomState(0).randint(2, 96, (BATCH, INPUT_LEN)).astype(np.int32)
+  rng = jax.random.PRNGKey(3)
+  draft = T5Draft(draft_model, draft_params)
+  ref = {
+      "base_greedy": temperature_sample(target, target_params, inputs, max_decode_len=MAX_LEN),
+      "base_sampled": temperature_sample(target, target_params, inputs, max_decode_len=MAX_LEN,
+                                         temperature=1.0, rng=rng),
+      "spec_greedy": speculative_sample(target, target_params, draft, inputs, gamma=GAMMA,
+                                        max_decode_len=MAX_LEN),
+      "spec_sampled": speculative_sample(target, target_params, draft, inputs, gamma=GAMMA,
+                                         max_decode_len=MAX_LEN, temperature=1.0, rng=rng),
+  }
+
+  for data, model in MESHES:
+    mesh = partitioning.make_mesh(data, model)
+    tag = f"{data}x{model}"
+    params = partitioning.shard_params(target_params, mesh)
+    sharded_draft = T5Draft(draft_model, partitioning.shard_params(draft_params, mesh))
+    x = partitioning.shard_batch(inputs, mesh)
+
+    def param_bytes(params=params, mesh=mesh):
+      per_device = sum(a.addressable_shards[0].data.nbytes for a in jax.tree.leaves(params))
+      total = sum(a.nbytes for a in jax.tree.leaves(params))
+      expected = partitioning.estimate_memory(target.config, mesh, BATCH, MAX_LEN).params
+      ok = per_device == expected and per_device <= 1.1 * total / mesh.shape["model"] + 4096
+      return ok, f"per device {per_device}, total {total}, estimate {expected}"
+
+    check(f"param_bytes_{tag}", param_bytes)
+
+    with jax.set_mesh(mesh):
+      def spec_greedy(params=params, sharded_draft=sharded_draft, x=x, data=data, model=model):
+        compiled = _speculative_sample.lower(
+            target, params, sharded_draft, x, x, rng, gamma=GAMMA, max_decode_len=MAX_LEN,
+            warp=Warp(), eos_id=1).compile()
+        # Per-device target cache [b / data, max_len + gamma + 1, heads / model, d_kv].
+        hlo = compiled.as_text()
+        cache_len = MAX_LEN + GAMMA + 1
+        shapes = set(re.findall(rf"f32\[(\d+),{cache_len},(\d+),4\]", hlo))
+        want = {(str(BATCH // data), str(TARGET["num_heads"] // model))}
+        out = compiled(params, sharded_draft, x, x, rng)
+        ok, detail = _same(out.sequences, ref["spec_greedy"].sequences)
+        return ok and shapes == want, f"cache shapes {shapes} (want {want}); {detail}"
+
+      check(f"spec_greedy_{tag}", spec_greedy)
+      check(f"base_greedy_{tag}", lambda params=params, x=x: _same(
+          temperature_sample(target, params, x, max_decode_len=MAX_LEN).sequences,
+          ref["base_greedy"].sequences))
+      if (data, model) == (2, 4):
+        check(f"base_sampled_{tag}", lambda params=params, x=x: _same(
+            temperature_sample(target, params, x, max_decode_len=MAX_LEN, temperature=1.0,
+                               rng=rng).sequences, ref["base_sampled"].sequences))
+        check(f"spec_sampled_{tag}", lambda params=params, sharded_draft=sharded_draft, x=x: _same(
+            speculative_sample(target, params, sharded_draft, x, gamma=GAMMA,
+                               max_decode_len=MAX_LEN, temperature=1.0, rng=rng).sequences,
+            ref["spec_sampled"].sequences))
+
+  check("dp_spec_greedy", lambda: _same(data_parallel.speculative_sample(
+      target, target_params, draft, inputs, mesh=partitioning.make_mesh(8, 1), gamma=GAMMA,
+      max_decode_len=MAX_LEN).sequences, ref["spec_greedy"].sequences))
+
+  def dp_sampled():
+    # Rows split over "data" (2), replicas over "model" (4); shard i samples with
+    # fold_in(rng, i): compare with one device, shard by shard.
+    mesh = partitioning.make_mesh(2, 4)
+    out = data_parallel.temperature_sample(target, target_params, inputs, mesh=mesh,
+                                           max_decode_len=MAX_LEN, temperature=1.0, rng=rng)
+    rows = BATCH // 2
+    want = np.concatenate([temperature_sample(
+        target, target_params, inputs[i * rows:(i + 1) * rows], max_decode_len=MAX_LEN,
+        temperature=1.0, rng=jax.random.fold_in(rng, i)).sequences for i in range(2)])
+    return _same(out.sequences, want)
+
+  check("dp_base_sampled", dp_sampled)
+  with open(out_path, "w") as f:
+    json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])
