@@ -26,7 +26,7 @@ import sentencepiece as spm
 import tqdm
 from absl import app, flags, logging
 
-from experiments import config, measure, prompts, random_models, results_io
+from experiments import config, family, measure, prompts, results_io
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.data.ngram_stats import load_ngram_stats
@@ -82,7 +82,7 @@ def load_experiment(gin_files: list[str], bindings: list[str]) -> config.Experim
         "from %s instead. Timings are real, acceptance rates are meaningless.",
         exp.models_dir, stand_ins)
     names = [exp.target] + [d for d in exp.drafts if exp.is_t5_draft(d)]
-    random_models.write_stand_ins(stand_ins, names)
+    family.write_stand_ins(stand_ins, names)
     # Its own results directory: stand-in rows must never stand for the family's.
     exp = dataclasses.replace(exp, models_dir=stand_ins, name=f"{exp.name}_random_stand_ins")
   config.validate(exp)

@@ -29,9 +29,10 @@ from absl import app, flags, logging  # noqa: E402
 
 from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint  # noqa: E402
 from specdec_jax.data import corpora, layout, pipeline, vocab  # noqa: E402
-from specdec_jax.models import T5Config, T5Model  # noqa: E402
+from specdec_jax.models import T5Model  # noqa: E402
 from specdec_jax.training import batching, evaluation, optimizer, trainer  # noqa: E402
 from specdec_jax.training.checkpointing import Checkpointer, StopFlag  # noqa: E402
+from specdec_jax.training.model_config import model_config  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "Gin config files, applied in order.")
@@ -45,17 +46,6 @@ flags.DEFINE_string("compilation_cache_dir",
 SUMMARY = "train_summary.json"
 HF_DIR = "hf"
 LOCK = ".train.lock"
-
-
-@gin.configurable
-def model_config(*, d_model: int, d_ff: int, num_layers: int, num_heads: int, d_kv: int = 64,
-                 num_decoder_layers: int | None = None, dropout_rate: float = 0.1,
-                 vocab_size: int = 8192) -> T5Config:
-  """A T5.1.1-style config (gated-GELU, untied logits, fp32) for the project vocabulary."""
-  return T5Config(vocab_size=vocab_size, d_model=d_model, d_kv=d_kv, d_ff=d_ff,
-                  num_layers=num_layers, num_decoder_layers=num_decoder_layers,
-                  num_heads=num_heads, dropout_rate=dropout_rate,
-                  feed_forward_proj="gated-gelu", tie_word_embeddings=False)
 
 
 def _fmt_duration(seconds: float) -> str:
