@@ -54,6 +54,8 @@ class Experiment:
     timing_calls: calls per jitted loop when timing step costs.
     timing_repeats: timed runs of each such loop (median used).
     vocab_path: SentencePiece model the prompts are tokenised with.
+    dtype: compute dtype of both models ("float32" on CPU, "bfloat16" on TPU/GPU).
+    param_dtype: dtype the parameters are held in.
     stand_ins_when_missing: if the target is missing from `models_dir` (the
       trained family is not shipped yet), measure random-init stand-ins of the
       family's shapes instead, written once to `<data_dir>/random_models`; a
@@ -78,6 +80,8 @@ class Experiment:
   timing_calls: int = 8
   timing_repeats: int = 3
   vocab_path: str = os.path.join(layout.ASSETS_DIR, "vocab", f"{layout.VOCAB_NAME}.model")
+  dtype: str = "float32"
+  param_dtype: str = "float32"
   stand_ins_when_missing: bool = False
 
   def checkpoint_dir(self, spec: str) -> str:

@@ -26,39 +26,24 @@ import sentencepiece as spm
 import tqdm
 from absl import app, flags, logging
 
-from experiments import config, family, measure, prompts, results_io
+from experiments import config, family, gin_flags, measure, prompts, results_io
+from specdec_jax import distributed, partitioning
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.data.ngram_stats import load_ngram_stats
 from specdec_jax.decoding.drafts import Draft, NgramDraft, PromptLookupDraft, T5Draft
 from specdec_jax.models import T5Model
 
-_GIN_FILE = flags.DEFINE_multi_string("gin_file", [], "Gin files, applied in order.")
-_GIN_BINDINGS = flags.DEFINE_multi_string(
-    "gin_bindings", [], "Gin bindings, e.g. 'Experiment.gammas = [1, 2]'; also --gin.NAME=VALUE.")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None,
                                   "Where results.jsonl goes (default results/<Experiment.name>).")
 
-GIN_PREFIX = "--gin."
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None,
+    "host:port of process 0 for a multi-process run (automatic on Cloud TPU VMs).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (0 writes results).")
+
 RESULTS_ROOT = "results"
-
-
-def split_gin_args(argv: list[str]) -> tuple[list[str], list[str]]:
-  """Separates T5X-style `--gin.NAME=VALUE` arguments from the rest.
-
-  Returns:
-    (argv without them, bindings "NAME=VALUE").
-  """
-  rest, bindings = [], []
-  for arg in argv:
-    if arg.startswith(GIN_PREFIX):
-      binding = arg[len(GIN_PREFIX):]
-      if "=" not in binding:
-        raise app.UsageError(f"{arg!r} has no value; write --gin.NAME=VALUE.")
-      bindings.append(binding)
-    else:
-      rest.append(arg)
-  return rest, bindings
 
 
 def load_experiment(gin_files: list[str], bindings: list[str]) -> config.Experiment:
@@ -89,7 +74,8 @@ def load_experiment(gin_files: list[str], bindings: list[str]) -> config.Experim
   return exp
 
 
-def _build_draft(exp: config.Experiment, spec: str, task: str, vocab_size: int) -> Draft:
+def _build_draft(exp: config.Experiment, spec: str, task: str, vocab_size: int,
+                 mesh: jax.sharding.Mesh) -> Draft:
   """The draft of `spec` for `task` (n-gram drafts use the task's corpus statistics)."""
   if spec in config.NGRAM_ORDER:
     stats = load_ngram_stats(task)
@@ -97,8 +83,10 @@ def _build_draft(exp: config.Experiment, spec: str, task: str, vocab_size: int) 
                                   stats.bigram_count, order=config.NGRAM_ORDER[spec])
   if spec == "prompt_lookup":
     return PromptLookupDraft(vocab_size)
-  cfg, params = load_hf_checkpoint(exp.checkpoint_dir(spec))
-  return T5Draft(T5Model(cfg), jax.device_put(params))
+  cfg, params = load_hf_checkpoint(exp.checkpoint_dir(spec), dtype=exp.dtype,
+                                   param_dtype=exp.param_dtype)
+  return T5Draft(T5Model(cfg),
+                 partitioning.shard_params(params, mesh, partitioning.draft_axis_rules()))
 
 
 def run(exp: config.Experiment, output_dir: str) -> str:
@@ -117,8 +105,11 @@ def run(exp: config.Experiment, output_dir: str) -> str:
   if not pending:
     return path
 
-  cfg, params = load_hf_checkpoint(exp.checkpoint_dir(exp.target))
-  target, params = T5Model(cfg), jax.device_put(params)
+  mesh = partitioning.make_mesh()
+  cfg, params = load_hf_checkpoint(exp.checkpoint_dir(exp.target), dtype=exp.dtype,
+                                   param_dtype=exp.param_dtype)
+  partitioning.check_model_fits(cfg, mesh)
+  target, params = T5Model(cfg), partitioning.shard_params(params, mesh)
   processor = spm.SentencePieceProcessor(model_file=exp.vocab_path)
   pieces = lambda ids: [processor.id_to_piece(i) for i in ids]
   drafts: dict[tuple[str, str], Draft] = {}  # (spec, task) -> draft, built once.
@@ -127,27 +118,30 @@ def run(exp: config.Experiment, output_dir: str) -> str:
 
   bar = tqdm.tqdm(total=len(points), initial=len(points) - len(pending), unit="point",
                   file=sys.stderr, dynamic_ncols=True)
-  for point in pending:
-    bar.set_description(f"{point.task} b{point.batch_size} {config.draft_name(point.draft)} "
-                        f"T={point.temperature:g} g={point.gamma}")
-    key = (point.task, point.batch_size)
-    if key not in batches:
-      pairs, _ = prompts.load_examples(point.task, exp.split, exp.num_examples)
-      tokens = prompts.tokenize(processor, [x for x, _ in pairs], exp.input_len)
-      batches[key] = [jax.device_put(b) for b in np.split(tokens, len(tokens) // point.batch_size)]
-      costs[key] = measure.measure_target_costs(exp, target, params, batches[key][0], max_gamma)
-    draft_key = (point.draft, point.task if point.draft in config.NGRAM_ORDER else "")
-    if draft_key not in drafts:
-      drafts[draft_key] = _build_draft(exp, point.draft, point.task, cfg.vocab_size)
-    draft = drafts[draft_key]
-    row = measure.measure_point(exp, point, target, params, draft, batches[key], costs[key],
-                                max_gamma, pieces)
-    results_io.append_row(path, row)
-    bar.write(f"{point.task} {row['draft']} T={point.temperature:g} gamma={point.gamma} "
-              f"batch={point.batch_size}: speedup {row['speedup_measured']:.2f}X (predicted "
-              f"{row['speedup_predicted_cost_model']:.2f}X), alpha {row['alpha_beta']:.2f}, "
-              f"c {row['c']:.3f}, {row['tokens_per_iteration']:.2f} tokens/call")
-    bar.update(1)
+  with jax.set_mesh(mesh):  # Decoders compile for the mesh's shardings.
+    for point in pending:
+      bar.set_description(f"{point.task} b{point.batch_size} {config.draft_name(point.draft)} "
+                          f"T={point.temperature:g} g={point.gamma}")
+      key = (point.task, point.batch_size)
+      if key not in batches:
+        pairs, _ = prompts.load_examples(point.task, exp.split, exp.num_examples)
+        tokens = prompts.tokenize(processor, [x for x, _ in pairs], exp.input_len)
+        batches[key] = [partitioning.shard_batch(b, mesh)
+                        for b in np.split(tokens, len(tokens) // point.batch_size)]
+        costs[key] = measure.measure_target_costs(exp, target, params, batches[key][0], max_gamma)
+      draft_key = (point.draft, point.task if point.draft in config.NGRAM_ORDER else "")
+      if draft_key not in drafts:
+        drafts[draft_key] = _build_draft(exp, point.draft, point.task, cfg.vocab_size, mesh)
+      draft = drafts[draft_key]
+      row = measure.measure_point(exp, point, target, params, draft, batches[key], costs[key],
+                                  max_gamma, pieces)
+      if distributed.is_primary():  # Every process measures; process 0 writes.
+        results_io.append_row(path, row)
+      bar.write(f"{point.task} {row['draft']} T={point.temperature:g} gamma={point.gamma} "
+                f"batch={point.batch_size}: speedup {row['speedup_measured']:.2f}X (predicted "
+                f"{row['speedup_predicted_cost_model']:.2f}X), alpha {row['alpha_beta']:.2f}, "
+                f"c {row['c']:.3f}, {row['tokens_per_iteration']:.2f} tokens/call")
+      bar.update(1)
   bar.close()
   return path
 
@@ -155,7 +149,8 @@ def run(exp: config.Experiment, output_dir: str) -> str:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
-  exp = load_experiment(_GIN_FILE.value, _GIN_BINDINGS.value)
+  distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  exp = load_experiment(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   output_dir = _OUTPUT_DIR.value or os.path.join(RESULTS_ROOT, exp.name)
   path = run(exp, output_dir)
   print(f"Results: {path}; tables and figures: python -m experiments.analyze "
@@ -163,5 +158,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  args, gin_bindings = split_gin_args(sys.argv)
-  app.run(main, argv=args + [f"--gin_bindings={b}" for b in gin_bindings])
+  app.run(main, flags_parser=gin_flags.parse_flags)

@@ -27,6 +27,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
+from experiments import gin_flags  # noqa: E402
 from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint  # noqa: E402
 from specdec_jax.data import corpora, layout, pipeline, vocab  # noqa: E402
 from specdec_jax.models import T5Model  # noqa: E402
@@ -35,8 +36,6 @@ from specdec_jax.training.checkpointing import Checkpointer, StopFlag  # noqa: E
 from specdec_jax.training.model_config import model_config  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string("gin_file", [], "Gin config files, applied in order.")
-flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'train.total_steps = 10'.")
 flags.DEFINE_string("model_dir", None, "Run directory (checkpoints, hf/, summary).")
 flags.DEFINE_bool("eval_only", False, "Evaluate and export the latest checkpoint; no training.")
 flags.DEFINE_string("compilation_cache_dir",
@@ -273,12 +272,6 @@ def _finish(model_dir: str, model: T5Model, state, counters, eval_step, val, n_p
   return summary
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  """absl parsing, with `--gin.X=Y` arguments turned into `--gin_bindings=X = Y`."""
-  return FLAGS([f"--gin_bindings={a[len('--gin.'):].replace('=', ' = ', 1)}"
-                if a.startswith("--gin.") else a for a in argv])
-
-
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -299,4 +292,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=gin_flags.parse_flags)

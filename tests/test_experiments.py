@@ -9,11 +9,10 @@ import jax
 import pytest
 from conftest import make_model
 
-# experiments/ holds entry points run from the repository root (python -m experiments.X).
-from experiments import analyze, config, measure, results_io  # noqa: E402
-from experiments import run as runner  # noqa: E402
-from specdec_jax.checkpoints import save_hf_checkpoint  # noqa: E402
-from specdec_jax.data import layout  # noqa: E402
+from experiments import analyze, config, gin_flags, measure, results_io
+from experiments import run as runner
+from specdec_jax.checkpoints import save_hf_checkpoint
+from specdec_jax.data import layout
 
 VOCAB = 8192  # The committed SentencePiece model's size.
 ROW_FIELDS = (
@@ -56,7 +55,7 @@ def _gin(tmp_path, models_dir: str, **overrides) -> str:
 
 
 def test_split_gin_args():
-  rest, bindings = runner.split_gin_args(["run", "--gin.Experiment.gammas=[1, 2]", "--x=1"])
+  rest, bindings = gin_flags.split_gin_args(["run", "--gin.Experiment.gammas=[1, 2]", "--x=1"])
   assert rest == ["run", "--x=1"] and bindings == ["Experiment.gammas=[1, 2]"]
 
 
