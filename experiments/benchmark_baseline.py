@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -30,7 +29,9 @@ import torch
 import transformers
 from absl import app, flags, logging
 
+from specdec_jax import benchmarking
 from specdec_jax.checkpoints import save_hf_checkpoint
+from specdec_jax.data import corpora
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.models import T5Model, get_config
 
@@ -47,17 +48,6 @@ _OUTPUT = flags.DEFINE_string("output", "results/baseline_benchmark/results.json
                               "JSON list the result row is appended to.")
 
 
-def _cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
 def _timed(fn: Callable[[], np.ndarray]) -> tuple[float, np.ndarray]:
   start = time.perf_counter()
   tokens = fn()
@@ -70,18 +60,7 @@ def _append_row(path: str, row: dict) -> None:
   if os.path.exists(path):
     with open(path) as f:
       rows = json.load(f)
-  rows.append(row)
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=".results_", suffix=".json", dir=directory)
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(rows, f, indent=2)
-      f.write("\n")
-    os.replace(tmp, path)
-  except BaseException:
-    os.unlink(tmp)
-    raise
+  corpora.write_json(path, rows + [row])
 
 
 def main(argv: list[str]) -> None:
@@ -162,14 +141,9 @@ def main(argv: list[str]) -> None:
       "ours_call_s": times["ours"],
       "theirs_call_s": times["theirs"],
       "tokens_identical": True,
-      "jax": jax.__version__,
-      "torch": torch.__version__,
       "transformers": transformers.__version__,
       "torch_threads": torch.get_num_threads(),
-      "xla_flags": os.environ.get("XLA_FLAGS", ""),
-      "cpu_model": _cpu_model(),
-      "cpu_count": os.cpu_count(),
-      "load_average_at_end": os.getloadavg(),
+      **benchmarking.environment(),
   }
   _append_row(_OUTPUT.value, row)
 
