@@ -18,7 +18,6 @@ os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 
 import datetime  # noqa: E402
 import fcntl  # noqa: E402
-import json  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
@@ -49,14 +48,6 @@ LOCK = ".train.lock"
 
 def _fmt_duration(seconds: float) -> str:
   return str(datetime.timedelta(seconds=int(max(seconds, 0))))
-
-
-def _write_json(path: str, obj: dict) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(tmp, path)
 
 
 def _validation_batches(tasks: tuple[str, ...], batch_size: int, inputs_length: int,
@@ -267,7 +258,7 @@ def _finish(model_dir: str, model: T5Model, state, counters, eval_step, val, n_p
       "data": {"mixture": mixture, "data_dir": layout.default_data_dir()},
       "gin_config": gin.config_str(),
   }
-  _write_json(os.path.join(model_dir, SUMMARY), summary)
+  corpora.write_json(os.path.join(model_dir, SUMMARY), summary)
   print(f"Wrote {os.path.join(model_dir, HF_DIR)} and {SUMMARY}.", flush=True)
   return summary
 
