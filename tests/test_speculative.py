@@ -232,3 +232,23 @@ def test_accept_everything_sampler_fails_the_same_test(tiny_pair, monkeypatch):
     monkeypatch.undo()
     speculative._speculative_sample.clear_cache()
   assert _chi_square_p_value(out.sequences, out.lengths, dist) < 1e-6
+
+
+def test_ngram_drafts_are_distributions_over_the_counts():
+  """Unigram: smoothed frequencies; bigram: Witten-Bell mix of successors and unigram."""
+  unigram = np.array([0, 5, 3, 2, 0], np.int64)
+  prev = np.array([1, 1, 2], np.int32)
+  nxt = np.array([2, 3, 1], np.int32)
+  count = np.array([4, 1, 2], np.int64)
+  one = NgramDraft.from_counts(unigram, prev, nxt, count, order=1)
+  two = NgramDraft.from_counts(unigram, prev, nxt, count, order=2)
+  uni = (unigram + 1) / (unigram.sum() + 5)
+  context = jnp.asarray([1, 2, 4], jnp.int32)
+  np.testing.assert_allclose(np.exp(one._logits(context)), np.broadcast_to(uni, (3, 5)),
+                             rtol=1e-6)
+  q = np.exp(np.asarray(two._logits(context)))
+  np.testing.assert_allclose(q.sum(-1), 1.0, rtol=1e-6)
+  w1 = 5 / (5 + 2)  # Token 1: 5 bigram observations of 2 types.
+  expected = (1 - w1) * uni + w1 * np.array([0, 0, 0.8, 0.2, 0])
+  np.testing.assert_allclose(q[0], expected, rtol=1e-6)
+  np.testing.assert_allclose(q[2], uni, rtol=1e-6)  # Never seen as a context: unigram.
