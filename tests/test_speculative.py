@@ -13,7 +13,7 @@ from scipy import stats as scipy_stats
 
 from specdec_jax.decoding import acceptance, sampling, speculative
 from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft, T5Draft
+from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft, T5Draft, Warp
 from specdec_jax.decoding.speculative import speculative_sample
 
 MAX_LEN = 24
@@ -252,3 +252,18 @@ def test_ngram_drafts_are_distributions_over_the_counts():
   expected = (1 - w1) * uni + w1 * np.array([0, 0, 0.8, 0.2, 0])
   np.testing.assert_allclose(q[0], expected, rtol=1e-6)
   np.testing.assert_allclose(q[2], uni, rtol=1e-6)  # Never seen as a context: unigram.
+
+
+def test_prompt_lookup_proposes_the_continuation_of_the_longest_match():
+  inputs = jnp.asarray([[5, 6, 7, 8, 5, 6, 9, 1], [3, 4, 3, 4, 3, 4, 1, 0]], jnp.int32)
+  tokens = jnp.asarray([[0, 5, 6, 0, 0], [0, 9, 2, 0, 0]], jnp.int32)
+  lengths = jnp.asarray([2, 2], jnp.int32)
+  draft = PromptLookupDraft(10)
+  _, proposals, q_logits = draft.propose(draft.init_state(inputs, 8), tokens, lengths,
+                                         jax.random.PRNGKey(0), gamma=3,
+                                         warp=Warp(temperature=1.0))
+  # Row 0: "5 6" first occurs at 0, so the continuation is 7 8 5 (not the later 5 6 -> 9).
+  # Row 1: "2" never occurs in the input: the last token is proposed again.
+  np.testing.assert_array_equal(proposals, [[7, 8, 5], [2, 2, 2]])
+  np.testing.assert_array_equal(jnp.argmax(q_logits, -1), proposals)
+  assert np.all(np.isneginf(np.asarray(q_logits)).sum(-1) == 9)  # Point masses.
