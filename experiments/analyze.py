@@ -27,8 +27,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from experiments import results_io  # noqa: E402
-from specdec_jax import theory  # noqa: E402
-from specdec_jax.data import corpora  # noqa: E402
+from specdec_jax import atomic_io, theory  # noqa: E402
 
 FLAG_TOLERANCE = 0.15  # |measured / predicted - 1| above this is flagged.
 THEORY_GAMMAS = (1, 2, 3, 5, 7, 10)  # Fig. 2 curves.
@@ -323,7 +322,7 @@ def analyze_dir(results_dir: str) -> str:
     if fig:
       parts.append(f"![{title}]({name}/{os.path.basename(fig)})\n")
   text = "\n".join(parts)
-  corpora.atomic_write_bytes(os.path.join(results_dir, TABLES_FILE),
+  atomic_io.atomic_write_bytes(os.path.join(results_dir, TABLES_FILE),
                              text.replace(f"]({name}/", "](").encode("utf-8"))
   return text
 
@@ -342,7 +341,7 @@ def analyze(results_dirs: Sequence[str], results_root: str) -> str:
       """)]
   sections += [analyze_dir(d) for d in results_dirs]
   path = os.path.join(results_root, SECTION_FILE)
-  corpora.atomic_write_bytes(path, "\n".join(sections).encode("utf-8"))
+  atomic_io.atomic_write_bytes(path, "\n".join(sections).encode("utf-8"))
   return path
 
 

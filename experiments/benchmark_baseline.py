@@ -29,9 +29,8 @@ import torch
 import transformers
 from absl import app, flags, logging
 
-from specdec_jax import benchmarking
+from specdec_jax import atomic_io, benchmarking
 from specdec_jax.checkpoints import save_hf_checkpoint
-from specdec_jax.data import corpora
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.models import T5Model, get_config
 
@@ -60,7 +59,7 @@ def _append_row(path: str, row: dict) -> None:
   if os.path.exists(path):
     with open(path) as f:
       rows = json.load(f)
-  corpora.write_json(path, rows + [row])
+  atomic_io.write_json(path, rows + [row])
 
 
 def main(argv: list[str]) -> None:

@@ -23,8 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import benchmarking
-from specdec_jax.data import corpora
+from specdec_jax import atomic_io, benchmarking
 from specdec_jax.decoding.drafts import T5Draft, Warp
 from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.models import T5Model, get_config
@@ -117,7 +116,7 @@ def main(argv: Sequence[str]) -> None:
       "repeats": _REPEATS.value, "rows": rows, "environment": benchmarking.environment(),
   }
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
-  corpora.write_json(_OUTPUT.value, result)
+  atomic_io.write_json(_OUTPUT.value, result)
   print(f"wrote {_OUTPUT.value}")
 
 

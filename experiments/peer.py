@@ -29,9 +29,9 @@ import transformers
 from absl import app, flags
 
 from experiments import prompts
-from specdec_jax import benchmarking
+from specdec_jax import atomic_io, benchmarking
 from specdec_jax.checkpoints import load_hf_checkpoint
-from specdec_jax.data import corpora, layout
+from specdec_jax.data import layout
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import T5Draft
 from specdec_jax.decoding.speculative import speculative_sample
@@ -154,7 +154,7 @@ def main(argv: list[str]) -> None:
   }
   path = os.path.join(_OUTPUT_DIR.value, f"peer_{_TARGET.value}_{_DRAFT.value}_{_TASK.value}"
                                          f"_g{_GAMMA.value}.json")
-  corpora.write_json(path, result)
+  atomic_io.write_json(path, result)
   for n in names:
     print(f"{n:<18}{tokens_per_s[n]:>10.1f} tokens/s   first call {first_s[n]:.1f} s")
   print(f"ours/theirs: greedy {result['ratio_ours_over_theirs']['greedy']:.2f}X, speculative "

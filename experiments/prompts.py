@@ -16,6 +16,7 @@ import os
 import numpy as np
 from absl import app
 
+from specdec_jax import atomic_io
 from specdec_jax.data import corpora, layout
 
 PROMPTS_DIR = os.path.join(layout.ASSETS_DIR, "prompts")
@@ -81,7 +82,7 @@ def main(argv: list[str]) -> None:
     rows = [{"id": ex.id, "inputs": ex.inputs, "targets": ex.targets}
             for ex in corpora.read_jsonl(path)[:PROMPTS_PER_TASK]]
     text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows)
-    corpora.atomic_write_bytes(prompts_file(task), text.encode("utf-8"))
+    atomic_io.atomic_write_bytes(prompts_file(task), text.encode("utf-8"))
     print(f"{prompts_file(task)}: {len(rows)} examples from {path}")
 
 

@@ -6,7 +6,7 @@ import json
 import os
 
 from experiments.config import point_key
-from specdec_jax.data import corpora
+from specdec_jax import atomic_io
 
 RESULTS_FILE = "results.jsonl"
 
@@ -32,4 +32,4 @@ def append_row(path: str, row: dict) -> None:
   """
   rows = read_rows(path) + [row]
   text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-  corpora.atomic_write_bytes(path, text.encode("utf-8"))
+  atomic_io.atomic_write_bytes(path, text.encode("utf-8"))

@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from experiments import gin_flags  # noqa: E402
+from specdec_jax import atomic_io  # noqa: E402
 from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint  # noqa: E402
 from specdec_jax.data import corpora, layout, pipeline, vocab  # noqa: E402
 from specdec_jax.models import T5Model  # noqa: E402
@@ -258,7 +259,7 @@ def _finish(model_dir: str, model: T5Model, state, counters, eval_step, val, n_p
       "data": {"mixture": mixture, "data_dir": layout.default_data_dir()},
       "gin_config": gin.config_str(),
   }
-  corpora.write_json(os.path.join(model_dir, SUMMARY), summary)
+  atomic_io.write_json(os.path.join(model_dir, SUMMARY), summary)
   print(f"Wrote {os.path.join(model_dir, HF_DIR)} and {SUMMARY}.", flush=True)
   return summary
 

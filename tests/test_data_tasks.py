@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import seqio
 
+from specdec_jax import atomic_io
 from specdec_jax.data import corpora, layout, pipeline, tasks, vocab
 
 _ROWS = {
@@ -26,7 +27,7 @@ def _make_data_dir(root: str, limit: int | None = None) -> str:
                   for i, (src, tgt) in enumerate(rows[:limit])]
       n = corpora.write_jsonl(layout.corpus_file(root, corpus, split), examples)
       manifest["corpora"][corpus][split] = {"rows": n}
-  corpora.write_json(os.path.join(root, layout.MANIFEST), manifest)
+  atomic_io.write_json(os.path.join(root, layout.MANIFEST), manifest)
   return root
 
 

@@ -1,14 +1,13 @@
-"""Examples, deterministic page-disjoint splits, JSONL and JSON files written atomically."""
+"""Examples, deterministic page-disjoint splits, and their JSONL files."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 
+from specdec_jax import atomic_io
 from specdec_jax.data import layout
 
 
@@ -78,26 +77,11 @@ def check_disjoint(splits: dict[str, list[Example]]) -> None:
               "assign splits by page (corpora.make_splits) so that each page is in one split.")
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-  """Writes `data` to `path` through a temporary file in the same directory and os.replace."""
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp_")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be shared.
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
 def write_jsonl(path: str, examples: Iterable[Example]) -> int:
   """Writes one JSON object per line (keys sorted, UTF-8); returns the row count."""
   lines = [json.dumps(dataclasses.asdict(ex), ensure_ascii=False, sort_keys=True)
            for ex in examples]
-  atomic_write_bytes(path, "".join(line + "\n" for line in lines).encode("utf-8"))
+  atomic_io.atomic_write_text(path, "".join(line + "\n" for line in lines))
   return len(lines)
 
 
@@ -105,12 +89,6 @@ def read_jsonl(path: str) -> list[Example]:
   """Reads a file written by `write_jsonl`."""
   with open(path, encoding="utf-8") as f:
     return [Example(**json.loads(line)) for line in f if line.strip()]
-
-
-def write_json(path: str, obj: object) -> None:
-  """Writes `obj` as indented, key-sorted JSON."""
-  text = json.dumps(obj, ensure_ascii=False, sort_keys=True, indent=2) + "\n"
-  atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def sha256_file(path: str) -> str:

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from specdec_jax.data import corpora, layout
+from specdec_jax import atomic_io
+from specdec_jax.data import layout
 
 DECODER_START_ID = 0
 EOS_ID = 1
@@ -90,7 +91,7 @@ def save_ngram_stats(path: str, stats: NgramStats) -> None:
       array = io.BytesIO()
       np.lib.format.write_array(array, getattr(stats, field.name), allow_pickle=False)
       zf.writestr(info, array.getvalue())
-  corpora.atomic_write_bytes(path, buffer.getvalue())
+  atomic_io.atomic_write_bytes(path, buffer.getvalue())
 
 
 def load_ngram_stats(corpus: str = "ende", path: str | None = None) -> NgramStats:

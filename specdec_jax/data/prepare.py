@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from absl import app, flags, logging
 
+from specdec_jax import atomic_io
 from specdec_jax.data import corpora, debian, layout, libreoffice, manpages, ngram_stats, vocab
 
 _DATA_DIR = flags.DEFINE_string(
@@ -130,9 +131,9 @@ def prepare(data_dir: str, deb_dir: str | None, train_vocab: bool,
       vocab.export_vocabulary(os.path.dirname(vocab_path), os.path.join(layout.ASSETS_DIR, "vocab"))
     for name in splits:
       with open(layout.stats_file(os.path.join(data_dir, "stats"), name), "rb") as f:
-        corpora.atomic_write_bytes(
+        atomic_io.atomic_write_bytes(
             layout.stats_file(os.path.join(layout.ASSETS_DIR, "stats"), name), f.read())
-  corpora.write_json(os.path.join(data_dir, layout.MANIFEST), manifest)
+  atomic_io.write_json(os.path.join(data_dir, layout.MANIFEST), manifest)
   return manifest
 
 

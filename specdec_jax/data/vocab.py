@@ -14,7 +14,8 @@ import sentencepiece as spm
 import seqio
 from sentencepiece import sentencepiece_model_pb2
 
-from specdec_jax.data import corpora, layout
+from specdec_jax import atomic_io
+from specdec_jax.data import layout
 
 VOCAB_SIZE = 8192
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -62,7 +63,7 @@ def train_vocabulary(texts: Iterable[str], out_dir: str, vocab_size: int = VOCAB
       proto.ParseFromString(f.read())
     proto.trainer_spec.ClearField("input")
     proto.trainer_spec.model_prefix = layout.VOCAB_NAME
-    corpora.atomic_write_bytes(layout.vocab_file(out_dir), proto.SerializeToString())
+    atomic_io.atomic_write_bytes(layout.vocab_file(out_dir), proto.SerializeToString())
     os.replace(prefix + ".vocab", os.path.join(out_dir, layout.VOCAB_NAME + ".vocab"))
   return layout.vocab_file(out_dir)
 
@@ -71,7 +72,7 @@ def export_vocabulary(src_dir: str, dest_dir: str) -> None:
   """Copies the trained .model and .vocab from `src_dir` to `dest_dir` (e.g. the assets)."""
   for ext in (".model", ".vocab"):
     with open(os.path.join(src_dir, layout.VOCAB_NAME + ext), "rb") as f:
-      corpora.atomic_write_bytes(os.path.join(dest_dir, layout.VOCAB_NAME + ext), f.read())
+      atomic_io.atomic_write_bytes(os.path.join(dest_dir, layout.VOCAB_NAME + ext), f.read())
 
 
 def load_processor(path: str) -> spm.SentencePieceProcessor:
