@@ -116,6 +116,18 @@ def test_schedules():
     optimizer.learning_rate_schedule(10, kind="linear")
 
 
+def test_schedule_drops_multiply_from_their_step():
+  dropped = optimizer.learning_rate_schedule(1000, peak_lr=1.0, warmup_steps=100, kind="rsqrt",
+                                             drop_steps=(500, 700), drop_factor=0.5)
+  plain = optimizer.learning_rate_schedule(1000, peak_lr=1.0, warmup_steps=100, kind="rsqrt")
+  got = [float(dropped(s)) / float(plain(s)) for s in (499, 500, 699, 700, 999)]
+  np.testing.assert_allclose(got, [1.0, 0.5, 0.5, 0.25, 0.25], rtol=1e-6)
+  with pytest.raises(ValueError, match="drop_steps"):
+    optimizer.learning_rate_schedule(10, drop_steps=(5, 3))
+  with pytest.raises(ValueError, match="drop_factor"):
+    optimizer.learning_rate_schedule(10, drop_steps=(5,), drop_factor=0.0)
+
+
 def _source(n: int, seed: int = 0):
   rng = np.random.default_rng(seed)
   return [_batch(rng, b=4, li=128, lt=64) for _ in range(n)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import gin
 import jax
 import jax.numpy as jnp
@@ -13,8 +15,10 @@ _OPTIMIZERS = ("adamw", "adafactor")
 
 @gin.configurable
 def learning_rate_schedule(total_steps: int, *, peak_lr: float = 1e-3, warmup_steps: int = 1000,
-                           kind: str = "cosine", final_fraction: float = 0.1) -> optax.Schedule:
-  """Linear warmup to `peak_lr`, then decay.
+                           kind: str = "cosine", final_fraction: float = 0.1,
+                           drop_steps: Sequence[int] = (), drop_factor: float = 0.3
+                           ) -> optax.Schedule:
+  """Linear warmup to `peak_lr`, then decay, times a step drop at each of `drop_steps`.
 
   Args:
     total_steps: the run's number of steps (the cosine decays over it).
@@ -23,6 +27,9 @@ def learning_rate_schedule(total_steps: int, *, peak_lr: float = 1e-3, warmup_st
     kind: "cosine" (to `final_fraction * peak_lr` at `total_steps`), "rsqrt"
       (`peak_lr * sqrt(warmup_steps / step)`, T5's schedule) or "constant".
     final_fraction: the cosine's final learning rate as a fraction of the peak.
+    drop_steps: steps from which the learning rate is multiplied by `drop_factor`
+      (once per step passed): a manual drop, e.g. when the loss plateaus mid-run.
+    drop_factor: the factor of each drop, in (0, 1].
 
   Returns:
     step -> learning rate.
@@ -32,6 +39,11 @@ def learning_rate_schedule(total_steps: int, *, peak_lr: float = 1e-3, warmup_st
   if warmup_steps < 0 or total_steps < 1:
     raise ValueError(f"need warmup_steps >= 0 and total_steps >= 1, got {warmup_steps}, "
                      f"{total_steps}.")
+  drop_steps = tuple(int(s) for s in drop_steps)
+  if any(s < 1 for s in drop_steps) or list(drop_steps) != sorted(set(drop_steps)):
+    raise ValueError(f"drop_steps={drop_steps}: use increasing steps >= 1.")
+  if not 0 < drop_factor <= 1:
+    raise ValueError(f"drop_factor={drop_factor}: use a factor in (0, 1].")
   warmup = max(warmup_steps, 1)
 
   def schedule(step: jax.Array) -> jax.Array:
@@ -44,7 +56,8 @@ def learning_rate_schedule(total_steps: int, *, peak_lr: float = 1e-3, warmup_st
     else:
       frac = jnp.clip((step - warmup_steps) / max(total_steps - warmup_steps, 1), 0.0, 1.0)
       decay = final_fraction + (1 - final_fraction) * 0.5 * (1 + jnp.cos(jnp.pi * frac))
-    return peak_lr * ramp * decay
+    drops = sum((step >= s).astype(jnp.float32) for s in drop_steps) if drop_steps else 0.0
+    return peak_lr * ramp * decay * drop_factor**drops
 
   return schedule
 
