@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from experiments.config import Experiment, Point, draft_name
-from specdec_jax import benchmarking, theory
+from specdec_jax import benchmarking, distributed, theory
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import Draft, Warp
 from specdec_jax.decoding.speculative import SpeculativeOutput, speculative_sample
@@ -82,7 +82,7 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
 
 
 def _sum_stats(outputs: Sequence[SpeculativeOutput]) -> dict[str, np.ndarray]:
-  stats = [jax.device_get(out.stats) for out in outputs]
+  stats = [out.stats for out in outputs]  # Already fetched to numpy.
   fields = ("iterations", "draft_calls", "tokens", "accepted_histogram", "accepted",
             "rejections", "beta_sum", "beta_count", "loop_iterations")
   return {f: np.sum([np.sum(getattr(s, f), axis=0) for s in stats], axis=0) for f in fields}
@@ -136,7 +136,7 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
       for name in order:
         seconds, out = benchmarking.timed(lambda fn=decoders[name], i=i: fn(i))
         rep_s[name] += seconds
-        rep_out[name].append(jax.device_get(out))
+        rep_out[name].append(distributed.fetch(out))
         if i == 0:
           batch0[name].append(seconds)
       if greedy:

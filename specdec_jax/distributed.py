@@ -4,7 +4,8 @@ Every process runs the same program. After `maybe_initialize`, `jax.devices()`
 lists the devices of all processes, `partitioning.make_mesh` spans them, and
 `partitioning.shard_params` / `shard_batch` assemble global arrays from each
 process's full copy of the params and inputs. Only the primary process
-(`is_primary()`) should write results.
+(`is_primary()`) should write results; `fetch` brings arrays that span processes
+back to every host.
 
 Call `maybe_initialize` before anything touches a JAX device. On CPU, JAX 0.10
 runs cross-process collectives over gloo (`jax_cpu_collectives_implementation`,
@@ -18,6 +19,8 @@ import importlib.util
 from collections.abc import Sequence
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 
 def _on_cloud_tpu_vm() -> bool:
@@ -69,3 +72,16 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
 def is_primary() -> bool:
   """True in the process that writes results (process 0)."""
   return jax.process_index() == 0
+
+
+def fetch(tree):
+  """Numpy copies of the arrays in `tree`, whole, on every process.
+
+  In one process this is `jax.device_get`. Across processes an array split over
+  the mesh (e.g. batch rows over "data") lives partly on other hosts, which
+  `device_get` refuses; it is all-gathered instead (a collective: every process
+  must call `fetch` on the same arrays).
+  """
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))

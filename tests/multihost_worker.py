@@ -1,11 +1,13 @@
 """One process of the two-process CPU job started by `test_distributed.py`.
 
 Usage: python multihost_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_JSON
+       python multihost_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_DIR GIN_FILE
 
 Each process owns 2 CPU devices; together they form one (data=2, model=2)
-mesh: rows split across the processes, heads within each. Both decode the same
-inputs with the baseline and with speculative sampling; process 0 writes the
-gathered outputs to OUT_JSON.
+mesh: rows split across the processes, heads within each. In the first form
+both decode the same inputs with the baseline and with speculative sampling and
+process 0 writes the gathered outputs to OUT_JSON; in the second both run
+`experiments.run` on GIN_FILE (which binds the mesh) into OUT_DIR.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # experiments
 from conftest import make_model  # noqa: E402
 
 from specdec_jax import distributed, partitioning  # noqa: E402
@@ -47,10 +50,15 @@ def inputs_for_test() -> np.ndarray:
   return np.random.RandomState(0).randint(2, 96, (BATCH, INPUT_LEN)).astype(np.int32)
 
 
-def main(coordinator: str, num_processes: int, process_id: int, out_path: str) -> None:
+def main(coordinator: str, num_processes: int, process_id: int, out_path: str,
+         gin_file: str | None = None) -> None:
   jax.config.update("jax_num_cpu_devices", 2)
   distributed.maybe_initialize(coordinator, num_processes, process_id, timeout_s=60)
   assert jax.process_count() == num_processes and jax.device_count() == 2 * num_processes
+  if gin_file:
+    from experiments import run as runner
+    runner.run(runner.load_experiment([gin_file], []), out_path)
+    return
   model, params = make_model("test-v1_1", 0, **CONFIG)
   mesh = partitioning.make_mesh(num_processes, 2)
   with jax.set_mesh(mesh):
@@ -64,4 +72,4 @@ def main(coordinator: str, num_processes: int, process_id: int, out_path: str) -
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+  main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:])
