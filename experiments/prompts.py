@@ -30,8 +30,9 @@ def prompts_file(task: str) -> str:
   return os.path.join(PROMPTS_DIR, f"{task}_{PROMPTS_SPLIT}.jsonl")
 
 
-def load_examples(task: str, split: str, num_examples: int) -> tuple[list[tuple[str, str]], str]:
-  """The first `num_examples` (input with task prefix, reference) pairs of a split.
+def load_examples(task: str, split: str,
+                  num_examples: int | None) -> tuple[list[tuple[str, str]], str]:
+  """The first `num_examples` (input with task prefix, reference) pairs of a split (None: all).
 
   Returns:
     The pairs and the file they were read from.
@@ -54,7 +55,7 @@ def load_examples(task: str, split: str, num_examples: int) -> tuple[list[tuple[
     with open(source, encoding="utf-8") as f:
       rows = [json.loads(line) for line in f if line.strip()]
     pairs = [(prefix + row["inputs"], row["targets"]) for row in rows[:num_examples]]
-  if len(pairs) < num_examples:
+  if num_examples is not None and len(pairs) < num_examples:
     raise ValueError(f"Experiment.num_examples={num_examples} but {source} holds only "
                      f"{len(pairs)} examples of {task!r}; lower num_examples.")
   return pairs, source

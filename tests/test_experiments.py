@@ -6,13 +6,15 @@ import json
 import os
 
 import jax
+import numpy as np
 import pytest
 from conftest import make_model
 
-from experiments import analyze, config, gin_flags, measure, results_io
+from experiments import analyze, config, gin_flags, measure, measure_alpha, results_io
 from experiments import run as runner
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.data import layout
+from specdec_jax.decoding.drafts import T5Draft
 
 VOCAB = 8192  # The committed SentencePiece model's size.
 ROW_FIELDS = (
@@ -149,3 +151,19 @@ def test_analyze_writes_tables_figures_and_flags(tmp_path):
     assert (tmp_path / analyze.THEORY_DIR / f"{png}.png").stat().st_size > 0
   with open(section) as f:
     assert "## sweep" in f.read()
+
+
+def test_pooled_alpha_is_one_for_the_target_as_its_own_draft():
+  model, params = make_model("test-v1_1", 0)
+  draft = T5Draft(model, params)
+  rows = np.random.RandomState(0).randint(2, 97, (5, 6)).astype(np.int32)
+  batches = measure_alpha._batches(rows, 3)
+  assert [len(b) for b in batches] == [3, 2]
+  got = measure_alpha.pooled_alpha(model, params, draft, batches, temperature=1.0, gamma=2,
+                                   max_decode_len=6, seed=0)
+  np.testing.assert_allclose([got["alpha_beta"], got["alpha_empirical"]], [1.0, 1.0], atol=1e-5)
+  # gamma + 1 tokens per call, except where EOS or the length limit cut the last call.
+  assert 2.0 < got["tokens_per_iteration"] <= 3.0 and 5 <= got["tokens"] <= 5 * 6
+  worse = measure_alpha.pooled_alpha(model, params, T5Draft(model, jax.tree.map(
+      lambda x: x * 1.5, params)), batches, temperature=1.0, gamma=2, max_decode_len=6, seed=0)
+  assert worse["alpha_beta"] < 0.99

@@ -1,0 +1,133 @@
+"""Acceptance rates of the shipped drafts against the target on a whole test split.
+
+  python -m experiments.measure_alpha [--models_dir=assets/models] [--num_examples=N]
+
+For each draft, task and temperature this runs speculative sampling (no timing,
+no baseline) over the task's test examples in batches and pools the loop's
+counters: alpha as the mean of beta = sum_x min(p(x), q(x)) over verified
+positions (the paper's definition, section 3.1) and as the empirical S / (S + R),
+plus tokens per target call. The JSON it writes (atomically) is what
+`experiments.export_family --alpha_json` puts in the model cards:
+`{"<draft>": {"<task>": {"T=0": alpha, "T=1": alpha}}, "_details": {...}}`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import jax
+import numpy as np
+import sentencepiece as spm
+import tqdm
+from absl import app, flags
+
+from experiments import prompts
+from specdec_jax import atomic_io, benchmarking
+from specdec_jax.checkpoints import load_hf_checkpoint
+from specdec_jax.data import layout
+from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.models import T5Model
+
+_MODELS_DIR = flags.DEFINE_string("models_dir", os.path.join(layout.ASSETS_DIR, "models"),
+                                  "Folder of HF-format models, one sub-folder per name.")
+_TARGET = flags.DEFINE_string("target", "target", "The target's sub-folder.")
+_DRAFTS = flags.DEFINE_list("drafts", ["draft_small", "draft_base", "draft_large",
+                                       "draft_distilled"], "The drafts' sub-folders.")
+_TASKS = flags.DEFINE_list("tasks", ["ende", "mansum"], "Tasks (their test splits).")
+_TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Sampling temperatures.")
+_GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per iteration.")
+_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None,
+                                     "Test examples per task (default: the whole split).")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows decoded together.")
+_INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Encoder length (longer inputs are cut).")
+_MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Generated tokens at most.")
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_OUTPUT = flags.DEFINE_string("output", os.path.join(layout.REPO_ROOT, "results", "alpha",
+                                                     "alpha.json"), "The JSON written.")
+
+
+def pooled_alpha(target: T5Model, target_params: dict, draft: T5Draft, batches: list[np.ndarray],
+                 *, temperature: float, gamma: int, max_decode_len: int, seed: int
+                 ) -> dict[str, float]:
+  """Speculative sampling over `batches` (int32 `[b, input_len]` each); pooled counters.
+
+  Returns:
+    {"alpha_beta", "alpha_empirical", "tokens_per_iteration", "tokens"}.
+  """
+  totals = dict.fromkeys(("beta_sum", "beta_count", "accepted", "rejections", "tokens",
+                          "iterations"), 0.0)
+  for i, batch in enumerate(batches):
+    out = speculative_sample(target, target_params, draft, batch, gamma=gamma,
+                             max_decode_len=max_decode_len, temperature=temperature,
+                             rng=jax.random.fold_in(jax.random.PRNGKey(seed), i))
+    stats = jax.device_get(out.stats)
+    for key in totals:
+      totals[key] += float(np.sum(getattr(stats, key)))
+  return {
+      "alpha_beta": totals["beta_sum"] / max(totals["beta_count"], 1.0),
+      "alpha_empirical": totals["accepted"] / max(totals["accepted"] + totals["rejections"], 1.0),
+      "tokens_per_iteration": totals["tokens"] / max(totals["iterations"], 1.0),
+      "tokens": int(totals["tokens"]),
+  }
+
+
+def _batches(tokens: np.ndarray, batch_size: int) -> list[np.ndarray]:
+  """Rows cut into batches of `batch_size`; the last one holds the rest.
+
+  Padding it with filler rows would add them to the pooled counters, so it is
+  left short (one more compilation).
+  """
+  return [tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size)]
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
+  if _GAMMA.value < 1:
+    raise app.UsageError(f"--gamma={_GAMMA.value}: use gamma >= 1.")
+  temperatures = [float(t) for t in _TEMPERATURES.value]
+  target_cfg, target_params = load_hf_checkpoint(os.path.join(_MODELS_DIR.value, _TARGET.value))
+  target = T5Model(target_cfg)
+  processor = spm.SentencePieceProcessor(
+      model_file=os.path.join(_MODELS_DIR.value, _TARGET.value, "spiece.model"))
+  examples = {}
+  for task in _TASKS.value:
+    pairs, _ = prompts.load_examples(task, "test", _NUM_EXAMPLES.value)
+    examples[task] = _batches(prompts.tokenize(processor, [x for x, _ in pairs],
+                                               _INPUT_LEN.value), _BATCH_SIZE.value)
+  alphas, details = {}, {}
+  jobs = [(d, t, temp) for d in _DRAFTS.value for t in _TASKS.value for temp in temperatures]
+  drafts = {}
+  for name, task, temperature in tqdm.tqdm(jobs, unit="run"):
+    if name not in drafts:
+      cfg, params = load_hf_checkpoint(os.path.join(_MODELS_DIR.value, name))
+      if cfg.vocab_size != target_cfg.vocab_size:
+        raise ValueError(f"--drafts: {name} has vocab_size {cfg.vocab_size}, the target "
+                         f"{target_cfg.vocab_size}; a draft must share the target's vocabulary.")
+      drafts[name] = T5Draft(T5Model(cfg), params)
+    got = pooled_alpha(target, target_params, drafts[name], examples[task],
+                       temperature=temperature, gamma=_GAMMA.value,
+                       max_decode_len=_MAX_DECODE_LEN.value, seed=_SEED.value)
+    key = f"T={temperature:g}"
+    alphas.setdefault(name, {}).setdefault(task, {})[key] = round(got["alpha_beta"], 4)
+    details.setdefault(name, {}).setdefault(task, {})[key] = got
+    tqdm.tqdm.write(f"{name} {task} {key}: alpha {got['alpha_beta']:.3f} (S/(S+R) "
+                    f"{got['alpha_empirical']:.3f}), {got['tokens_per_iteration']:.2f} "
+                    "tokens/call")
+  alphas["_details"] = {
+      "estimator": "mean beta over verified positions (paper, section 3.1)",
+      "gamma": _GAMMA.value, "batch_size": _BATCH_SIZE.value, "seed": _SEED.value,
+      "examples": {t: int(sum(len(b) for b in examples[t])) for t in examples},
+      "input_len": _INPUT_LEN.value, "max_decode_len": _MAX_DECODE_LEN.value,
+      "models_dir": os.path.relpath(_MODELS_DIR.value, layout.REPO_ROOT),
+      "by_run": details, "environment": benchmarking.environment(),
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+  }
+  atomic_io.write_json(_OUTPUT.value, alphas)
+  print(f"Wrote {_OUTPUT.value}.")
+
+
+if __name__ == "__main__":
+  app.run(main)
