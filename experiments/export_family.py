@@ -68,7 +68,8 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
       f"| training steps | {summary['steps']} |",
       f"| tokens seen (inputs / targets, non-padding) | {summary['input_tokens_seen']:,} / "
       f"{summary['target_tokens_seen']:,} |",
-      f"| training wall time | {hours:.2f} h on a 2-core CPU (fp32) |",
+      f"| training wall time | {hours:.2f} h in the training loop on a 2-core CPU (fp32; "
+      "parts of it shared the CPU with other jobs) |",
       f"| validation loss (En-De / man-page / all) | {_fmt(val.get('specdec_ende'), 3)} / "
       f"{_fmt(val.get('specdec_mansum'), 3)} / {_fmt(val.get('all'), 3)} |",
       f"| test BLEU, En-De (sacrebleu) | {_fmt(summary['test_bleu_ende'])} |",
@@ -87,6 +88,12 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
       lines += ["| task | α (T=0) | α (T=1) |", "|---|---|---|"]
       for task, by_t in sorted(alphas[name].items()):
         lines.append(f"| {task} | {_fmt(by_t.get('T=0'), 3)} | {_fmt(by_t.get('T=1'), 3)} |")
+      how = alphas.get("_details", {})
+      if how:
+        examples = ", ".join(f"{n} {t}" for t, n in sorted(how["examples"].items()))
+        lines += ["", f"α = {how['estimator']}; speculative sampling with γ = {how['gamma']} "
+                  f"on the test splits ({examples} examples), up to {how['max_decode_len']} "
+                  "tokens each (`python -m experiments.measure_alpha`)."]
     else:
       lines.append("Not measured yet (filled in by the speculative-decoding experiments).")
     lines.append("")
@@ -98,6 +105,9 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
       "float32 in memory", "model = T5Model(cfg)", "```", "",
       "Weights are stored in float16 (trained in float32); the files are HuggingFace T5 "
       "(`T5ForConditionalGeneration`) format.", "",
+      "## Training configuration", "",
+      f"`python -m experiments.train --gin_file=gin_configs/train/{name}.gin` resolved to:", "",
+      "```", summary["gin_config"].strip(), "```", "",
   ]
   return "\n".join(lines)
 
@@ -127,6 +137,29 @@ def export_model(name: str, src_dir: str, out_dir: str, alphas: dict | None) -> 
   return sum(os.path.getsize(os.path.join(dest, f)) for f in os.listdir(dest))
 
 
+def export_family(checkpoints_dir: str, out_dir: str, names: list[str], alphas: dict | None,
+                  max_total_mb: float) -> int:
+  """Exports every finished run of `names`; returns the family's size in bytes.
+
+  Raises:
+    SystemExit: the exported folders together exceed `max_total_mb`.
+  """
+  total = 0
+  for name in names:
+    src = os.path.join(checkpoints_dir, name)
+    if not os.path.exists(os.path.join(src, "train_summary.json")):
+      print(f"{name}: no {src}/train_summary.json (not trained yet); skipped.")
+      continue
+    size = export_model(name, src, out_dir, alphas)
+    total += size
+    print(f"{name}: {size / 1e6:.1f} MB -> {os.path.join(out_dir, name)}")
+  print(f"total {total / 1e6:.1f} MB")
+  if total > max_total_mb * 1e6:
+    raise SystemExit(f"The exported family is {total / 1e6:.1f} MB > --max_total_mb="
+                     f"{max_total_mb}; shrink a model or raise the limit knowingly.")
+  return total
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -134,19 +167,7 @@ def main(argv: list[str]) -> None:
   if FLAGS.alpha_json:
     with open(FLAGS.alpha_json) as f:
       alphas = json.load(f)
-  total = 0
-  for name in FLAGS.names:
-    src = os.path.join(FLAGS.checkpoints_dir, name)
-    if not os.path.exists(os.path.join(src, "train_summary.json")):
-      print(f"{name}: no {src}/train_summary.json (not trained yet); skipped.")
-      continue
-    size = export_model(name, src, FLAGS.out_dir, alphas)
-    total += size
-    print(f"{name}: {size / 1e6:.1f} MB -> {os.path.join(FLAGS.out_dir, name)}")
-  print(f"total {total / 1e6:.1f} MB")
-  if total > FLAGS.max_total_mb * 1e6:
-    raise SystemExit(f"The exported family is {total / 1e6:.1f} MB > --max_total_mb="
-                     f"{FLAGS.max_total_mb}; shrink a model or raise the limit knowingly.")
+  export_family(FLAGS.checkpoints_dir, FLAGS.out_dir, FLAGS.names, alphas, FLAGS.max_total_mb)
 
 
 if __name__ == "__main__":
