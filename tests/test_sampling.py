@@ -171,3 +171,20 @@ def test_bad_logits_raise():
     sampling.warp_logits(jnp.zeros((2, 5), jnp.int32), temperature=1.0)
   with pytest.raises(ValueError, match=r"\[..., vocab\]"):
     sampling.warp_logits(jnp.float32(1.0), temperature=1.0)
+
+
+@pytest.mark.parametrize("scale, covered", [(6.0, True), (0.05, False)])
+def test_top_p_over_a_large_vocabulary(scale, covered):
+  """Peaked rows take the candidates path, flat ones the full sort; both exact, ties too."""
+  vocab, top_p = 1000, 0.9
+  logits = np.random.default_rng(3).normal(scale=scale, size=(4, vocab)).astype(np.float32)
+  logits[:, 500:520] = logits[:, :1].max() - 0.5  # Equal logits near the top.
+  probs = np.exp(logits.astype(np.float64) - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  top_mass = np.sort(probs, -1)[:, ::-1][:, :sampling.TOP_P_CANDIDATES].sum(-1)
+  assert bool(np.all(top_mass >= top_p)) == covered
+  got = np.asarray(sampling.probs_from_logits(jnp.asarray(logits), temperature=1.0,
+                                              top_p=top_p))
+  expected = np.stack([_reference_probs(row, 1.0, 0, top_p) for row in logits])
+  np.testing.assert_array_equal(got > 0, expected > 0)
+  np.testing.assert_allclose(got, expected, atol=1e-6)
