@@ -116,6 +116,20 @@ def test_schedules():
     optimizer.learning_rate_schedule(10, kind="linear")
 
 
+def test_adafactor_steps_are_relative_to_each_parameters_scale():
+  """T5's init mixes scales (embeddings ~1, query kernels ~0.006); updates must follow them."""
+  tx = optimizer.make_optimizer(lambda step: 1e-2, kind="adafactor", clip_norm=0.0)
+  params = {"big": jnp.ones((256, 256)), "small": jnp.full((256, 256), 0.01)}
+  grads = jax.tree.map(lambda p: jnp.full(p.shape, 0.5), params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  ratio = float(jnp.abs(updates["big"]).mean() / jnp.abs(updates["small"]).mean())
+  np.testing.assert_allclose(ratio, 100.0, rtol=1e-3)
+  adam = optimizer.make_optimizer(lambda step: 1e-2, kind="adamw", weight_decay=0.0)
+  updates, _ = adam.update(grads, adam.init(params), params)
+  np.testing.assert_allclose(float(jnp.abs(updates["big"]).mean() /
+                                   jnp.abs(updates["small"]).mean()), 1.0, rtol=1e-3)
+
+
 def test_schedule_drops_multiply_from_their_step():
   dropped = optimizer.learning_rate_schedule(1000, peak_lr=1.0, warmup_steps=100, kind="rsqrt",
                                              drop_steps=(500, 700), drop_factor=0.5)

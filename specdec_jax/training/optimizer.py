@@ -64,9 +64,16 @@ def learning_rate_schedule(total_steps: int, *, peak_lr: float = 1e-3, warmup_st
 
 @gin.configurable
 def make_optimizer(schedule: optax.Schedule, *, kind: str = "adamw", weight_decay: float = 0.01,
-                   b1: float = 0.9, b2: float = 0.98, clip_norm: float = 1.0
+                   b1: float = 0.9, b2: float = 0.98, clip_norm: float = 1.0,
+                   decay_rate: float = 0.8, multiply_by_parameter_scale: bool = True
                    ) -> optax.GradientTransformation:
   """The optimizer: global-norm gradient clipping, then AdamW or Adafactor.
+
+  T5's initialisation gives matrices very different scales (embeddings std 1,
+  query kernels std (d_model * d_kv)^-0.5), and AdamW moves every weight by about
+  the learning rate whatever its scale. Adafactor as T5X configures it scales each
+  update by the parameter's RMS (`multiply_by_parameter_scale`), so the learning
+  rate is relative (1e-2 is T5's).
 
   Args:
     schedule: the learning-rate schedule.
@@ -74,7 +81,10 @@ def make_optimizer(schedule: optax.Schedule, *, kind: str = "adamw", weight_deca
     weight_decay: decoupled weight decay (AdamW; applied to matrices only).
     b1: first-moment decay (AdamW).
     b2: second-moment decay (AdamW).
-    clip_norm: global gradient norm clip; 0 disables.
+    clip_norm: global gradient norm clip; 0 disables (Adafactor clips its updates
+      by RMS itself).
+    decay_rate: Adafactor's second-moment decay exponent (T5X: 0.8).
+    multiply_by_parameter_scale: Adafactor's relative step size (T5X: True).
   """
   if kind not in _OPTIMIZERS:
     raise ValueError(f"kind={kind!r}: use one of {_OPTIMIZERS}.")
@@ -82,5 +92,6 @@ def make_optimizer(schedule: optax.Schedule, *, kind: str = "adamw", weight_deca
     opt = optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay,
                       mask=lambda params: jax.tree.map(lambda x: x.ndim > 1, params))
   else:
-    opt = optax.adafactor(schedule, multiply_by_parameter_scale=False)
+    opt = optax.adafactor(schedule, decay_rate=decay_rate, clipping_threshold=1.0,
+                          multiply_by_parameter_scale=multiply_by_parameter_scale)
   return optax.chain(optax.clip_by_global_norm(clip_norm), opt) if clip_norm > 0 else opt
