@@ -2,6 +2,8 @@
 # Trains the model family in order: target, the three drafts, then the draft distilled
 # from the target. Each run resumes from its latest checkpoint; finished runs (those with
 # a train_summary.json) are skipped, so rerunning this script continues where it stopped.
+# Members already shipped in assets/models/ are skipped too (RETRAIN_SHIPPED=1 trains
+# them anyway), so a fresh machine trains only what is missing.
 #
 #   nohup setsid experiments/train_family.sh > checkpoints/family.log 2>&1 &
 #
@@ -19,17 +21,24 @@ for name in target draft_small draft_base draft_large draft_distilled; do
     echo "$(date -Is) $name: finished earlier, skipping."
     continue
   fi
+  if [[ -f "assets/models/$name/config.json" && "${RETRAIN_SHIPPED:-0}" != 1 ]]; then
+    echo "$(date -Is) $name: shipped in assets/models, skipping (RETRAIN_SHIPPED=1 retrains)."
+    continue
+  fi
   if pgrep -f -- "--model_dir=$dir( |\$)" > /dev/null; then
     echo "$(date -Is) $name: a trainer is already running on $dir; stopping." >&2
     exit 1
   fi
   extra=()
   if [[ "$name" == draft_distilled ]]; then
-    if [[ ! -f "$CKPT_ROOT/target/hf/model.safetensors" ]]; then
-      echo "$(date -Is) $name: needs the trained target in $CKPT_ROOT/target/hf; stopping." >&2
+    teacher="$CKPT_ROOT/target/hf"  # float32; else the shipped float16 copy.
+    [[ -f "$teacher/model.safetensors" ]] || teacher="$PWD/assets/models/target"
+    if [[ ! -f "$teacher/model.safetensors" ]]; then
+      echo "$(date -Is) $name: needs the trained target ($CKPT_ROOT/target/hf or" \
+        "assets/models/target); stopping." >&2
       exit 1
     fi
-    extra=("--gin.train.teacher_dir='$CKPT_ROOT/target/hf'")
+    extra=("--gin.train.teacher_dir='$teacher'")
   fi
   echo "$(date -Is) $name: training (log $CKPT_ROOT/$name.log)."
   status=0
