@@ -95,7 +95,8 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
                   f"on the test splits ({examples} examples), up to {how['max_decode_len']} "
                   "tokens each (`python -m experiments.measure_alpha`)."]
     else:
-      lines.append("Not measured yet (filled in by the speculative-decoding experiments).")
+      lines.append("Not measured yet: needs the trained target (`python -m "
+                   "experiments.measure_alpha`, then export with `--alpha_json`).")
     lines.append("")
   lines += [
       "## Use", "", "```python",
@@ -127,6 +128,9 @@ def export_model(name: str, src_dir: str, out_dir: str, alphas: dict | None) -> 
               os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(tmp, "README.md"), "w") as f:
       f.write(model_card(name, summary, alphas))
+    for fname in os.listdir(tmp):  # mkdtemp / safetensors create them private.
+      os.chmod(os.path.join(tmp, fname), 0o644)
+    os.chmod(tmp, 0o755)
     dest = os.path.join(out_dir, name)
     if os.path.exists(dest):
       shutil.rmtree(dest)
