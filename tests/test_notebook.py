@@ -19,7 +19,7 @@ def test_notebook_runs_in_local_mode(monkeypatch):
   monkeypatch.setenv("SPECDEC_NOTEBOOK_NUM_PROMPTS", "2")
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   nb = nbformat.read(NOTEBOOK, as_version=4)
-  NotebookClient(nb, timeout=300, kernel_name="python3",
+  NotebookClient(nb, timeout=300, startup_timeout=300, kernel_name="python3",
                  resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}}).execute()
   text = "\n".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
                    for out in cell.get("outputs", []))
