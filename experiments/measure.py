@@ -81,8 +81,9 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
           f"{b[row, col:col + 5].tolist()}")
 
 
-def _sum_stats(outputs: Sequence[SpeculativeOutput]) -> dict[str, np.ndarray]:
-  stats = [out.stats for out in outputs]  # Already fetched to numpy.
+def sum_stats(outputs: Sequence[SpeculativeOutput]) -> dict[str, np.ndarray]:
+  """Speculative counters summed over rows and outputs (already fetched to numpy)."""
+  stats = [out.stats for out in outputs]
   fields = ("iterations", "draft_calls", "tokens", "accepted_histogram", "accepted",
             "rejections", "beta_sum", "beta_count", "loop_iterations")
   return {f: np.sum([np.sum(getattr(s, f), axis=0) for s in stats], axis=0) for f in fields}
@@ -153,7 +154,7 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
 
   median = {name: statistics.median(t) for name, t in totals.items()}
   tokens = {name: int(sum(int(np.sum(o.lengths)) for o in outs)) for name, outs in outputs.items()}
-  stats = _sum_stats(outputs["speculative"])
+  stats = sum_stats(outputs["speculative"])
   accepted, rejections = int(stats["accepted"]), int(stats["rejections"])
   alpha_empirical = accepted / max(accepted + rejections, 1)
   alpha_beta = float(np.clip(stats["beta_sum"] / max(int(stats["beta_count"]), 1), 0.0, 1.0))

@@ -22,7 +22,7 @@ import sentencepiece as spm
 import tqdm
 from absl import app, flags
 
-from experiments import prompts
+from experiments import measure, prompts
 from specdec_jax import atomic_io, benchmarking
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import layout
@@ -56,15 +56,12 @@ def pooled_alpha(target: T5Model, target_params: dict, draft: T5Draft, batches: 
   Returns:
     {"alpha_beta", "alpha_empirical", "tokens_per_iteration", "tokens"}.
   """
-  totals = dict.fromkeys(("beta_sum", "beta_count", "accepted", "rejections", "tokens",
-                          "iterations"), 0.0)
-  for i, batch in enumerate(batches):
-    out = speculative_sample(target, target_params, draft, batch, gamma=gamma,
-                             max_decode_len=max_decode_len, temperature=temperature,
-                             rng=jax.random.fold_in(jax.random.PRNGKey(seed), i))
-    stats = jax.device_get(out.stats)
-    for key in totals:
-      totals[key] += float(np.sum(getattr(stats, key)))
+  outputs = [jax.device_get(speculative_sample(
+      target, target_params, draft, batch, gamma=gamma, max_decode_len=max_decode_len,
+      temperature=temperature, rng=jax.random.fold_in(jax.random.PRNGKey(seed), i)))
+      for i, batch in enumerate(batches)]
+  totals = {k: float(v) for k, v in measure.sum_stats(outputs).items()
+            if k != "accepted_histogram"}
   return {
       "alpha_beta": totals["beta_sum"] / max(totals["beta_count"], 1.0),
       "alpha_empirical": totals["accepted"] / max(totals["accepted"] + totals["rejections"], 1.0),
