@@ -76,3 +76,23 @@ def test_registering_another_data_dir_replaces_the_tasks(data_dir, tmp_path):
     assert seqio.get_mixture_or_task("specdec_mansum").num_input_examples("test") == 1
   finally:
     tasks.register_tasks(data_dir)
+
+
+def test_shuffled_source_permutes_the_whole_split_afresh_each_pass(tmp_path):
+  rows = [corpora.Example(f"r{i}", f"sentence {i}", f"Satz {i}", f"page{i // 10}")
+          for i in range(200)]
+  corpora.write_jsonl(layout.corpus_file(str(tmp_path), "ende", "train"), rows)
+
+  def ids(dataset):
+    return [x["id"].decode() for x in dataset.as_numpy_iterator()]
+
+  ordered = ids(tasks._jsonl_dataset(str(tmp_path), "ende", "train", False))
+  assert ordered == [r.id for r in rows]
+  shuffled = ids(tasks._jsonl_dataset(str(tmp_path), "ende", "train", True, seed=1).repeat(2))
+  passes = [shuffled[:200], shuffled[200:]]
+  assert all(sorted(p) == sorted(ordered) for p in passes)
+  assert passes[0] != passes[1]
+  # The first 20 rows span many pages, not the first two pages of a page-sorted file.
+  assert len({int(i[1:]) // 10 for i in passes[0][:20]}) >= 8
+  # Seeded: the same seed gives the same order (so a resumed run sees the same batches).
+  assert ids(tasks._jsonl_dataset(str(tmp_path), "ende", "train", True, seed=1)) == passes[0]
