@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Regenerates everything under results/ that comes from the shipped family, in order:
+# the drafts' acceptance rates, the gin-configured sweeps, the peer comparison, then the
+# tables and figures. Every step resumes: `experiments.run` skips the points already in
+# results/<name>/results.jsonl, so rerunning after an interruption continues.
+#
+#   nohup setsid experiments/reproduce_results.sh > results/reproduce.log 2>&1 &
+#
+# Run it on a quiet machine: the sweeps time decoding. STEPS (space-separated) picks a
+# subset, e.g. STEPS="sweep_gamma analyze".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS="${STEPS:-alpha sweep_gamma sweep_draft_size paper_table2 trivial_drafts sweep_batch peer analyze}"
+
+for step in $STEPS; do
+  echo "$(date -Is) $step"
+  case "$step" in
+    alpha) python -m experiments.measure_alpha ;;
+    peer) python -m experiments.peer --num_examples=8 --repeats=3 ;;
+    analyze) python -m experiments.analyze ;;
+    *) python -m experiments.run --gin_file="gin_configs/$step.gin" ;;
+  esac
+done
+echo "$(date -Is) done"

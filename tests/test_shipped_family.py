@@ -1,0 +1,70 @@
+"""The committed model family (assets/models): complete files, size cap, model cards, and
+the same logits in our model and in the reference implementation, loaded unchanged."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+from transformers import T5ForConditionalGeneration
+
+from experiments import prompts
+from experiments.family import FAMILY
+from specdec_jax.checkpoints import load_hf_checkpoint
+from specdec_jax.data import layout, vocab
+from specdec_jax.models import T5Model
+
+MODELS_DIR = os.path.join(layout.ASSETS_DIR, "models")
+SHIPPED = [name for name in FAMILY if os.path.isdir(os.path.join(MODELS_DIR, name))]
+FILES = ("README.md", "config.json", "model.safetensors", "spiece.model")
+MAX_TOTAL_MB = 100
+
+
+def test_the_family_is_shipped_within_the_size_cap():
+  assert "target" in SHIPPED and "draft_small" in SHIPPED, SHIPPED
+  assert sorted(os.listdir(MODELS_DIR)) == sorted(SHIPPED)
+  total = sum(os.path.getsize(os.path.join(MODELS_DIR, name, f))
+              for name in SHIPPED for f in os.listdir(os.path.join(MODELS_DIR, name)))
+  assert total <= MAX_TOTAL_MB * 2**20, f"{total / 2**20:.1f} MB"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_member_has_its_files_vocabulary_and_measured_card(name):
+  path = os.path.join(MODELS_DIR, name)
+  assert sorted(os.listdir(path)) == sorted(FILES)
+  assert filecmp.cmp(os.path.join(path, "spiece.model"), vocab.default_vocab_path(),
+                     shallow=False)
+  with open(os.path.join(path, "README.md"), encoding="utf-8") as f:
+    card = f.read()
+  for row in ("| parameters |", "| training steps |", "| validation loss", "| test BLEU",
+              "| test ROUGE-L"):
+    assert row in card, row
+  if name != "target":
+    assert "| task | α (T=0) | α (T=1) |" in card and "Not measured yet" not in card
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_member_gives_the_same_logits_in_ours_and_in_transformers(name):
+  path = os.path.join(MODELS_DIR, name)
+  cfg, params = load_hf_checkpoint(path)
+  model = T5Model(cfg)
+  processor = spm.SentencePieceProcessor(model_file=os.path.join(path, "spiece.model"))
+  pairs, _ = prompts.load_examples("ende", "test", 2)
+  inputs = prompts.tokenize(processor, [x for x, _ in pairs], 48)
+  targets = prompts.tokenize(processor, [y for _, y in pairs], 16)
+  decoder_inputs = np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
+  ours = np.asarray(model.logits(params, jnp.asarray(inputs), jnp.asarray(decoder_inputs)))
+  hf = T5ForConditionalGeneration.from_pretrained(path, torch_dtype=torch.float32).eval()
+  with torch.no_grad():
+    theirs = hf(input_ids=torch.from_numpy(inputs).long(),
+                attention_mask=torch.from_numpy(inputs > 0).long(),
+                decoder_input_ids=torch.from_numpy(decoder_inputs).long()).logits.numpy()
+  mask = targets > 0
+  np.testing.assert_allclose(ours[mask], theirs[mask], atol=2e-3, rtol=1e-3)
+  # The trained model predicts the references far better than chance.
+  assert (ours[mask].argmax(-1) == targets[mask]).mean() > 0.2
