@@ -89,7 +89,7 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
       lines += ["| task | α (T=0) | α (T=1) |", "|---|---|---|"]
       for task, by_t in sorted(alphas[name].items()):
         lines.append(f"| {task} | {_fmt(by_t.get('T=0'), 3)} | {_fmt(by_t.get('T=1'), 3)} |")
-      how = alphas.get("_details", {})
+      how = alphas.get("_details", {}).get(name)
       if how:
         examples = ", ".join(f"{n} {t}" for t, n in sorted(how["examples"].items()))
         lines += ["", f"α = {how['estimator']}; speculative sampling with γ = {how['gamma']} "

@@ -8,12 +8,16 @@ counters: alpha as the mean of beta = sum_x min(p(x), q(x)) over verified
 positions (the paper's definition, section 3.1) and as the empirical S / (S + R),
 plus tokens per target call. The JSON it writes (atomically) is what
 `experiments.export_family --alpha_json` puts in the model cards:
-`{"<draft>": {"<task>": {"T=0": alpha, "T=1": alpha}}, "_details": {...}}`.
+`{"<draft>": {"<task>": {"T=0": alpha, "T=1": alpha}}, "_details": {"<draft>": {...}}}`,
+with how each draft was measured (examples, gamma, lengths, environment, date)
+under `_details`. Drafts already in the file and not named by `--drafts` are
+kept, so the family can be measured one draft at a time.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 
 import jax
@@ -44,8 +48,11 @@ _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows decoded together.")
 _INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Encoder length (longer inputs are cut).")
 _MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Generated tokens at most.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-_OUTPUT = flags.DEFINE_string("output", os.path.join(layout.REPO_ROOT, "results", "alpha",
-                                                     "alpha.json"), "The JSON written.")
+_OUTPUT = flags.DEFINE_string(
+    "output", os.path.join(layout.REPO_ROOT, "results", "alpha", "alpha.json"),
+    "The JSON written; drafts already in it and not measured now are kept.")
+
+DETAILS = "_details"  # Key of the per-draft measurement settings in the JSON.
 
 
 def pooled_alpha(target: T5Model, target_params: dict, draft: T5Draft, batches: list[np.ndarray],
@@ -79,6 +86,15 @@ def _batches(tokens: np.ndarray, batch_size: int) -> list[np.ndarray]:
   return [tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size)]
 
 
+def merge_alphas(old: dict, new: dict) -> dict:
+  """`new`'s drafts replace (or join) those of `old`; both in the file's layout."""
+  merged = {k: v for k, v in old.items() if k != DETAILS and k not in new}
+  merged.update({k: v for k, v in new.items() if k != DETAILS})
+  details = {k: v for k, v in old.get(DETAILS, {}).items() if k in merged}
+  details.update(new.get(DETAILS, {}))
+  return {**dict(sorted(merged.items())), DETAILS: dict(sorted(details.items()))}
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
@@ -94,7 +110,7 @@ def main(argv: list[str]) -> None:
     pairs, _ = prompts.load_examples(task, "test", _NUM_EXAMPLES.value)
     examples[task] = _batches(prompts.tokenize(processor, [x for x, _ in pairs],
                                                _INPUT_LEN.value), _BATCH_SIZE.value)
-  alphas, details = {}, {}
+  alphas, by_run = {}, {}
   jobs = [(d, t, temp) for d in _DRAFTS.value for t in _TASKS.value for temp in temperatures]
   drafts = {}
   for name, task, temperature in tqdm.tqdm(jobs, unit="run"):
@@ -109,19 +125,23 @@ def main(argv: list[str]) -> None:
                        max_decode_len=_MAX_DECODE_LEN.value, seed=_SEED.value)
     key = f"T={temperature:g}"
     alphas.setdefault(name, {}).setdefault(task, {})[key] = round(got["alpha_beta"], 4)
-    details.setdefault(name, {}).setdefault(task, {})[key] = got
+    by_run.setdefault(name, {}).setdefault(task, {})[key] = got
     tqdm.tqdm.write(f"{name} {task} {key}: alpha {got['alpha_beta']:.3f} (S/(S+R) "
                     f"{got['alpha_empirical']:.3f}), {got['tokens_per_iteration']:.2f} "
                     "tokens/call")
-  alphas["_details"] = {
+  how = {
       "estimator": "mean beta over verified positions (paper, section 3.1)",
       "gamma": _GAMMA.value, "batch_size": _BATCH_SIZE.value, "seed": _SEED.value,
       "examples": {t: int(sum(len(b) for b in examples[t])) for t in examples},
       "input_len": _INPUT_LEN.value, "max_decode_len": _MAX_DECODE_LEN.value,
       "models_dir": os.path.relpath(_MODELS_DIR.value, layout.REPO_ROOT),
-      "by_run": details, "environment": benchmarking.environment(),
+      "environment": benchmarking.environment(),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
   }
+  alphas[DETAILS] = {name: {**how, "by_run": by_run[name]} for name in by_run}
+  if os.path.exists(_OUTPUT.value):
+    with open(_OUTPUT.value) as f:
+      alphas = merge_alphas(json.load(f), alphas)
   atomic_io.write_json(_OUTPUT.value, alphas)
   print(f"Wrote {_OUTPUT.value}.")
 

@@ -9,13 +9,20 @@
 #
 # Stop it with `kill -TERM -- -<pid>` (the process group): the running trainer saves a
 # checkpoint first. Environment: CKPT_ROOT (default <repo>/checkpoints); extra arguments
-# are passed to every run (e.g. --gin.train.log_every=10).
+# are passed to every run (e.g. --gin.train.log_every=10); MEMBERS (default: the whole
+# family, in the order above) picks which members to train and in what order.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CKPT_ROOT="${CKPT_ROOT:-$PWD/checkpoints}"
 mkdir -p "$CKPT_ROOT"
 
-for name in target draft_small draft_base draft_large draft_distilled; do
+MEMBERS="${MEMBERS:-target draft_small draft_base draft_large draft_distilled}"
+for name in $MEMBERS; do
+  if [[ ! -f "gin_configs/train/$name.gin" ]]; then
+    echo "$(date -Is) MEMBERS: no gin_configs/train/$name.gin; use names from" \
+      "gin_configs/train/." >&2
+    exit 1
+  fi
   dir="$CKPT_ROOT/$name"
   if [[ -f "$dir/train_summary.json" ]]; then
     echo "$(date -Is) $name: finished earlier, skipping."
@@ -53,4 +60,4 @@ for name in target draft_small draft_base draft_large draft_distilled; do
     exit 1
   fi
 done
-echo "$(date -Is) family complete."
+echo "$(date -Is) trained: $MEMBERS."

@@ -153,6 +153,17 @@ def test_analyze_writes_tables_figures_and_flags(tmp_path):
     assert "## sweep" in f.read()
 
 
+def test_merge_alphas_keeps_drafts_not_remeasured():
+  old = {"a": {"ende": {"T=0": 0.1}}, "b": {"ende": {"T=0": 0.2}},
+         "_details": {"a": {"gamma": 3}, "b": {"gamma": 3}}}
+  new = {"b": {"ende": {"T=0": 0.5}}, "c": {"ende": {"T=0": 0.7}},
+         "_details": {"b": {"gamma": 5}, "c": {"gamma": 5}}}
+  got = measure_alpha.merge_alphas(old, new)
+  assert list(got) == ["a", "b", "c", "_details"]
+  assert [got[k]["ende"]["T=0"] for k in "abc"] == [0.1, 0.5, 0.7]
+  assert got["_details"] == {"a": {"gamma": 3}, "b": {"gamma": 5}, "c": {"gamma": 5}}
+
+
 def test_pooled_alpha_is_one_for_the_target_as_its_own_draft():
   model, params = make_model("test-v1_1", 0)
   draft = T5Draft(model, params)
