@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import gin
 import jax
 import numpy as np
 import pytest
@@ -178,3 +179,21 @@ def test_pooled_alpha_is_one_for_the_target_as_its_own_draft():
   worse = measure_alpha.pooled_alpha(model, params, T5Draft(model, jax.tree.map(
       lambda x: x * 1.5, params)), batches, temperature=1.0, gamma=2, max_decode_len=6, seed=0)
   assert worse["alpha_beta"] < 0.99
+
+
+@pytest.mark.parametrize("name,points", [
+    ("quickstart", 2), ("sweep_gamma", 160), ("sweep_draft_size", 28), ("trivial_drafts", 24),
+    ("paper_table2", 48), ("sweep_batch", 24)])
+def test_shipped_experiment_configs_parse_and_plan(name, points):
+  gin.clear_config()
+  gin.add_config_file_search_path(layout.REPO_ROOT)
+  try:
+    gin.parse_config_files_and_bindings(
+        [os.path.join(layout.REPO_ROOT, "gin_configs", f"{name}.gin")],
+        ["Experiment.best_gamma_from = None"])  # Plan every gamma, whatever results exist.
+    exp = config.Experiment()
+  finally:
+    gin.clear_config()
+  assert exp.name == name
+  assert len(config.plan(exp)) == points
+  assert all(exp.num_examples % b == 0 for b in exp.batch_sizes)
