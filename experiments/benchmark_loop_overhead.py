@@ -10,6 +10,10 @@ The remainder is the loop's overhead. Calls are interleaved and medians taken.
 
   python -m experiments.benchmark_loop_overhead --gammas=3,5 \
       --output=results/loop_overhead/results.json
+
+Random-init models of the given shapes by default; `--target_dir` / `--draft_dir`
+time HF-format checkpoints instead (e.g. assets/models/target and
+assets/models/draft_small).
 """
 
 from __future__ import annotations
@@ -24,11 +28,16 @@ import numpy as np
 from absl import app, flags
 
 from specdec_jax import atomic_io, benchmarking
+from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.decoding.drafts import T5Draft, Warp
 from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.models import T5Model, get_config
 
 _TARGET = flags.DEFINE_string("target_config", "t5-v1_1-small", "Named config of the target.")
+_TARGET_DIR = flags.DEFINE_string("target_dir", None,
+                                  "HF-format target checkpoint (replaces --target_config).")
+_DRAFT_DIR = flags.DEFINE_string("draft_dir", None, "HF-format draft checkpoint (replaces "
+                                 "--draft_d_model / --draft_layers).")
 _DRAFT_D_MODEL = flags.DEFINE_integer("draft_d_model", 128, "d_model of the draft.")
 _DRAFT_LAYERS = flags.DEFINE_integer("draft_layers", 2, "Encoder and decoder layers of the draft.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 8192, "Vocabulary of both models.")
@@ -42,15 +51,27 @@ _OUTPUT = flags.DEFINE_string("output", "results/loop_overhead/results.json",
 
 
 def _models() -> tuple[T5Model, dict, T5Draft]:
-  target = T5Model(get_config(_TARGET.value, vocab_size=_VOCAB.value, dropout_rate=0.0))
-  draft_model = T5Model(get_config(
-      "t5-v1_1-small", vocab_size=_VOCAB.value, d_model=_DRAFT_D_MODEL.value,
-      num_layers=_DRAFT_LAYERS.value, num_decoder_layers=_DRAFT_LAYERS.value,
-      num_heads=max(_DRAFT_D_MODEL.value // 64, 1), d_ff=2 * _DRAFT_D_MODEL.value,
-      dropout_rate=0.0))
-  params = target.init_params(jax.random.PRNGKey(0))
-  draft = T5Draft(draft_model, draft_model.init_params(jax.random.PRNGKey(1)))
-  return target, params, draft
+  if _TARGET_DIR.value:
+    cfg, params = load_hf_checkpoint(_TARGET_DIR.value, dropout_rate=0.0)
+    target = T5Model(cfg)
+  else:
+    target = T5Model(get_config(_TARGET.value, vocab_size=_VOCAB.value, dropout_rate=0.0))
+    params = target.init_params(jax.random.PRNGKey(0))
+  if _DRAFT_DIR.value:
+    cfg, draft_params = load_hf_checkpoint(_DRAFT_DIR.value, dropout_rate=0.0)
+    draft_model = T5Model(cfg)
+  else:
+    draft_model = T5Model(get_config(
+        "t5-v1_1-small", vocab_size=_VOCAB.value, d_model=_DRAFT_D_MODEL.value,
+        num_layers=_DRAFT_LAYERS.value, num_decoder_layers=_DRAFT_LAYERS.value,
+        num_heads=max(_DRAFT_D_MODEL.value // 64, 1), d_ff=2 * _DRAFT_D_MODEL.value,
+        dropout_rate=0.0))
+    draft_params = draft_model.init_params(jax.random.PRNGKey(1))
+  if draft_model.config.vocab_size != target.config.vocab_size:
+    raise app.UsageError(f"The draft's vocabulary ({draft_model.config.vocab_size}) differs "
+                         f"from the target's ({target.config.vocab_size}); pair models that "
+                         "share one.")
+  return target, params, T5Draft(draft_model, draft_params)
 
 
 def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Array,
@@ -60,8 +81,9 @@ def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Arr
   max_len = _MAX_LEN.value
   cache_len = max_len + gamma + 1
   position = max_len // 2  # Attention spans the cache either way; a typical length.
-  # eos_id = pad id 0 is never the argmax of these random models in practice, so
-  # every call runs max_decode_len tokens; the stats below confirm it.
+  # eos_id = pad id 0 is never the argmax of these models in practice (random ones,
+  # or trained ones that never emit padding), so every call runs max_decode_len
+  # tokens; the stats below confirm it.
   spec = lambda: speculative_sample(target, params, draft, inputs, gamma=gamma,
                                     max_decode_len=max_len, temperature=_TEMPERATURE.value,
                                     eos_id=0)
@@ -99,7 +121,7 @@ def main(argv: Sequence[str]) -> None:
   del argv
   target, params, draft = _models()
   inputs = jnp.asarray(np.random.RandomState(0).randint(
-      2, _VOCAB.value, size=(1, _INPUT_LEN.value)), jnp.int32)
+      2, target.config.vocab_size, size=(1, _INPUT_LEN.value)), jnp.int32)
   rows = []
   for gamma in (int(g) for g in _GAMMAS.value):
     row = measure_gamma(target, params, draft, inputs, gamma)
@@ -109,9 +131,10 @@ def main(argv: Sequence[str]) -> None:
           f"{row['overhead_ms']:.2f} ms ({100 * row['overhead_share']:.1f}% overhead; "
           f"{row['loop_iterations']} iterations, {row['tokens']} tokens)")
   result = {
-      "target_config": _TARGET.value,
-      "draft": {"d_model": _DRAFT_D_MODEL.value, "layers": _DRAFT_LAYERS.value},
-      "vocab_size": _VOCAB.value, "batch": 1, "temperature": _TEMPERATURE.value,
+      "target_config": _TARGET_DIR.value or _TARGET.value,
+      "draft": _DRAFT_DIR.value or {"d_model": _DRAFT_D_MODEL.value,
+                                    "layers": _DRAFT_LAYERS.value},
+      "vocab_size": target.config.vocab_size, "batch": 1, "temperature": _TEMPERATURE.value,
       "max_decode_len": _MAX_LEN.value, "input_len": _INPUT_LEN.value,
       "repeats": _REPEATS.value, "rows": rows, "environment": benchmarking.environment(),
   }

@@ -10,13 +10,17 @@
 # subset, e.g. STEPS="sweep_gamma analyze".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS="${STEPS:-alpha sweep_gamma sweep_draft_size paper_table2 trivial_drafts sweep_batch peer analyze}"
+STEPS="${STEPS:-alpha sweep_gamma sweep_draft_size paper_table2 trivial_drafts sweep_batch peer loop_overhead analyze}"
 
 for step in $STEPS; do
   echo "$(date -Is) $step"
   case "$step" in
     alpha) python -m experiments.measure_alpha ;;
     peer) python -m experiments.peer --num_examples=8 --repeats=3 ;;
+    loop_overhead)
+      python -m experiments.benchmark_loop_overhead --target_dir=assets/models/target \
+        --draft_dir=assets/models/draft_small --gammas=3,5 --input_len=128 \
+        --output=results/loop_overhead/family.json ;;
     analyze) python -m experiments.analyze ;;
     *) python -m experiments.run --gin_file="gin_configs/$step.gin" ;;
   esac
