@@ -6,7 +6,8 @@ For each results directory (default: every `<results_root>/*/results.jsonl`)
 writes `tables.md` (Table 2: best gamma per task / draft / T; Table 3: alpha
 per draft; Table 4: expected vs measured; every point, with those whose
 measured speedup is more than `FLAG_TOLERANCE` from the refined prediction
-flagged; speedup vs batch size with the crossover) and PNG figures next to it.
+flagged; speedup vs batch size with the crossover; the measured cost of
+scoring k tokens in one target call) and PNG figures next to it.
 The theory figures (Fig. 2, Fig. 3) go to `<results_root>/theory/`, and
 `<results_root>/analysis_section.md` collects everything for results/README.md.
 """
@@ -150,6 +151,34 @@ def batch_table(rows: Sequence[Row]) -> str | None:
                    "stops paying at"], out)
 
 
+def verify_costs(rows: Sequence[Row]) -> dict[tuple, dict[int, float]]:
+  """{(task, batch size): {k: median T_verify(k) / T_step over the rows}}.
+
+  Rows of one run and (task, batch size) share one measurement; medians also
+  pool runs appended to the same file.
+  """
+  out = {}
+  for key, group in _group(rows, "task", "batch_size").items():
+    ks = sorted({int(k) for r in group for k in r["verify_ratio"]})
+    out[key] = {k: float(np.median([r["verify_ratio"][str(k)] for r in group
+                                    if str(k) in r["verify_ratio"]])) for k in ks}
+  return out
+
+
+def verify_table(rows: Sequence[Row]) -> str:
+  """T_verify(k) / T_step per task and batch size (Thm 3.8 assumes 1 for every k)."""
+  costs = verify_costs(rows)
+  ks = sorted({k for by_k in costs.values() for k in by_k})
+  return md_table(["task", "batch", "T_step (ms)", *(f"k={k}" for k in ks)],
+                  [(task, b, f"{1e3 * _median_t_step(rows, task, b):.2f}",
+                    *(by_k.get(k, "-") for k in ks)) for (task, b), by_k in costs.items()])
+
+
+def _median_t_step(rows: Sequence[Row], task: str, batch_size: int) -> float:
+  return float(np.median([r["t_target_step_s"] for r in rows
+                          if r["task"] == task and r["batch_size"] == batch_size]))
+
+
 # ---- Figures --------------------------------------------------------------------------------
 
 
@@ -235,6 +264,18 @@ def fig_speedup_vs_alpha(rows: Sequence[Row], path: str) -> str:
   return _save(fig, path)
 
 
+def fig_verify_cost(rows: Sequence[Row], path: str) -> str:
+  """T_verify(k) / T_step vs k per task and batch size, against the paper's 1."""
+  fig, ax = plt.subplots(figsize=(5, 4))
+  for (task, b), by_k in verify_costs(rows).items():
+    ax.plot(list(by_k), list(by_k.values()), "o-", label=f"{task}, batch {b}")
+  ax.axhline(1, color="gray", lw=0.8, label="Thm 3.8 assumption")
+  ax.set(xlabel="tokens scored in one target call (k = gamma + 1)",
+         ylabel="T_verify(k) / T_step", ylim=(0, None))
+  ax.legend(fontsize="small")
+  return _save(fig, path)
+
+
 def fig_example(row: Row, path: str) -> str:
   """Fig. 1 style: one generated text, accepted draft tokens in green, target tokens in red."""
   ex = row["example"]
@@ -303,6 +344,7 @@ def analyze_dir(results_dir: str) -> str:
                                                                        "speedup_vs_batch.png")),
       "speedup vs alpha": fig_speedup_vs_alpha(rows, os.path.join(results_dir,
                                                                   "speedup_vs_alpha.png")),
+      "verification cost": fig_verify_cost(rows, os.path.join(results_dir, "verify_cost.png")),
       "generated text (Fig. 1 style)": fig_example(best_rows(rows)[0] if best_rows(rows)
                                                    else rows[0],
                                                    os.path.join(results_dir, "fig1_example.png")),
@@ -317,6 +359,8 @@ def analyze_dir(results_dir: str) -> str:
   batches = batch_table(rows)
   if batches:
     parts += ["### Speedup vs batch size\n", batches]
+  parts += ["### Verification cost: T_verify(k) / T_step (Thm 3.8 assumes 1)\n",
+            verify_table(rows)]
   parts += ["### All points\n", points_table(rows)]
   for title, fig in figures.items():
     if fig:

@@ -122,7 +122,8 @@ def _synthetic_row(draft: str, temperature: float, gamma: int, batch_size: int,
       task="ende", draft=draft, temperature=temperature, gamma=gamma, batch_size=batch_size,
       alpha_beta=alpha, alpha_empirical=alpha, beta_sum=7.0, beta_count=10, c=0.05,
       tokens_per_iteration=2.0, speedup_measured=measured, speedup_predicted_cost_model=predicted,
-      speedup_predicted_thm38=predicted * 1.2,
+      speedup_predicted_thm38=predicted * 1.2, t_target_step_s=0.01 * batch_size,
+      verify_ratio={"1": 1.0, "2": 1.0 + gamma / 10},
       example=dict(tokens=[5, 6, 1], pieces=["\u2581Hallo", "\u2581Welt", "</s>"],
                    accepted_mask=[True, False, False]))
 
@@ -139,14 +140,17 @@ def test_analyze_writes_tables_figures_and_flags(tmp_path):
 
   section = analyze.analyze([str(exp_dir)], str(tmp_path))
   tables = (exp_dir / analyze.TABLES_FILE).read_text()
-  for title in ("Table 2", "Table 3", "Table 4", "Speedup vs batch size", "All points"):
+  for title in ("Table 2", "Table 3", "Table 4", "Speedup vs batch size", "All points",
+                "Verification cost"):
     assert title in tables
+  assert "| ende | 1 | 10.00 | 1.00 | 1.20 |" in tables  # Median over the batch-1 rows.
+  assert "| ende | 2 | 20.00 | 1.00 | 1.30 |" in tables
   assert "| ende | small | 0 | 3 | 0.70 | 1.30X |" in tables  # Best gamma per (task, draft, T).
   assert "| ende | small | 0 | 3 | 1.30 | 1.00 | 0.50 | 4 |" in tables  # Crossover at batch 4.
   assert analyze.is_flagged(off) and not analyze.is_flagged(rows[0])
   assert "1 flagged" in tables and tables.count("**>15%**") == 2  # Table 4 and all points.
   for png in ("speedup_vs_gamma", "measured_vs_predicted", "speedup_vs_batch",
-              "speedup_vs_alpha", "fig1_example"):
+              "speedup_vs_alpha", "verify_cost", "fig1_example"):
     assert (exp_dir / f"{png}.png").stat().st_size > 0
   for png in ("fig2_expected_tokens", "fig3_optimal_gamma"):
     assert (tmp_path / analyze.THEORY_DIR / f"{png}.png").stat().st_size > 0
