@@ -142,26 +142,32 @@ def export_model(name: str, src_dir: str, out_dir: str, alphas: dict | None) -> 
   return sum(os.path.getsize(os.path.join(dest, f)) for f in os.listdir(dest))
 
 
+def folder_bytes(root: str) -> int:
+  """Bytes of every file under `root`."""
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
+
+
 def export_family(checkpoints_dir: str, out_dir: str, names: list[str], alphas: dict | None,
                   max_total_mb: float) -> int:
-  """Exports every finished run of `names`; returns the family's size in bytes.
+  """Exports every finished run of `names`; returns the shipped folder's size in bytes.
+
+  The size counts every model in `out_dir`, those exported earlier included.
 
   Raises:
-    SystemExit: the exported folders together exceed `max_total_mb`.
+    SystemExit: the folder exceeds `max_total_mb` after the export.
   """
-  total = 0
   for name in names:
     src = os.path.join(checkpoints_dir, name)
     if not os.path.exists(os.path.join(src, "train_summary.json")):
       print(f"{name}: no {src}/train_summary.json (not trained yet); skipped.")
       continue
     size = export_model(name, src, out_dir, alphas)
-    total += size
     print(f"{name}: {size / 1e6:.1f} MB -> {os.path.join(out_dir, name)}")
-  print(f"total {total / 1e6:.1f} MB")
+  total = folder_bytes(out_dir) if os.path.isdir(out_dir) else 0
+  print(f"{out_dir}: {total / 1e6:.1f} MB in all")
   if total > max_total_mb * 1e6:
-    raise SystemExit(f"The exported family is {total / 1e6:.1f} MB > --max_total_mb="
-                     f"{max_total_mb}; shrink a model or raise the limit knowingly.")
+    raise SystemExit(f"{out_dir} is {total / 1e6:.1f} MB > --max_total_mb={max_total_mb}; "
+                     "shrink a model or raise the limit knowingly.")
   return total
 
 

@@ -59,3 +59,9 @@ def test_export_refuses_a_family_over_the_size_limit(tmp_path):
   with pytest.raises(SystemExit, match="max_total_mb"):
     export_family.export_family(str(tmp_path / "ckpt"), str(tmp_path / "m"), ["target"], None,
                                 max_total_mb=0.01)
+  # Models exported earlier count too: exporting nothing new over a full folder fails.
+  export_family.export_family(str(tmp_path / "ckpt"), str(tmp_path / "n"), ["target"], None,
+                              max_total_mb=100.0)
+  with pytest.raises(SystemExit, match="max_total_mb"):
+    export_family.export_family(str(tmp_path / "ckpt"), str(tmp_path / "n"), [], None,
+                                max_total_mb=0.01)

@@ -27,8 +27,7 @@ FILES = ("README.md", "config.json", "model.safetensors", "spiece.model")
 def test_the_family_is_shipped_within_the_size_cap():
   assert "target" in SHIPPED and "draft_small" in SHIPPED, SHIPPED
   assert sorted(os.listdir(MODELS_DIR)) == sorted(SHIPPED)
-  total = sum(os.path.getsize(os.path.join(MODELS_DIR, name, f))
-              for name in SHIPPED for f in os.listdir(os.path.join(MODELS_DIR, name)))
+  total = export_family.folder_bytes(MODELS_DIR)
   assert total <= export_family.MAX_TOTAL_MB * 1e6, f"{total / 1e6:.1f} MB"
 
 
