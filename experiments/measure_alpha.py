@@ -42,8 +42,9 @@ _DRAFTS = flags.DEFINE_list("drafts", ["draft_small", "draft_base", "draft_large
 _TASKS = flags.DEFINE_list("tasks", ["ende", "mansum"], "Tasks (their test splits).")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Sampling temperatures.")
 _GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per iteration.")
-_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None,
-                                     "Test examples per task (default: the whole split).")
+_NUM_EXAMPLES = flags.DEFINE_integer(
+    "num_examples", None, "Test examples per task at most, evenly spaced through the split "
+    "(default: the whole split).")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows decoded together.")
 _INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Encoder length (longer inputs are cut).")
 _MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Generated tokens at most.")
@@ -77,6 +78,15 @@ def pooled_alpha(target: T5Model, target_params: dict, draft: T5Draft, batches: 
   }
 
 
+def spread(items: list, count: int | None) -> list:
+  """`count` items evenly spaced through `items` (all of them if None or more)."""
+  if count is not None and count < 1:
+    raise app.UsageError(f"--num_examples={count}: use a count >= 1, or leave it unset.")
+  if count is None or count >= len(items):
+    return items
+  return [items[i] for i in np.linspace(0, len(items) - 1, count).round().astype(int)]
+
+
 def _batches(tokens: np.ndarray, batch_size: int) -> list[np.ndarray]:
   """Rows cut into batches of `batch_size`; the last one holds the rest.
 
@@ -107,7 +117,7 @@ def main(argv: list[str]) -> None:
       model_file=os.path.join(_MODELS_DIR.value, _TARGET.value, "spiece.model"))
   examples = {}
   for task in _TASKS.value:
-    pairs, _ = prompts.load_examples(task, "test", _NUM_EXAMPLES.value)
+    pairs = spread(prompts.load_examples(task, "test")[0], _NUM_EXAMPLES.value)
     examples[task] = _batches(prompts.tokenize(processor, [x for x, _ in pairs],
                                                _INPUT_LEN.value), _BATCH_SIZE.value)
   alphas, by_run = {}, {}

@@ -158,6 +158,12 @@ def test_analyze_writes_tables_figures_and_flags(tmp_path):
     assert "## sweep" in f.read()
 
 
+def test_spread_takes_evenly_spaced_examples():
+  items = list(range(10))
+  assert measure_alpha.spread(items, 4) == [0, 3, 6, 9]
+  assert measure_alpha.spread(items, None) == items and measure_alpha.spread(items, 99) == items
+
+
 def test_merge_alphas_keeps_drafts_not_remeasured():
   old = {"a": {"ende": {"T=0": 0.1}}, "b": {"ende": {"T=0": 0.2}},
          "_details": {"a": {"gamma": 3}, "b": {"gamma": 3}}}
