@@ -117,7 +117,7 @@ def main(argv: list[str]) -> None:
       model_file=os.path.join(_MODELS_DIR.value, _TARGET.value, "spiece.model"))
   examples = {}
   for task in _TASKS.value:
-    pairs = spread(prompts.load_examples(task, "test")[0], _NUM_EXAMPLES.value)
+    pairs = spread(prompts.load_examples(task, "test", None)[0], _NUM_EXAMPLES.value)
     examples[task] = _batches(prompts.tokenize(processor, [x for x, _ in pairs],
                                                _INPUT_LEN.value), _BATCH_SIZE.value)
   alphas, by_run = {}, {}
