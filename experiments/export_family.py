@@ -91,9 +91,12 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
         lines.append(f"| {task} | {_fmt(by_t.get('T=0'), 3)} | {_fmt(by_t.get('T=1'), 3)} |")
       how = alphas.get("_details", {}).get(name)
       if how:
-        examples = ", ".join(f"{n} {t}" for t, n in sorted(how["examples"].items()))
+        total = how.get("split_examples", {})
+        examples = "; ".join(
+            f"{t}: {n} of {total[t]} examples, evenly spaced" if total.get(t, n) != n
+            else f"{t}: all {n} examples" for t, n in sorted(how["examples"].items()))
         lines += ["", f"α = {how['estimator']}; speculative sampling with γ = {how['gamma']} "
-                  f"on the test splits ({examples} examples), up to {how['max_decode_len']} "
+                  f"on the test splits ({examples}), up to {how['max_decode_len']} "
                   "tokens each (`python -m experiments.measure_alpha`)."]
     else:
       lines.append("Not measured yet: needs the trained target (`python -m "

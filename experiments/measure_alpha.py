@@ -115,9 +115,11 @@ def main(argv: list[str]) -> None:
   target = T5Model(target_cfg)
   processor = spm.SentencePieceProcessor(
       model_file=os.path.join(_MODELS_DIR.value, _TARGET.value, "spiece.model"))
-  examples = {}
+  examples, split_sizes = {}, {}
   for task in _TASKS.value:
-    pairs = spread(prompts.load_examples(task, "test", None)[0], _NUM_EXAMPLES.value)
+    pairs = prompts.load_examples(task, "test", None)[0]
+    split_sizes[task] = len(pairs)
+    pairs = spread(pairs, _NUM_EXAMPLES.value)
     examples[task] = _batches(prompts.tokenize(processor, [x for x, _ in pairs],
                                                _INPUT_LEN.value), _BATCH_SIZE.value)
   alphas, by_run = {}, {}
@@ -143,6 +145,7 @@ def main(argv: list[str]) -> None:
       "estimator": "mean beta over verified positions (paper, section 3.1)",
       "gamma": _GAMMA.value, "batch_size": _BATCH_SIZE.value, "seed": _SEED.value,
       "examples": {t: int(sum(len(b) for b in examples[t])) for t in examples},
+      "split_examples": split_sizes,
       "input_len": _INPUT_LEN.value, "max_decode_len": _MAX_DECODE_LEN.value,
       "models_dir": os.path.relpath(_MODELS_DIR.value, layout.REPO_ROOT),
       "environment": benchmarking.environment(),
