@@ -15,7 +15,7 @@ STEPS="${STEPS:-alpha sweep_gamma sweep_draft_size paper_table2 trivial_drafts s
 for step in $STEPS; do
   echo "$(date -Is) $step"
   case "$step" in
-    alpha) python -m experiments.measure_alpha ;;
+    alpha) python -m experiments.measure_alpha --num_examples=512 ;;
     peer) python -m experiments.peer --num_examples=8 --repeats=3 ;;
     loop_overhead)
       python -m experiments.benchmark_loop_overhead --target_dir=assets/models/target \
