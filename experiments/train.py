@@ -23,6 +23,7 @@ from collections.abc import Iterator  # noqa: E402
 
 import gin  # noqa: E402
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
@@ -167,7 +168,8 @@ def _train_loop(state, counters, batches: Iterator[dict], train_step, eval_step,
   start_step = int(state.step)
   wall0 = counters["wall_time_s"]
   t_start = t_log = t_save = time.monotonic()
-  tokens_since_log, metrics, shapes_seen = 0, {}, set()
+  tokens_since_log, shapes_seen = 0, set()
+  metric_sums, steps_since_log = None, 0  # Progress lines report means since the last one.
 
   def snapshot():
     counters["wall_time_s"] = wall0 + time.monotonic() - t_start
@@ -186,6 +188,9 @@ def _train_loop(state, counters, batches: Iterator[dict], train_step, eval_step,
         n_tgt = int(batch["decoder_loss_weights"].sum())
         step_rng = jax.random.fold_in(rng, state.step)
         state, metrics = train_step(state, batch, step_rng, teacher_params)
+        metric_sums = metrics if metric_sums is None else jax.tree.map(
+            jnp.add, metric_sums, metrics)
+        steps_since_log += 1
         counters["input_tokens"] += n_in
         counters["target_tokens"] += n_tgt
         tokens_since_log += n_in + n_tgt
@@ -194,13 +199,14 @@ def _train_loop(state, counters, batches: Iterator[dict], train_step, eval_step,
           now = time.monotonic()
           rate = tokens_since_log / (now - t_log)
           eta = (now - t_start) / (step - start_step) * (total_steps - step)
-          m = jax.device_get(metrics)
-          print(f"step {step}/{total_steps} loss {m['loss']:.4f} (label {m['label_loss']:.4f}"
-                f" distill {m['distill_loss']:.4f}) acc {m['accuracy']:.3f} "
-                f"gnorm {m['grad_norm']:.2f} lr {float(schedule(step)):.2e} | "
+          m = {k: float(v) / steps_since_log for k, v in jax.device_get(metric_sums).items()}
+          print(f"step {step}/{total_steps} mean of {steps_since_log} steps: loss "
+                f"{m['loss']:.4f} (label {m['label_loss']:.4f} distill "
+                f"{m['distill_loss']:.4f}) acc {m['accuracy']:.3f} gnorm {m['grad_norm']:.2f} "
+                f"| lr {float(schedule(step)):.2e} | "
                 f"{rate:.0f} tok/s | elapsed {_fmt_duration(wall0 + now - t_start)} "
                 f"ETA {_fmt_duration(eta)}", flush=True)
-          t_log, tokens_since_log = now, 0
+          t_log, tokens_since_log, metric_sums, steps_since_log = now, 0, None, 0
         if step % eval_every == 0:
           losses = _run_validation(eval_step, state.params, val)
           print(f"step {step} validation loss " + " ".join(
