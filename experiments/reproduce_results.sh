@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Regenerates everything under results/ that comes from the shipped family, in order:
-# the drafts' acceptance rates, the gin-configured sweeps, the peer comparison, then the
-# tables and figures. Every step resumes: `experiments.run` skips the points already in
-# results/<name>/results.jsonl, so rerunning after an interruption continues.
+# the drafts' acceptance rates, the quickstart and the gin-configured sweeps, the peer
+# comparison, the loop's own cost, then the tables and figures. Every step resumes:
+# `experiments.run` skips the points already in results/<name>/results.jsonl, so
+# rerunning after an interruption continues.
 #
 #   nohup setsid experiments/reproduce_results.sh > results/reproduce.log 2>&1 &
 #
-# Run it on a quiet machine: the sweeps time decoding. STEPS (space-separated) picks a
-# subset, e.g. STEPS="sweep_gamma analyze".
+# Points already in a results file are kept, so after retraining a model delete
+# results/<name>/ (or the whole set) to remeasure it. Run it on a quiet machine: the
+# sweeps time decoding. STEPS (space-separated) picks a subset, e.g.
+# STEPS="sweep_gamma analyze".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS="${STEPS:-alpha sweep_gamma sweep_draft_size paper_table2 trivial_drafts sweep_batch peer loop_overhead analyze}"
+STEPS="${STEPS:-alpha quickstart sweep_gamma sweep_draft_size paper_table2 trivial_drafts sweep_batch peer loop_overhead analyze}"
 
 for step in $STEPS; do
   echo "$(date -Is) $step"
