@@ -49,8 +49,8 @@ def test_export_writes_float16_folders_and_cards(tmp_path):
   for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(params), strict=True):
     np.testing.assert_array_equal(got, np.asarray(want, np.float16).astype(np.float32))
   card = (folder / "README.md").read_text()
-  for text in ("0.12M", "12.34", "23.45", "| ende | 0.654 | 0.500 |", "γ = 3", "ende: all 7 examples",
-               "train.total_steps = 10"):
+  for text in ("0.12M", "12.34", "23.45", "| ende | 0.654 | 0.500 |", "γ = 3",
+               "ende: all 7 examples", "train.total_steps = 10"):
     assert text in card, text
 
 
