@@ -151,32 +151,32 @@ def batch_table(rows: Sequence[Row]) -> str | None:
                    "stops paying at"], out)
 
 
+def _verify_ratios(group: Sequence[Row]) -> dict[int, float]:
+  """{k: median T_verify(k) / T_step over the rows of one (task, batch size)}."""
+  ks = sorted({int(k) for r in group for k in r["verify_ratio"]})
+  return {k: float(np.median([r["verify_ratio"][str(k)] for r in group
+                              if str(k) in r["verify_ratio"]])) for k in ks}
+
+
 def verify_costs(rows: Sequence[Row]) -> dict[tuple, dict[int, float]]:
   """{(task, batch size): {k: median T_verify(k) / T_step over the rows}}.
 
   Rows of one run and (task, batch size) share one measurement; medians also
   pool runs appended to the same file.
   """
-  out = {}
-  for key, group in _group(rows, "task", "batch_size").items():
-    ks = sorted({int(k) for r in group for k in r["verify_ratio"]})
-    out[key] = {k: float(np.median([r["verify_ratio"][str(k)] for r in group
-                                    if str(k) in r["verify_ratio"]])) for k in ks}
-  return out
+  return {key: _verify_ratios(group)
+          for key, group in _group(rows, "task", "batch_size").items()}
 
 
 def verify_table(rows: Sequence[Row]) -> str:
   """T_verify(k) / T_step per task and batch size (Thm 3.8 assumes 1 for every k)."""
-  costs = verify_costs(rows)
+  groups = _group(rows, "task", "batch_size")
+  costs = {key: _verify_ratios(group) for key, group in groups.items()}
   ks = sorted({k for by_k in costs.values() for k in by_k})
-  return md_table(["task", "batch", "T_step (ms)", *(f"k={k}" for k in ks)],
-                  [(task, b, f"{1e3 * _median_t_step(rows, task, b):.2f}",
-                    *(by_k.get(k, "-") for k in ks)) for (task, b), by_k in costs.items()])
-
-
-def _median_t_step(rows: Sequence[Row], task: str, batch_size: int) -> float:
-  return float(np.median([r["t_target_step_s"] for r in rows
-                          if r["task"] == task and r["batch_size"] == batch_size]))
+  return md_table(
+      ["task", "batch", "T_step (ms)", *(f"k={k}" for k in ks)],
+      [(task, b, f"{1e3 * np.median([r['t_target_step_s'] for r in groups[(task, b)]]):.2f}",
+        *(by_k.get(k, "-") for k in ks)) for (task, b), by_k in costs.items()])
 
 
 # ---- Figures --------------------------------------------------------------------------------

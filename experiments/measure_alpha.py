@@ -26,7 +26,7 @@ import sentencepiece as spm
 import tqdm
 from absl import app, flags
 
-from experiments import measure, prompts
+from experiments import family, measure, prompts
 from specdec_jax import atomic_io, benchmarking
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import layout
@@ -37,8 +37,8 @@ from specdec_jax.models import T5Model
 _MODELS_DIR = flags.DEFINE_string("models_dir", os.path.join(layout.ASSETS_DIR, "models"),
                                   "Folder of HF-format models, one sub-folder per name.")
 _TARGET = flags.DEFINE_string("target", "target", "The target's sub-folder.")
-_DRAFTS = flags.DEFINE_list("drafts", ["draft_small", "draft_base", "draft_large",
-                                       "draft_distilled"], "The drafts' sub-folders.")
+_DRAFTS = flags.DEFINE_list("drafts", [n for n in family.FAMILY if n != "target"],
+                            "The drafts' sub-folders.")
 _TASKS = flags.DEFINE_list("tasks", ["ende", "mansum"], "Tasks (their test splits).")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Sampling temperatures.")
 _GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per iteration.")
