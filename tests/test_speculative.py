@@ -65,6 +65,13 @@ def test_greedy_equals_baseline(pair, gamma, batch):
   np.testing.assert_array_equal(out.stats.alpha_empirical(), 1.0)
   np.testing.assert_allclose(out.stats.alpha_beta(), 1.0, atol=1e-6)
   np.testing.assert_array_equal(out.stats.iterations, -(-base_lengths // (gamma + 1)))
+  # Statistics stop at the output's end: the self-draft keeps proposing (and the
+  # target keeps accepting) after EOS, but those positions are not counted. A full
+  # iteration emits gamma + 1 tokens from gamma scored positions, the last one
+  # emits r <= gamma tokens from r positions.
+  np.testing.assert_array_equal(out.stats.accepted, np.asarray(out.accepted_mask).sum(1))
+  np.testing.assert_array_equal(out.stats.beta_count,
+                                base_lengths - base_lengths // (gamma + 1))
 
 
 def test_greedy_with_other_drafts(pair):
@@ -112,8 +119,8 @@ def test_stats_are_consistent(pair):
   assert np.all(s.tokens > s.accepted + s.iterations - gamma - 1)
   assert np.all(s.rejections <= s.iterations)
   assert int(s.loop_iterations) == s.iterations.max()
-  np.testing.assert_array_equal(np.asarray(out.accepted_mask).sum(1), np.minimum(
-      s.accepted, s.tokens))
+  np.testing.assert_array_equal(np.asarray(out.accepted_mask).sum(1), s.accepted)
+  assert np.all(s.beta_count <= s.tokens)
   assert np.all((s.alpha_beta() >= 0) & (s.alpha_beta() <= 1))
 
 

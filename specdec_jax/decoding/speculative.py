@@ -38,13 +38,16 @@ class SpeculativeStats:
     iterations: int32 `[batch]`, target calls while the row was unfinished.
     draft_calls: int32 `[batch]`, draft forward passes while unfinished.
     tokens: int32 `[batch]`, tokens emitted (== the output lengths).
-    accepted_histogram: int32 `[batch, gamma + 1]`, how often n proposals were
-      accepted, n = 0..gamma.
-    accepted: int32 `[batch]`, accepted proposals in total (S).
-    rejections: int32 `[batch]`, iterations that ended in a rejection (R).
+    accepted_histogram: int32 `[batch, gamma + 1]`, how often n accepted
+      proposals were emitted in one iteration, n = 0..gamma.
+    accepted: int32 `[batch]`, accepted proposals that are part of the output
+      (S); proposals accepted after an accepted EOS or past max_decode_len
+      are not.
+    rejections: int32 `[batch]`, iterations whose rejection falls inside the
+      output (R): the resampled token was emitted.
     beta_sum: float32 `[batch]`, sum of beta = sum_x min(p(x), q(x)) over the
-      verified positions whose context is accepted text (each prefix of the
-      output at most once).
+      verified positions whose token is part of the output (each prefix of
+      the output at most once; nothing after the first EOS).
     beta_count: int32 `[batch]`, the number of such positions.
     loop_iterations: int32 `[]`, iterations of the batched loop.
   """
@@ -242,15 +245,18 @@ def _speculative_step(target: T5Model, target_params: dict, encoded: EncodedInpu
   tokens = _write_rows(state.tokens, new, m + 1)
   from_draft = _write_rows(state.from_draft, j < n[:, None], m + 1)
 
+  # Statistics count only what the output holds: position j scored new[j],
+  # emitted iff j < count (so its context is accepted text before any EOS).
   stats = state.stats
-  beta_mask = (j[:, :gamma] <= n[:, None]) & active[:, None]  # Context = accepted text.
+  beta_mask = j[:, :gamma] < count[:, None]  # [batch, gamma]
+  emitted_accepted = jnp.minimum(n, count)  # [batch]; 0 for finished rows.
   stats = stats.replace(
       iterations=stats.iterations + active,
       draft_calls=stats.draft_calls + active * gamma * draft.forward_passes_per_proposal,
       accepted_histogram=stats.accepted_histogram + (
-          (jnp.arange(gamma + 1)[None] == n[:, None]) & active[:, None]),
-      accepted=stats.accepted + jnp.where(active, n, 0),
-      rejections=stats.rejections + (active & (n < gamma)),
+          (jnp.arange(gamma + 1)[None] == emitted_accepted[:, None]) & active[:, None]),
+      accepted=stats.accepted + emitted_accepted,
+      rejections=stats.rejections + ((n < gamma) & (n < count)),
       beta_sum=stats.beta_sum + jnp.sum(jnp.where(beta_mask, verdict.beta, 0.0), axis=1),
       beta_count=stats.beta_count + jnp.sum(beta_mask, axis=1, dtype=jnp.int32),
       loop_iterations=stats.loop_iterations + 1)
