@@ -22,7 +22,7 @@ for step in $STEPS; do
     peer) python -m experiments.peer --num_examples=8 --repeats=3 ;;
     loop_overhead)
       python -m experiments.benchmark_loop_overhead --target_dir=assets/models/target \
-        --draft_dir=assets/models/draft_small --gammas=3,5 --input_len=128 \
+        --draft_dir=assets/models/draft_small --gammas=1,3,5 --input_len=128 \
         --output=results/loop_overhead/family.json ;;
     analyze) python -m experiments.analyze ;;
     *) python -m experiments.run --gin_file="gin_configs/$step.gin" ;;
