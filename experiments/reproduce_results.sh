@@ -19,7 +19,10 @@ for step in $STEPS; do
   echo "$(date -Is) $step"
   case "$step" in
     alpha) python -m experiments.measure_alpha --num_examples=512 ;;
-    peer) python -m experiments.peer --num_examples=8 --repeats=3 ;;
+    peer)
+      for gamma in 3 1; do
+        python -m experiments.peer --num_examples=8 --repeats=3 --gamma="$gamma"
+      done ;;
     loop_overhead)
       python -m experiments.benchmark_loop_overhead --target_dir=assets/models/target \
         --draft_dir=assets/models/draft_small --gammas=1,3,5 --input_len=128 \
