@@ -18,6 +18,7 @@ from specdec_jax.models import T5Model
 from specdec_jax.training.model_config import model_config
 
 FAMILY = ("target", "draft_small", "draft_base", "draft_large", "draft_distilled")
+DRAFTS = FAMILY[1:]
 TRAIN_CONFIGS = os.path.join(layout.REPO_ROOT, "gin_configs", "train")
 
 

@@ -37,8 +37,7 @@ from specdec_jax.models import T5Model
 _MODELS_DIR = flags.DEFINE_string("models_dir", os.path.join(layout.ASSETS_DIR, "models"),
                                   "Folder of HF-format models, one sub-folder per name.")
 _TARGET = flags.DEFINE_string("target", "target", "The target's sub-folder.")
-_DRAFTS = flags.DEFINE_list("drafts", [n for n in family.FAMILY if n != "target"],
-                            "The drafts' sub-folders.")
+_DRAFTS = flags.DEFINE_list("drafts", list(family.DRAFTS), "The drafts' sub-folders.")
 _TASKS = flags.DEFINE_list("tasks", ["ende", "mansum"], "Tasks (their test splits).")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Sampling temperatures.")
 _GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per iteration.")
