@@ -33,6 +33,7 @@ setuptools.setup(
             "transformers>=4.40",
             "pytest",
             "pytest-xdist",
+            "hypothesis",
             "scipy",
             "ruff",
             "nbformat",

@@ -29,20 +29,25 @@ import torch
 import transformers
 from absl import app, flags, logging
 
-from specdec_jax import atomic_io, benchmarking
+from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.models import T5Model, get_config
 
 _CONFIG = flags.DEFINE_enum("config", "t5-v1_1-small", ["t5-v1_1-small", "t5-small"],
                             "Architecture of the randomly initialised model.")
-_VOCAB = flags.DEFINE_integer("vocab_size", 32128, "Vocabulary size.")
-_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 64, "Tokens generated per call (exactly).")
-_INPUT_LEN = flags.DEFINE_integer("input_len", 32, "Prompt length in tokens.")
-_PROMPTS = flags.DEFINE_integer("num_prompts", 3, "Distinct random prompts.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed passes over the prompts, per side.")
-_THREADS = flags.DEFINE_integer("threads", os.cpu_count(), "torch.set_num_threads.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and prompts.")
+_VOCAB = flags.DEFINE_integer("vocab_size", 32128, "Vocabulary size (prompts use ids 2 to "
+                              "vocab_size - 2, EOS is the last id).", lower_bound=4)
+_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 64, "Tokens generated per call (exactly).",
+                                   lower_bound=1)
+_INPUT_LEN = flags.DEFINE_integer("input_len", 32, "Prompt length in tokens.", lower_bound=1)
+_PROMPTS = flags.DEFINE_integer("num_prompts", 3, "Distinct random prompts.", lower_bound=1)
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed passes over the prompts, per side.",
+                                lower_bound=1)
+_THREADS = flags.DEFINE_integer("threads", os.cpu_count(), "torch.set_num_threads.",
+                                lower_bound=1)
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and prompts.", lower_bound=0,
+                             upper_bound=2**32 - 1)
 _OUTPUT = flags.DEFINE_string("output", "results/baseline_benchmark/results.json",
                               "JSON list the result row is appended to.")
 
@@ -98,26 +103,27 @@ def main(argv: list[str]) -> None:
     return out.numpy()[:, 1:]
 
   sides = {"ours": ours, "theirs": theirs}
-  first_call_s = {}
-  for name, fn in sides.items():
-    first_call_s[name], _ = _timed(lambda fn=fn: fn(prompts[0]))
-  times = {name: [] for name in sides}
-  for rep in range(_REPEATS.value):
-    for i, prompt in enumerate(prompts):
-      order = ("ours", "theirs") if (rep + i) % 2 == 0 else ("theirs", "ours")
-      tokens = {}
-      for name in order:
-        elapsed, tokens[name] = _timed(lambda fn=sides[name], p=prompt: fn(p))
-        times[name].append(elapsed)
-      for name, seq in tokens.items():
-        if seq.shape != (1, n_new) or eos_id in seq:
-          raise RuntimeError(f"{name} did not generate exactly {n_new} tokens: {seq}")
-      if not np.array_equal(tokens["ours"], tokens["theirs"]):
-        first = int(np.argmax(tokens["ours"][0] != tokens["theirs"][0]))
-        raise RuntimeError(f"greedy tokens differ from step {first} on prompt {i}: "
-                           f"ours {tokens['ours'][0, first:first + 5]}, "
-                           f"theirs {tokens['theirs'][0, first:first + 5]}")
-    logging.info("pass %d/%d done", rep + 1, _REPEATS.value)
+  with contention.quiet("experiments.benchmark_baseline") as guard:
+    first_call_s = {}
+    for name, fn in sides.items():
+      first_call_s[name], _ = _timed(lambda fn=fn: fn(prompts[0]))
+    times = {name: [] for name in sides}
+    for rep in range(_REPEATS.value):
+      for i, prompt in enumerate(prompts):
+        order = ("ours", "theirs") if (rep + i) % 2 == 0 else ("theirs", "ours")
+        tokens = {}
+        for name in order:
+          elapsed, tokens[name] = _timed(lambda fn=sides[name], p=prompt: fn(p))
+          times[name].append(elapsed)
+        for name, seq in tokens.items():
+          if seq.shape != (1, n_new) or eos_id in seq:
+            raise RuntimeError(f"{name} did not generate exactly {n_new} tokens: {seq}")
+        if not np.array_equal(tokens["ours"], tokens["theirs"]):
+          first = int(np.argmax(tokens["ours"][0] != tokens["theirs"][0]))
+          raise RuntimeError(f"greedy tokens differ from step {first} on prompt {i}: "
+                             f"ours {tokens['ours'][0, first:first + 5]}, "
+                             f"theirs {tokens['theirs'][0, first:first + 5]}")
+      logging.info("pass %d/%d done", rep + 1, _REPEATS.value)
 
   ms_per_token = {name: 1e3 * statistics.median(t) / n_new for name, t in times.items()}
   ratio = ms_per_token["theirs"] / ms_per_token["ours"]
@@ -140,6 +146,7 @@ def main(argv: list[str]) -> None:
       "ours_call_s": times["ours"],
       "theirs_call_s": times["theirs"],
       "tokens_identical": True,
+      "idle_check": guard.record(),
       "transformers": transformers.__version__,
       "torch_threads": torch.get_num_threads(),
       **benchmarking.environment(),

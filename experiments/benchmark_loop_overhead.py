@@ -18,6 +18,7 @@ assets/models/draft_small).
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import atomic_io, benchmarking
+from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.decoding.drafts import T5Draft, Warp
 from specdec_jax.decoding.speculative import speculative_sample
@@ -38,14 +39,21 @@ _TARGET_DIR = flags.DEFINE_string("target_dir", None,
                                   "HF-format target checkpoint (replaces --target_config).")
 _DRAFT_DIR = flags.DEFINE_string("draft_dir", None, "HF-format draft checkpoint (replaces "
                                  "--draft_d_model / --draft_layers).")
-_DRAFT_D_MODEL = flags.DEFINE_integer("draft_d_model", 128, "d_model of the draft.")
-_DRAFT_LAYERS = flags.DEFINE_integer("draft_layers", 2, "Encoder and decoder layers of the draft.")
-_VOCAB = flags.DEFINE_integer("vocab_size", 8192, "Vocabulary of both models.")
+_DRAFT_D_MODEL = flags.DEFINE_integer("draft_d_model", 128, "d_model of the draft.",
+                                      lower_bound=1)
+_DRAFT_LAYERS = flags.DEFINE_integer("draft_layers", 2, "Encoder and decoder layers of the draft.",
+                                     lower_bound=1)
+_VOCAB = flags.DEFINE_integer("vocab_size", 8192, "Vocabulary of both models (prompts use ids "
+                              ">= 2).", lower_bound=3)
 _GAMMAS = flags.DEFINE_list("gammas", ["3", "5"], "Proposals per iteration to measure.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")
-_MAX_LEN = flags.DEFINE_integer("max_decode_len", 64, "Tokens per generation.")
-_INPUT_LEN = flags.DEFINE_integer("input_len", 32, "Encoder tokens.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Interleaved timed repetitions.")
+_MAX_LEN = flags.DEFINE_integer("max_decode_len", 64, "Tokens per generation.", lower_bound=1)
+_INPUT_LEN = flags.DEFINE_integer("input_len", 32, "Encoder tokens.", lower_bound=1)
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Interleaved timed repetitions.", lower_bound=1)
+flags.register_validator("gammas", lambda gammas: bool(gammas) and all(
+    g.isdecimal() and int(g) >= 1 for g in gammas), "--gammas must list ints >= 1, e.g. 3,5.")
+flags.register_validator("temperature", lambda t: math.isfinite(t) and t >= 0,
+                         "--temperature must be a finite number >= 0 (0 = greedy).")
 _OUTPUT = flags.DEFINE_string("output", "results/loop_overhead/results.json",
                               "JSON file written atomically.")
 
@@ -124,8 +132,9 @@ def main(argv: Sequence[str]) -> None:
       2, target.config.vocab_size, size=(1, _INPUT_LEN.value)), jnp.int32)
   rows = []
   for gamma in (int(g) for g in _GAMMAS.value):
-    row = measure_gamma(target, params, draft, inputs, gamma)
-    rows.append(row)
+    with contention.quiet(f"benchmark_loop_overhead gamma={gamma}") as guard:
+      row = measure_gamma(target, params, draft, inputs, gamma)
+    rows.append({**row, "idle_check": guard.record()})
     print(f"gamma={gamma}: iteration {row['iteration_ms']:.2f} ms = draft "
           f"{row['draft_propose_ms']:.2f} + verify {row['target_verify_ms']:.2f} + loop "
           f"{row['overhead_ms']:.2f} ms ({100 * row['overhead_share']:.1f}% overhead; "

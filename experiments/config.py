@@ -14,10 +14,12 @@ import os
 from collections.abc import Sequence
 
 import gin
+import jax.numpy as jnp
 
+from specdec_jax import validation
+from specdec_jax.checkpoints import load_hf_config
 from specdec_jax.data import layout
 from specdec_jax.data.ngram_stats import load_ngram_stats
-from specdec_jax.models import T5Config
 
 TRIVIAL_DRAFTS = ("unigram", "bigram", "prompt_lookup")
 NGRAM_ORDER = {"unigram": 1, "bigram": 2}
@@ -137,8 +139,10 @@ def _check_checkpoint(exp: Experiment, spec: str, field: str) -> int:
                     for f in ("model.safetensors", "model.safetensors.index.json"))
   _require(has_weights, f"Experiment.{field}: {path!r} has config.json but no "
                         "model.safetensors; re-export it with save_hf_checkpoint.")
-  with open(config_path) as f:
-    return T5Config.from_hf_dict(json.load(f)).vocab_size
+  try:
+    return load_hf_config(path).vocab_size
+  except ValueError as e:  # A CheckpointError naming the file and field, or another.
+    raise type(e)(f"Experiment.{field}: {e}") from e
 
 
 def _vocab_size(path: str) -> int:
@@ -152,34 +156,56 @@ def _vocab_size(path: str) -> int:
 def validate(exp: Experiment) -> None:
   """Raises ValueError / FileNotFoundError, naming the field and the fix, for a bad run.
 
-  Checks numbers and lists, that every checkpoint exists, and that every draft
-  (and the tokenizer) shares the target's vocabulary. Reads config.json files
-  and n-gram statistics only, no weights.
+  Checks the type of every field (integers are never truncated: see
+  `specdec_jax.validation`), numbers and lists, that every checkpoint exists
+  and its config.json is sound, and that every draft (and the tokenizer)
+  shares the target's vocabulary. Reads config.json files and n-gram
+  statistics only, no weights.
   """
+  for field in ("name", "models_dir", "target", "split", "vocab_path", "dtype", "param_dtype"):
+    _require(isinstance(getattr(exp, field), str),
+             f"Experiment.{field} must be a string, got {getattr(exp, field)!r}.")
+  _require(exp.best_gamma_from is None or isinstance(exp.best_gamma_from, str),
+           f"Experiment.best_gamma_from must be a path or None, got {exp.best_gamma_from!r}.")
+  _require(isinstance(exp.stand_ins_when_missing, bool),
+           f"Experiment.stand_ins_when_missing must be True or False, got "
+           f"{exp.stand_ins_when_missing!r}.")
+  for field in ("dtype", "param_dtype"):
+    try:
+      jnp.dtype(getattr(exp, field))
+    except TypeError as e:
+      raise ValueError(f"Experiment.{field}={getattr(exp, field)!r} is not a dtype; use "
+                       "'float32' or 'bfloat16'.") from e
+  for field in ("num_examples", "max_decode_len", "repetitions", "timing_calls",
+                "timing_repeats"):
+    validation.as_int(f"Experiment.{field}", getattr(exp, field), minimum=1)
+  validation.as_int("Experiment.input_len", exp.input_len, minimum=2, what="a token and EOS")
+  validation.as_int("Experiment.seed", exp.seed)
   for field in ("drafts", "tasks", "batch_sizes", "temperatures", "gammas"):
-    _require(len(getattr(exp, field)) > 0, f"Experiment.{field} is empty; list at least one.")
+    value = getattr(exp, field)
+    _require(isinstance(value, (list, tuple)),
+             f"Experiment.{field} must be a list, got {value!r}; write e.g. "
+             f"Experiment.{field} = [...].")
+    _require(len(value) > 0, f"Experiment.{field} is empty; list at least one.")
+  for field in ("drafts", "tasks"):
+    for i, value in enumerate(getattr(exp, field)):
+      _require(isinstance(value, str), f"Experiment.{field}[{i}] must be a string, got "
+                                       f"{value!r}.")
   for task in exp.tasks:
     _require(task in layout.CORPORA,
              f"Experiment.tasks has {task!r}; use any of {sorted(layout.CORPORA)}.")
   _require(exp.split in layout.SPLITS, f"Experiment.split={exp.split!r}; use one of "
                                        f"{layout.SPLITS}.")
-  for gamma in exp.gammas:
-    _require(isinstance(gamma, int) and gamma >= 1,
-             f"Experiment.gammas has {gamma!r}; gamma (draft tokens per target call) must be an "
-             "int >= 1.")
-  for t in exp.temperatures:
-    _require(isinstance(t, (int, float)) and t >= 0,
-             f"Experiment.temperatures has {t!r}; use 0 (greedy) or a positive float.")
-  for b in exp.batch_sizes:
-    _require(isinstance(b, int) and b >= 1 and exp.num_examples % b == 0,
-             f"Experiment.batch_sizes has {b!r}; each must be an int >= 1 dividing "
-             f"Experiment.num_examples={exp.num_examples} (equal batches never recompile).")
-  for field in ("num_examples", "max_decode_len", "repetitions", "timing_calls",
-                "timing_repeats"):
-    _require(getattr(exp, field) >= 1, f"Experiment.{field} must be >= 1, got "
-                                       f"{getattr(exp, field)}.")
-  _require(exp.input_len >= 2, f"Experiment.input_len must be >= 2 (a token and EOS), got "
-                               f"{exp.input_len}.")
+  for i, gamma in enumerate(exp.gammas):
+    validation.as_int(f"Experiment.gammas[{i}]", gamma, minimum=1,
+                      what="gamma: draft tokens per target call")
+  for i, t in enumerate(exp.temperatures):
+    validation.as_real(f"Experiment.temperatures[{i}]", t, minimum=0.0, what="0 = greedy")
+  for i, b in enumerate(exp.batch_sizes):
+    b = validation.as_int(f"Experiment.batch_sizes[{i}]", b, minimum=1)
+    _require(exp.num_examples % b == 0,
+             f"Experiment.batch_sizes has {b}; each must divide Experiment.num_examples="
+             f"{exp.num_examples} (equal batches never recompile).")
   _require(len(set(map(draft_name, exp.drafts))) == len(exp.drafts),
            f"Experiment.drafts {list(exp.drafts)} has two drafts of one name; results are "
            "keyed by the checkpoint's directory name.")

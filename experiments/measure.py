@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from experiments.config import Experiment, Point, draft_name
-from specdec_jax import benchmarking, distributed, theory
+from specdec_jax import benchmarking, contention, distributed, theory
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import Draft, Warp
 from specdec_jax.decoding.speculative import SpeculativeOutput, speculative_sample
@@ -35,10 +35,12 @@ class TargetCosts:
   Attributes:
     t_chunk: {k: seconds per cached call scoring k tokens}; k = 1 is T_step.
     compile_s: compile time of all timing loops together.
+    idle_check: the `contention.Guard` record of the measurement.
   """
 
   t_chunk: dict[int, float]
   compile_s: float
+  idle_check: dict
 
   @property
   def t_step(self) -> float:
@@ -58,11 +60,12 @@ def measure_target_costs(exp: Experiment, target: T5Model, params: dict, inputs:
                          max_gamma: int) -> TargetCosts:
   """T_step and T_verify(k), k = 1..max_gamma + 1, at the batch size of `inputs`."""
   cache_len, position = timing_geometry(exp, max_gamma)
-  times = benchmarking.target_step_times(
-      target, params, inputs, chunk_lengths=range(1, max_gamma + 2), cache_len=cache_len,
-      position=position, calls=exp.timing_calls, repeats=exp.timing_repeats)
+  with contention.quiet("target step times") as guard:
+    times = benchmarking.target_step_times(
+        target, params, inputs, chunk_lengths=range(1, max_gamma + 2), cache_len=cache_len,
+        position=position, calls=exp.timing_calls, repeats=exp.timing_repeats)
   return TargetCosts({k: t.seconds for k, t in times.items()},
-                     sum(t.compile_s for t in times.values()))
+                     sum(t.compile_s for t in times.values()), guard.record())
 
 
 def measure_draft_cost(exp: Experiment, draft: Draft, inputs: Array, gamma: int, warp: Warp,
@@ -87,6 +90,43 @@ def sum_stats(outputs: Sequence[SpeculativeOutput]) -> dict[str, np.ndarray]:
   fields = ("iterations", "draft_calls", "tokens", "accepted_histogram", "accepted",
             "rejections", "beta_sum", "beta_count", "loop_iterations")
   return {f: np.sum([np.sum(getattr(s, f), axis=0) for s in stats], axis=0) for f in fields}
+
+
+def _time_decoders(decoders: dict[str, Callable], num_batches: int, repetitions: int,
+                   greedy: bool, point: Point) -> tuple[dict, dict, dict, dict]:
+  """Runs both decoders over every batch, interleaved; checks greedy equality.
+
+  Returns:
+    (first call seconds, per-repetition totals, batch-0 seconds, the outputs of
+    the first repetition), each keyed by decoder name.
+  """
+  first_s = {name: benchmarking.timed(lambda fn=fn: fn(0))[0] for name, fn in decoders.items()}
+  totals = {name: [] for name in decoders}
+  batch0 = {name: [] for name in decoders}
+  outputs: dict[str, list] = {}
+  for rep in range(repetitions):
+    rep_s = dict.fromkeys(decoders, 0.0)
+    rep_out: dict[str, list] = {name: [] for name in decoders}
+    for i in range(num_batches):
+      order = list(decoders) if (rep + i) % 2 == 0 else list(decoders)[::-1]
+      for name in order:
+        seconds, out = benchmarking.timed(lambda fn=decoders[name], i=i: fn(i))
+        rep_s[name] += seconds
+        rep_out[name].append(distributed.fetch(out))
+        if i == 0:
+          batch0[name].append(seconds)
+      if greedy:
+        base, spec = rep_out["baseline"][i], rep_out["speculative"][i]
+        if not (np.array_equal(base.sequences, spec.sequences)
+                and np.array_equal(base.lengths, spec.lengths)):
+          raise RuntimeError(
+              f"Greedy speculative output differs from the baseline ({point}, batch {i}, "
+              f"{_first_difference(np.asarray(base.sequences), np.asarray(spec.sequences))}); "
+              "speculative sampling at temperature 0 must reproduce the target's greedy tokens.")
+    for name in decoders:
+      totals[name].append(rep_s[name])
+    outputs = outputs or rep_out
+  return first_s, totals, batch0, outputs
 
 
 def measure_point(exp: Experiment, point: Point, target: T5Model, target_params: dict,
@@ -125,32 +165,11 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
                               rng=rngs[i], **kwargs)
 
   decoders = {"baseline": baseline, "speculative": speculative}
-  first_s = {name: benchmarking.timed(lambda fn=fn: fn(0))[0] for name, fn in decoders.items()}
-  totals = {name: [] for name in decoders}
-  batch0 = {name: [] for name in decoders}
-  outputs: dict[str, list] = {}
-  for rep in range(exp.repetitions):
-    rep_s = dict.fromkeys(decoders, 0.0)
-    rep_out: dict[str, list] = {name: [] for name in decoders}
-    for i in range(len(batches)):
-      order = list(decoders) if (rep + i) % 2 == 0 else list(decoders)[::-1]
-      for name in order:
-        seconds, out = benchmarking.timed(lambda fn=decoders[name], i=i: fn(i))
-        rep_s[name] += seconds
-        rep_out[name].append(distributed.fetch(out))
-        if i == 0:
-          batch0[name].append(seconds)
-      if greedy:
-        base, spec = rep_out["baseline"][i], rep_out["speculative"][i]
-        if not (np.array_equal(base.sequences, spec.sequences)
-                and np.array_equal(base.lengths, spec.lengths)):
-          raise RuntimeError(
-              f"Greedy speculative output differs from the baseline ({point}, batch {i}, "
-              f"{_first_difference(np.asarray(base.sequences), np.asarray(spec.sequences))}); "
-              "speculative sampling at temperature 0 must reproduce the target's greedy tokens.")
-    for name in decoders:
-      totals[name].append(rep_s[name])
-    outputs = outputs or rep_out
+  warp = Warp(point.temperature)
+  with contention.quiet(str(point)) as guard:
+    first_s, totals, batch0, outputs = _time_decoders(decoders, len(batches), exp.repetitions,
+                                                      greedy, point)
+    draft_cost = measure_draft_cost(exp, draft, batches[0], point.gamma, warp, max_gamma)
 
   median = {name: statistics.median(t) for name, t in totals.items()}
   tokens = {name: int(sum(int(np.sum(o.lengths)) for o in outs)) for name, outs in outputs.items()}
@@ -160,8 +179,6 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
   alpha_beta = float(np.clip(stats["beta_sum"] / max(int(stats["beta_count"]), 1), 0.0, 1.0))
   tokens_per_iteration = int(stats["tokens"]) / max(int(stats["iterations"]), 1)
 
-  warp = Warp(point.temperature)
-  draft_cost = measure_draft_cost(exp, draft, batches[0], point.gamma, warp, max_gamma)
   t_step = target_costs.t_step
   c = draft_cost.seconds / t_step
   cost_model = theory.CostModel(t_step, draft_cost.seconds, target_costs.t_chunk)
@@ -226,6 +243,8 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
       "speedup_predicted_cost_model": float(cost_model.expected_speedup(alpha_beta, point.gamma)),
       "speedup_predicted_cost_model_measured_tokens": tokens_per_iteration * t_step / iteration_s,
       "greedy_identical": True if greedy else None,
+      "idle_check": guard.record(),
+      "idle_check_target_costs": target_costs.idle_check,
       "example": {
           "tokens": example_tokens,
           "pieces": pieces(example_tokens),

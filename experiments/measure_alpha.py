@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 
 import jax
@@ -28,7 +29,7 @@ from absl import app, flags
 
 from experiments import family, measure, prompts
 from specdec_jax import atomic_io, benchmarking
-from specdec_jax.checkpoints import load_hf_checkpoint
+from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
 from specdec_jax.data import layout
 from specdec_jax.decoding.drafts import T5Draft
 from specdec_jax.decoding.speculative import speculative_sample
@@ -40,19 +41,35 @@ _TARGET = flags.DEFINE_string("target", "target", "The target's sub-folder.")
 _DRAFTS = flags.DEFINE_list("drafts", list(family.DRAFTS), "The drafts' sub-folders.")
 _TASKS = flags.DEFINE_list("tasks", ["ende", "mansum"], "Tasks (their test splits).")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Sampling temperatures.")
-_GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per iteration.")
+_GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per iteration.", lower_bound=1)
 _NUM_EXAMPLES = flags.DEFINE_integer(
     "num_examples", None, "Test examples per task at most, evenly spaced through the split "
-    "(default: the whole split).")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows decoded together.")
-_INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Encoder length (longer inputs are cut).")
-_MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Generated tokens at most.")
+    "(default: the whole split).", lower_bound=1)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows decoded together.", lower_bound=1)
+_INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Encoder length (longer inputs are cut; "
+                                  "a token and EOS at least).", lower_bound=2)
+_MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Generated tokens at most.",
+                                       lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _OUTPUT = flags.DEFINE_string(
     "output", os.path.join(layout.REPO_ROOT, "results", "alpha", "alpha.json"),
     "The JSON written; drafts already in it and not measured now are kept.")
 
 DETAILS = "_details"  # Key of the per-draft measurement settings in the JSON.
+
+
+def _are_temperatures(values: list[str]) -> bool:
+  try:
+    return bool(values) and all(math.isfinite(float(t)) and float(t) >= 0 for t in values)
+  except ValueError:
+    return False
+
+
+flags.register_validator("temperatures", _are_temperatures,
+                         "--temperatures must be numbers >= 0 (0 = greedy), e.g. 0,1.")
+flags.register_validator("tasks", lambda tasks: bool(tasks) and set(tasks) <= set(layout.CORPORA),
+                         f"--tasks must list some of {sorted(layout.CORPORA)}.")
+flags.register_validator("drafts", bool, "--drafts must name at least one draft.")
 
 
 def pooled_alpha(target: T5Model, target_params: dict, draft: T5Draft, batches: list[np.ndarray],
@@ -107,9 +124,14 @@ def merge_alphas(old: dict, new: dict) -> dict:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
-  if _GAMMA.value < 1:
-    raise app.UsageError(f"--gamma={_GAMMA.value}: use gamma >= 1.")
   temperatures = [float(t) for t in _TEMPERATURES.value]
+  # Every config is checked before any weights load.
+  target_vocab = load_hf_config(os.path.join(_MODELS_DIR.value, _TARGET.value)).vocab_size
+  for name in _DRAFTS.value:
+    vocab = load_hf_config(os.path.join(_MODELS_DIR.value, name)).vocab_size
+    if vocab != target_vocab:
+      raise app.UsageError(f"--drafts: {name} has vocab_size {vocab}, the target "
+                           f"{target_vocab}; a draft must share the target's vocabulary.")
   target_cfg, target_params = load_hf_checkpoint(os.path.join(_MODELS_DIR.value, _TARGET.value))
   target = T5Model(target_cfg)
   processor = spm.SentencePieceProcessor(
@@ -127,9 +149,6 @@ def main(argv: list[str]) -> None:
   for name, task, temperature in tqdm.tqdm(jobs, unit="run"):
     if name not in drafts:
       cfg, params = load_hf_checkpoint(os.path.join(_MODELS_DIR.value, name))
-      if cfg.vocab_size != target_cfg.vocab_size:
-        raise ValueError(f"--drafts: {name} has vocab_size {cfg.vocab_size}, the target "
-                         f"{target_cfg.vocab_size}; a draft must share the target's vocabulary.")
       drafts[name] = T5Draft(T5Model(cfg), params)
     got = pooled_alpha(target, target_params, drafts[name], examples[task],
                        temperature=temperature, gamma=_GAMMA.value,

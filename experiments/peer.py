@@ -29,8 +29,8 @@ import transformers
 from absl import app, flags
 
 from experiments import prompts
-from specdec_jax import atomic_io, benchmarking
-from specdec_jax.checkpoints import load_hf_checkpoint
+from specdec_jax import atomic_io, benchmarking, contention
+from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
 from specdec_jax.data import layout
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import T5Draft
@@ -42,12 +42,17 @@ _MODELS_DIR = flags.DEFINE_string("models_dir", os.path.join("assets", "models")
 _TARGET = flags.DEFINE_string("target", "target", "Target checkpoint (in --models_dir).")
 _DRAFT = flags.DEFINE_string("draft", "draft_small", "Draft checkpoint (in --models_dir).")
 _TASK = flags.DEFINE_enum("task", "ende", sorted(layout.CORPORA), "Corpus of the prompts.")
-_NUM = flags.DEFINE_integer("num_examples", 4, "Prompts (the split's first ones).")
-_GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per target call, for both sides.")
-_MAX_LEN = flags.DEFINE_integer("max_decode_len", 64, "Most new tokens per prompt.")
-_INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Prompts are cut / padded to this length.")
-_REPEATS = flags.DEFINE_integer("repeats", 2, "Timed passes over the prompts.")
-_THREADS = flags.DEFINE_integer("threads", os.cpu_count(), "torch.set_num_threads.")
+_NUM = flags.DEFINE_integer("num_examples", 4, "Prompts (the split's first ones).",
+                            lower_bound=1)
+_GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per target call, for both sides.",
+                              lower_bound=1)
+_MAX_LEN = flags.DEFINE_integer("max_decode_len", 64, "Most new tokens per prompt.",
+                                lower_bound=1)
+_INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Prompts are cut / padded to this length "
+                                  "(a token and EOS at least).", lower_bound=2)
+_REPEATS = flags.DEFINE_integer("repeats", 2, "Timed passes over the prompts.", lower_bound=1)
+_THREADS = flags.DEFINE_integer("threads", os.cpu_count(), "torch.set_num_threads.",
+                                lower_bound=1)
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", os.path.join("results", "peer"),
                                   "Where the JSON goes.")
 _VOCAB = os.path.join(layout.ASSETS_DIR, "vocab", f"{layout.VOCAB_NAME}.model")
@@ -105,26 +110,33 @@ def main(argv: list[str]) -> None:
   torch.set_num_threads(_THREADS.value)
   target_dir = os.path.join(_MODELS_DIR.value, _TARGET.value)
   draft_dir = os.path.join(_MODELS_DIR.value, _DRAFT.value)
+  # Both configs are checked before any weights load.
+  target_vocab, draft_vocab = (load_hf_config(d).vocab_size for d in (target_dir, draft_dir))
+  if draft_vocab != target_vocab:
+    raise app.UsageError(f"--draft={_DRAFT.value} has a vocabulary of {draft_vocab}, "
+                         f"--target={_TARGET.value} of {target_vocab}; pick a draft that "
+                         "shares the target's vocabulary.")
   decoders = _decoders(target_dir, draft_dir, _GAMMA.value, _MAX_LEN.value)
   pairs, source = prompts.load_examples(_TASK.value, "test", _NUM.value)
   processor = spm.SentencePieceProcessor(model_file=_VOCAB)
   inputs = prompts.tokenize(processor, [x for x, _ in pairs], _INPUT_LEN.value)[:, None]
 
   names = list(decoders)
-  first_s = {n: benchmarking.timed(lambda fn=decoders[n]: fn(inputs[0]))[0] for n in names}
-  totals = {n: [] for n in names}
-  outputs: dict[str, list[list[int]]] = {n: [] for n in names}
-  for rep in range(_REPEATS.value):
-    rep_s = dict.fromkeys(names, 0.0)
-    for i, x in enumerate(inputs):
-      shift = (rep * len(inputs) + i) % len(names)
-      for n in names[shift:] + names[:shift]:
-        seconds, out = benchmarking.timed(lambda fn=decoders[n], x=x: fn(x))
-        rep_s[n] += seconds
-        if rep == 0:
-          outputs[n].append(out)
-    for n in names:
-      totals[n].append(rep_s[n])
+  with contention.quiet("experiments.peer") as guard:
+    first_s = {n: benchmarking.timed(lambda fn=decoders[n]: fn(inputs[0]))[0] for n in names}
+    totals = {n: [] for n in names}
+    outputs: dict[str, list[list[int]]] = {n: [] for n in names}
+    for rep in range(_REPEATS.value):
+      rep_s = dict.fromkeys(names, 0.0)
+      for i, x in enumerate(inputs):
+        shift = (rep * len(inputs) + i) % len(names)
+        for n in names[shift:] + names[:shift]:
+          seconds, out = benchmarking.timed(lambda fn=decoders[n], x=x: fn(x))
+          rep_s[n] += seconds
+          if rep == 0:
+            outputs[n].append(out)
+      for n in names:
+        totals[n].append(rep_s[n])
 
   reference = outputs["ours_baseline"]
   mismatches = [{"prompt": i, **{n: outputs[n][i] for n in names}}
@@ -151,6 +163,7 @@ def main(argv: list[str]) -> None:
       "transformers": transformers.__version__,
       "torch_threads": torch.get_num_threads(),
       "environment": benchmarking.environment(),
+      "idle_check": guard.record(),
   }
   path = os.path.join(_OUTPUT_DIR.value, f"peer_{_TARGET.value}_{_DRAFT.value}_{_TASK.value}"
                                          f"_g{_GAMMA.value}.json")

@@ -13,12 +13,17 @@
 # STEPS="sweep_gamma analyze".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS="${STEPS:-alpha quickstart sweep_gamma sweep_draft_size paper_table2 trivial_drafts sweep_batch peer loop_overhead analyze}"
+STEPS="${STEPS:-alpha decode_step quickstart sweep_gamma sweep_draft_size paper_table2 trivial_drafts sweep_batch peer loop_overhead analyze}"
+
+# Refuse to start beside another busy process (it names it); our own registered
+# jobs (distillation data, training) are paused by every timing command instead.
+python -m specdec_jax.contention
 
 for step in $STEPS; do
   echo "$(date -Is) $step"
   case "$step" in
     alpha) python -m experiments.measure_alpha --num_examples=512 ;;
+    decode_step) python -m experiments.benchmark_decode_step ;;
     peer)
       for gamma in 3 1; do
         python -m experiments.peer --num_examples=8 --repeats=3 --gamma="$gamma"
@@ -28,7 +33,7 @@ for step in $STEPS; do
         --draft_dir=assets/models/draft_small --gammas=1,3,5 --input_len=128 \
         --output=results/loop_overhead/family.json ;;
     analyze) python -m experiments.analyze ;;
-    *) python -m experiments.run --gin_file="gin_configs/$step.gin" ;;
+    *) python -m experiments.run --gin_file="gin_configs/$step.gin" --output_dir="results/$step" ;;
   esac
 done
 echo "$(date -Is) done"

@@ -27,15 +27,16 @@ import tqdm
 from absl import app, flags, logging
 
 from experiments import config, family, gin_flags, measure, prompts, results_io
-from specdec_jax import distributed, partitioning
+from specdec_jax import contention, distributed, partitioning
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.data.ngram_stats import load_ngram_stats
 from specdec_jax.decoding.drafts import Draft, NgramDraft, PromptLookupDraft, T5Draft
 from specdec_jax.models import T5Model
 
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None,
-                                  "Where results.jsonl goes (default results/<Experiment.name>).")
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "Where results.jsonl goes (default runs/<Experiment.name>: your own "
+    "measurements; the committed reference rows in results/<name> are only read).")
 
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None,
@@ -43,7 +44,12 @@ _COORDINATOR = flags.DEFINE_string(
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (0 writes results).")
 
-RESULTS_ROOT = "results"
+RESULTS_ROOT = "results"  # Committed reference measurements (experiments/reproduce_results.sh).
+RUNS_ROOT = "runs"  # A user's own runs (not committed).
+# A point timed beside another busy process is refused and measured again once
+# the machine is quiet (`specdec_jax.contention`), at most this often.
+QUIET_ATTEMPTS = 3
+QUIET_WAIT_S = 600
 
 
 def load_experiment(gin_files: list[str], bindings: list[str]) -> config.Experiment:
@@ -128,13 +134,24 @@ def run(exp: config.Experiment, output_dir: str) -> str:
         tokens = prompts.tokenize(processor, [x for x, _ in pairs], exp.input_len)
         batches[key] = [partitioning.shard_batch(b, mesh)
                         for b in np.split(tokens, len(tokens) // point.batch_size)]
-        costs[key] = measure.measure_target_costs(exp, target, params, batches[key][0], max_gamma)
       draft_key = (point.draft, point.task if point.draft in config.NGRAM_ORDER else "")
       if draft_key not in drafts:
         drafts[draft_key] = _build_draft(exp, point.draft, point.task, cfg.vocab_size, mesh)
       draft = drafts[draft_key]
-      row = measure.measure_point(exp, point, target, params, draft, batches[key], costs[key],
-                                  max_gamma, pieces)
+      for attempt in range(1, QUIET_ATTEMPTS + 1):
+        try:
+          if key not in costs:
+            costs[key] = measure.measure_target_costs(exp, target, params, batches[key][0],
+                                                      max_gamma)
+          row = measure.measure_point(exp, point, target, params, draft, batches[key],
+                                      costs[key], max_gamma, pieces)
+          break
+        except contention.ContentionError as e:
+          if attempt == QUIET_ATTEMPTS:
+            raise
+          bar.write(f"{e}\nWaiting up to {QUIET_WAIT_S} s for a quiet machine "
+                    f"(attempt {attempt} of {QUIET_ATTEMPTS}).")
+          contention.wait_until_quiet(QUIET_WAIT_S)
       if distributed.is_primary():  # Every process measures; process 0 writes.
         results_io.append_row(path, row)
       bar.write(f"{point.task} {row['draft']} T={point.temperature:g} gamma={point.gamma} "
@@ -146,15 +163,51 @@ def run(exp: config.Experiment, output_dir: str) -> str:
   return path
 
 
+def summary_table(rows: list[dict], reference_rows: list[dict]) -> str:
+  """A table a person reads at a glance: one line per measured point.
+
+  Args:
+    rows: the run's rows.
+    reference_rows: the committed rows of the same experiment (their speedup is
+      shown beside each point measured there too).
+  """
+  reference = {results_io.row_key(r): r["speedup_measured"] for r in reference_rows}
+  head = ("| task | draft | T | gamma | batch | base ms/tok | spec ms/tok | speedup | "
+          "alpha (beta) | alpha (S/(S+R)) | c | tokens/call | Thm 3.8 | cost model | "
+          "reference |")
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  for r in rows:
+    ref = reference.get(results_io.row_key(r))
+    lines.append(
+        f"| {r['task']} | {r['draft']} | {r['temperature']:g} | {r['gamma']} | "
+        f"{r['batch_size']} | {r['baseline_ms_per_token']:.2f} | "
+        f"{r['speculative_ms_per_token']:.2f} | **{r['speedup_measured']:.2f}X** | "
+        f"{r['alpha_beta']:.3f} | {r['alpha_empirical']:.3f} | {r['c']:.3f} | "
+        f"{r['tokens_per_iteration']:.2f} | {r['speedup_predicted_thm38']:.2f}X | "
+        f"{r['speedup_predicted_cost_model']:.2f}X | "
+        + (f"{ref:.2f}X |" if ref is not None else "- |"))
+  return "\n".join(lines)
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
   distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   exp = load_experiment(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
-  output_dir = _OUTPUT_DIR.value or os.path.join(RESULTS_ROOT, exp.name)
+  output_dir = _OUTPUT_DIR.value or os.path.join(RUNS_ROOT, exp.name)
   path = run(exp, output_dir)
-  print(f"Results: {path}; tables and figures: python -m experiments.analyze "
-        f"--results_dir={output_dir}")
+  planned = {p.key for p in config.plan(exp)}
+  rows = [r for r in results_io.read_rows(path) if results_io.row_key(r) in planned]
+  reference_path = os.path.join(RESULTS_ROOT, exp.name, results_io.RESULTS_FILE)
+  reference = ([] if os.path.abspath(reference_path) == os.path.abspath(path)
+               else results_io.read_rows(reference_path))
+  env = rows[0]["environment"] if rows else {}
+  print(f"\n{exp.name}: {len(rows)} points on {env.get('cpu_model', '?')} x "
+        f"{env.get('cpu_count', '?')} ({env.get('backend', '?')}), batch sizes "
+        f"{sorted({r['batch_size'] for r in rows})}; reference: {reference_path}\n")
+  print(summary_table(rows, reference))
+  print(f"\nRows: {path} (rerunning resumes; delete it to measure again). Tables and figures: "
+        f"python -m experiments.analyze --results_dir={output_dir}")
 
 
 if __name__ == "__main__":

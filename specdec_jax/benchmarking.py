@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.decoding.drafts import Draft, Warp
-from specdec_jax.models.t5 import DecoderCache, EncodedInputs, T5Model
+from specdec_jax.models import cached_decoder
+from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
 
 Array = jax.Array
 
@@ -111,26 +112,28 @@ def target_step_times(model: T5Model, params: dict, inputs: Array, *, chunk_leng
   if min(chunk_lengths) < 1 or position + max(chunk_lengths) > cache_len:
     raise ValueError(f"chunk_lengths {list(chunk_lengths)} at position={position} must be >= 1 "
                      f"and fit in cache_len={cache_len}.")
-  encoded = model.encode(params, inputs)
+  prepared = model.prepare(params)
+  weights, encoded = prepared.decoder, model.encode(prepared, inputs)
   batch = inputs.shape[0]
   start = jnp.full((batch,), position, jnp.int32)
   results = {}
   for k in chunk_lengths:
     tokens = jnp.ones((batch, k), jnp.int32)
     results[int(k)] = _per_call(
-        lambda t=tokens: _chunk_loop(model, params, encoded, t, start, cache_len=cache_len,
+        lambda t=tokens: chunk_loop(model, weights, encoded, t, start, cache_len=cache_len,
                                      calls=calls), calls, repeats)
   return results
 
 
-@functools.partial(jax.jit, static_argnames=("model", "cache_len", "calls"))
-def _chunk_loop(model: T5Model, params: dict, encoded: EncodedInputs, tokens: Array,
+@functools.partial(jax.jit, static_argnames=("model", "cache_len", "calls"),
+                   compiler_options=cached_decoder.COMPILER_OPTIONS)
+def chunk_loop(model: T5Model, weights: DecodeWeights, encoded: EncodedInputs, tokens: Array,
                 start: Array, *, cache_len: int, calls: int) -> Array:
   """Runs `calls` chunk calls; returns a scalar that depends on every call's logits."""
 
   def body(_, carry: tuple[DecoderCache, Array]) -> tuple[DecoderCache, Array]:
     cache, acc = carry
-    logits, cache = model.decode_chunk(params, encoded, cache.rewind(start), tokens)
+    logits, cache = model.decode_chunk(weights, encoded, cache.rewind(start), tokens)
     return cache, acc + logits[:, -1, 0].sum()
 
   cache = model.init_cache(tokens.shape[0], cache_len).rewind(start)
@@ -168,13 +171,14 @@ def draft_token_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cac
   state = draft.init_state(inputs, cache_len)  # The encoder runs once, outside the timing.
   rng = jax.random.PRNGKey(seed)
   per_call = _per_call(
-      lambda: _propose_loop(draft, state, tokens, lengths, rng, gamma=gamma, warp=warp,
+      lambda: propose_loop(draft, state, tokens, lengths, rng, gamma=gamma, warp=warp,
                             calls=calls), calls, repeats)
   return StepTimes(per_call.seconds / gamma, per_call.compile_s)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "warp", "calls"))
-def _propose_loop(draft: Draft, state: Any, tokens: Array, lengths: Array, rng: Array, *,
+@functools.partial(jax.jit, static_argnames=("gamma", "warp", "calls"),
+                   compiler_options=cached_decoder.COMPILER_OPTIONS)
+def propose_loop(draft: Draft, state: Any, tokens: Array, lengths: Array, rng: Array, *,
                   gamma: int, warp: Warp, calls: int) -> Array:
   """Runs `calls` proposals, each from the same state; returns a scalar using all of them."""
 

@@ -3,6 +3,12 @@
 A directory written by `T5ForConditionalGeneration.save_pretrained` loads into
 the T5X-named tree of `specdec_jax.models.Transformer`; `save_hf_checkpoint`
 writes the reverse, which the reference implementation loads unchanged.
+
+Loading checks every file before it is used: a missing file raises
+`FileNotFoundError`; an unreadable, truncated or malformed one, a config field
+of the wrong type, and a tensor that is missing, of the wrong shape or dtype,
+or not finite raise `CheckpointError` (a `ValueError`) naming the file, the
+field or tensor, and what to do.
 """
 
 from __future__ import annotations
@@ -11,12 +17,17 @@ import json
 import os
 import shutil
 import tempfile
+import typing
 from collections.abc import Iterator
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from specdec_jax import validation
 from specdec_jax.models.config import T5Config
 from specdec_jax.models.t5 import T5Model
 
@@ -27,6 +38,17 @@ _INDEX = "model.safetensors.index.json"
 _TIED_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 
 _ATTENTION = {"query": "q", "key": "k", "value": "v", "out": "o"}
+# The type of each T5Config field, which config.json's value must have.
+_FIELD_TYPES = typing.get_type_hints(T5Config)
+_RESAVE = ("copy the checkpoint again, or re-save it with "
+           "T5ForConditionalGeneration.save_pretrained (or save_hf_checkpoint)")
+
+
+class CheckpointError(ValueError):
+  """A checkpoint file is unreadable or malformed, or disagrees with its config.
+
+  The message names the file (and the field or tensor) and what to do.
+  """
 
 
 def _mlp_names(cfg: T5Config) -> tuple[str, ...]:
@@ -65,33 +87,119 @@ def parameter_names(cfg: T5Config) -> Iterator[tuple[tuple[str, ...], str, bool]
     yield ("decoder", "logits_dense", "kernel"), "lm_head.weight", True
 
 
-def _read_config(path: str) -> dict:
+def _read_json(path: str) -> Any:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise CheckpointError(f"{path} is not readable JSON ({e}); it is truncated or corrupt: "
+                          f"{_RESAVE}.") from e
+
+
+def _check_fields(source: str, d: dict[str, Any]) -> None:
+  """Raises CheckpointError unless each T5Config field in `d` has its declared type."""
+  for name, value in d.items():
+    kind = _FIELD_TYPES.get(name)
+    if kind is None or (value is None and type(None) in typing.get_args(kind)):
+      continue
+    base = kind if kind in (bool, str, float) else int  # `int` or `int | None`.
+    try:
+      if base is float:
+        validation.as_real(f"field {name!r}", value)
+      elif base is int:
+        validation.as_int(f"field {name!r}", value)
+      elif not isinstance(value, base):
+        raise ValueError(f"field {name!r} must be a {base.__name__}, got {value!r} "
+                         f"({type(value).__name__})")
+    except ValueError as e:
+      raise CheckpointError(f"{source}: {e} Fix that field (T5Config.{name}).") from e
+
+
+def load_hf_config(path: str, **config_overrides: Any) -> T5Config:
+  """Reads and checks the `config.json` of a HuggingFace T5 directory (no weights).
+
+  Args:
+    path: the checkpoint directory.
+    **config_overrides: T5Config fields to replace, e.g. `dtype="bfloat16"`.
+
+  Returns:
+    The config.
+
+  Raises:
+    FileNotFoundError: there is no config.json.
+    CheckpointError: config.json is unreadable, not a JSON object, not a T5
+      encoder-decoder, has a field of the wrong type or value, or special
+      token ids outside its vocabulary.
+    ValueError: a bad override.
+  """
   config_path = os.path.join(path, _CONFIG)
   if not os.path.isfile(config_path):
     raise FileNotFoundError(
         f"checkpoint_dir={path!r} has no {_CONFIG}; pass a directory written by "
         "T5ForConditionalGeneration.save_pretrained (config.json + model.safetensors).")
-  with open(config_path) as f:
-    d = json.load(f)
+  d = _read_json(config_path)
+  if not isinstance(d, dict):
+    raise CheckpointError(f"{config_path} holds a JSON {type(d).__name__}, not an object of "
+                          f"T5 settings; {_RESAVE}.")
   archs = d.get("architectures") or ["T5ForConditionalGeneration"]
+  if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+    raise CheckpointError(f"{config_path}: field 'architectures' must be a list of names, got "
+                          f"{archs!r}.")
   if not any(a.startswith("T5") for a in archs) or d.get("model_type", "t5") != "t5":
-    raise ValueError(f"{config_path}: architecture {archs} / model_type "
-                     f"{d.get('model_type')!r} is not a T5 encoder-decoder; only T5 v1.0, "
-                     "T5.1.1 and Flan-T5 checkpoints are supported.")
-  return d
+    raise CheckpointError(f"{config_path}: architecture {archs} / model_type "
+                          f"{d.get('model_type')!r} is not a T5 encoder-decoder; only T5 v1.0, "
+                          "T5.1.1 and Flan-T5 checkpoints are supported.")
+  _check_fields(config_path, d)
+  if not isinstance(d.get("scale_decoder_outputs", False), bool):
+    raise CheckpointError(f"{config_path}: field 'scale_decoder_outputs' must be true or "
+                          f"false, got {d['scale_decoder_outputs']!r}.")
+  unknown = sorted(set(config_overrides) - set(_FIELD_TYPES))
+  if unknown:
+    raise ValueError(f"config_overrides {unknown} are not T5Config fields; use any of "
+                     f"{sorted(_FIELD_TYPES)}.")
+  try:
+    _check_fields("config_overrides", config_overrides)
+  except CheckpointError as e:
+    raise ValueError(str(e)) from None
+  source = config_path + (f" with overrides {config_overrides}" if config_overrides else "")
+  try:
+    cfg = T5Config.from_hf_dict(d, **config_overrides)
+  except ValueError as e:
+    raise CheckpointError(f"{source}: {e}") from e
+  try:
+    return validation.check_model_config(cfg, source)
+  except ValueError as e:
+    raise CheckpointError(str(e)) from e
 
 
-def _read_tensors(path: str) -> dict[str, np.ndarray]:
+def _load_safetensors(file: str) -> dict[str, np.ndarray]:
+  try:
+    return load_file(file)
+  except (SafetensorError, OSError, TypeError, ValueError) as e:
+    raise CheckpointError(f"{file} is not a readable safetensors file ({e}); it is truncated "
+                          f"or corrupt: {_RESAVE}.") from e
+
+
+def _read_tensors(path: str) -> tuple[dict[str, np.ndarray], str]:
+  """All tensors of the checkpoint in `path`, and the file that lists them."""
   single, index = os.path.join(path, _WEIGHTS), os.path.join(path, _INDEX)
   if os.path.isfile(single):
-    return load_file(single)
+    return _load_safetensors(single), single
   if os.path.isfile(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
+    weight_map = _read_json(index)
+    weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(f, str) for f in weight_map.values()):
+      raise CheckpointError(f"{index} has no \"weight_map\" object (tensor name -> file); "
+                            f"{_RESAVE}.")
     tensors = {}
-    for name in files:
-      tensors.update(load_file(os.path.join(path, name)))
-    return tensors
+    for name in sorted(set(weight_map.values())):
+      file = os.path.join(path, name)
+      if not os.path.isfile(file):
+        raise FileNotFoundError(f"{index} lists {name!r}, which is not in {path!r}; copy the "
+                                "whole checkpoint directory.")
+      tensors.update(_load_safetensors(file))
+    return tensors, index
   raise FileNotFoundError(
       f"checkpoint_dir={path!r} has neither {_WEIGHTS} nor {_INDEX}. Re-save it with "
       "save_pretrained(..., safe_serialization=True) to get safetensors.")
@@ -116,11 +224,14 @@ def load_hf_checkpoint(path: str, **config_overrides) -> tuple[T5Config, dict]:
 
   Raises:
     FileNotFoundError: a file is missing.
-    ValueError: an unknown architecture, or a missing or mis-shaped parameter
-      (the message names it).
+    CheckpointError: a file is unreadable or malformed (see `load_hf_config`
+      for config.json), or a tensor is missing, unexpected, mis-shaped, not
+      floating-point or not finite (the message names the file and tensor).
+    ValueError: a bad override.
   """
-  cfg = T5Config.from_hf_dict(_read_config(path), **config_overrides)
-  tensors = _read_tensors(path)
+  cfg = load_hf_config(path, **config_overrides)
+  tensors, weights = _read_tensors(path)
+  config_path = os.path.join(path, _CONFIG)
   expected_shapes = jax.eval_shape(lambda: T5Model(cfg).init_params(jax.random.PRNGKey(0)))
   params: dict = {}
   used = set()
@@ -130,23 +241,35 @@ def load_hf_checkpoint(path: str, **config_overrides) -> tuple[T5Config, dict]:
       # writes no separate one.
       hf_name = "shared.weight"
     if hf_name not in tensors:
-      raise ValueError(f"{path}: parameter {hf_name!r} (our {'/'.join(ours)}) is missing "
-                       "from the checkpoint.")
+      raise CheckpointError(f"{weights}: parameter {hf_name!r} (our {'/'.join(ours)}) is "
+                            f"missing; the checkpoint is incomplete or is not the model "
+                            f"{config_path} describes: {_RESAVE}.")
     value = tensors[hf_name]
     value = value.T if transposed else value
     want = expected_shapes
     for key in ours:
       want = want[key]
     if tuple(value.shape) != tuple(want.shape):
-      raise ValueError(f"{path}: parameter {hf_name!r} has shape {tuple(value.shape)}, "
-                       f"but config.json implies {tuple(want.shape)} for {'/'.join(ours)}.")
+      raise CheckpointError(f"{weights}: parameter {hf_name!r} has shape {tuple(value.shape)}, "
+                            f"but {config_path} implies {tuple(want.shape)} for "
+                            f"{'/'.join(ours)}; the config and the weights are of different "
+                            "models: use the config.json saved with these weights.")
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+      raise CheckpointError(f"{weights}: parameter {hf_name!r} has dtype {value.dtype}; only "
+                            "floating-point weights load (no quantized checkpoints): save "
+                            "the model in float32, float16 or bfloat16.")
+    if not np.all(np.isfinite(value)):
+      raise CheckpointError(f"{weights}: parameter {hf_name!r} holds NaN or infinite values; "
+                            f"the file is corrupt or the model diverged: {_RESAVE} from a "
+                            "good copy.")
     _set(params, ours, np.ascontiguousarray(value).astype(cfg.parameter_dtype))
     used.add(hf_name)
   tied_copies = set(_TIED_COPIES) | ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
   unknown = sorted(set(tensors) - used - tied_copies)
   if unknown:
-    raise ValueError(f"{path}: unexpected parameters {unknown[:5]} (of {len(unknown)}); "
-                     "is this a T5ForConditionalGeneration checkpoint?")
+    raise CheckpointError(f"{weights}: unexpected parameters {unknown[:5]} (of "
+                          f"{len(unknown)}); is this a T5ForConditionalGeneration checkpoint "
+                          f"of the architecture {config_path} describes?")
   return cfg, params
 
 

@@ -9,8 +9,11 @@ hidden units and the vocabulary over "model"; everything else is replicated.
 Decoding runs under `jax.jit` with the parameters placed by `shard_params`,
 inside `jax.set_mesh(mesh)` (JAX's successor of `with mesh:`): GSPMD partitions
 the whole generation loop. The KV caches created inside it need no annotation:
-propagation from the sharded q/k/v kernels splits them `(data, None, model,
-None)`, as `cache_sharding` says (the tests check the compiled per-device shapes).
+propagation from the sharded q/k/v kernels splits them as `cache_sharding` says
+(the tests check the compiled per-device shapes). Under a mesh the caches keep
+batch and heads apart (`[batch, heads, d_kv, max_len]`, see
+`layers.split_heads_layout`), so both can be split; on one device they are merged
+(`[batch * heads, d_kv, max_len]`, the layout XLA:CPU's dots read without copies).
 
 Example:
 
@@ -40,8 +43,9 @@ LogicalAxes = tuple[str | None, ...]
 LogicalRules = tuple[tuple[str, str | None], ...]
 
 MESH_AXES = ("data", "model")
-# Logical axes of each `[batch, max_len, heads, d_kv]` KV-cache array.
-CACHE_AXES = ("batch", "length", "heads", "kv")
+# Logical axes of each cached keys array `[batch, heads, d_kv, max_len]` under a mesh
+# (values: `[batch, heads, max_len, d_kv]`).
+CACHE_AXES = ("batch", "heads", "kv", "length")
 
 
 @gin.configurable
@@ -199,7 +203,7 @@ def batch_sharding(mesh: Mesh, rules: LogicalRules | None = None) -> NamedShardi
 
 
 def cache_sharding(mesh: Mesh, rules: LogicalRules | None = None) -> NamedSharding:
-  """Sharding of each `[batch, max_len, heads, d_kv]` KV-cache array."""
+  """Sharding of each cached keys array `[batch, heads, d_kv, max_len]` (under a mesh)."""
   return NamedSharding(mesh, logical_to_spec(CACHE_AXES, rules))
 
 

@@ -12,7 +12,12 @@ import pytest
 from conftest import make_model
 from safetensors.numpy import load_file, save_file
 
-from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
+from specdec_jax.checkpoints import (
+  CheckpointError,
+  load_hf_checkpoint,
+  load_hf_config,
+  save_hf_checkpoint,
+)
 
 
 @pytest.fixture
@@ -160,3 +165,130 @@ def test_save_replaces_an_existing_directory_only_when_complete(saved, tmp_path)
   assert sorted(os.listdir(tmp_path)) == ["ckpt", "spiece.model"]
   _, loaded = load_hf_checkpoint(path)
   _assert_same_tree(params, loaded)
+
+
+# --- Malformed files: a CheckpointError naming the file, the field and the fix -------------
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+  """The path of a saved T5.1.1 checkpoint (the errors do not depend on the family)."""
+  model, params = make_model("test-v1_1")
+  path = str(tmp_path / "ckpt")
+  save_hf_checkpoint(path, model.config, params)
+  return path
+
+
+def _truncate(file: str) -> None:
+  data = pathlib.Path(file).read_bytes()
+  pathlib.Path(file).write_bytes(data[:len(data) // 2])
+
+
+def test_load_hf_config_reads_only_the_config(ckpt):
+  os.remove(os.path.join(ckpt, "model.safetensors"))
+  assert load_hf_config(ckpt) == make_model("test-v1_1")[0].config
+
+
+@pytest.mark.parametrize("contents, match", [
+    (None, r"config\.json is not readable JSON \(.*\); it is truncated or corrupt: copy the "
+           r"checkpoint again, or re-save it"),
+    (b"\xff\xfe{", r"config\.json is not readable JSON"),
+    (b"[1, 2]", r"config\.json holds a JSON list, not an object of T5 settings"),
+    (dict(num_heads="two"), r"config\.json: field 'num_heads' must be an int, got 'two' \(str\)"
+                            r".*T5Config\.num_heads"),
+    (dict(d_model=32.0), r"field 'd_model' must be an int, got 32\.0 \(float\); it is not "
+                         r"rounded"),
+    (dict(num_layers=True), r"field 'num_layers' must be an int"),
+    (dict(num_decoder_layers="3"), r"field 'num_decoder_layers' must be an int"),
+    (dict(dropout_rate="0.1"), r"field 'dropout_rate' must be a finite float"),
+    (dict(layer_norm_epsilon=float("nan")), r"field 'layer_norm_epsilon' must be a finite float"),
+    (dict(tie_word_embeddings="false"), r"field 'tie_word_embeddings' must be a bool"),
+    (dict(scale_decoder_outputs="yes"), r"field 'scale_decoder_outputs' must be true or false"),
+    (dict(feed_forward_proj=3), r"field 'feed_forward_proj' must be a str"),
+    (dict(architectures="T5ForConditionalGeneration"), r"field 'architectures' must be a list"),
+    (dict(num_heads=0), r"config\.json: num_heads must be >= 1"),
+    (dict(eos_token_id=500), r"config\.json has eos_token_id=500, outside its vocabulary "
+                             r"\[0, 97\)"),
+    (dict(decoder_start_token_id=-1), r"decoder_start_token_id=-1, outside its vocabulary"),
+])
+def test_malformed_config_names_the_file_and_field(ckpt, contents, match):
+  config = os.path.join(ckpt, "config.json")
+  if contents is None:
+    _truncate(config)
+  elif isinstance(contents, bytes):
+    pathlib.Path(config).write_bytes(contents)
+  else:
+    _edit_config(ckpt, **contents)
+  for load in (load_hf_config, load_hf_checkpoint):
+    with pytest.raises(CheckpointError, match=match) as info:
+      load(ckpt)
+    assert config in str(info.value)
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("truncate", r"model\.safetensors is not a readable safetensors file \(.*\); it is "
+                 r"truncated or corrupt: copy the checkpoint again"),
+    ("garbage", r"model\.safetensors is not a readable safetensors file"),
+    ("nan", r"model\.safetensors: parameter 'encoder\.final_layer_norm\.weight' holds NaN or "
+            r"infinite values"),
+    ("int", r"parameter 'encoder\.final_layer_norm\.weight' has dtype int32; only "
+            r"floating-point"),
+])
+def test_corrupt_weights_name_the_file_and_tensor(ckpt, damage, match):
+  weights = os.path.join(ckpt, "model.safetensors")
+  if damage == "truncate":
+    _truncate(weights)
+  elif damage == "garbage":
+    pathlib.Path(weights).write_bytes(b"\x08" + bytes(64))
+  else:
+    tensors = load_file(weights)
+    norm = tensors["encoder.final_layer_norm.weight"]
+    tensors["encoder.final_layer_norm.weight"] = (
+        np.where(np.arange(norm.size) == 3, np.inf, norm).astype(norm.dtype) if damage == "nan"
+        else norm.astype(np.int32))
+    save_file(tensors, weights)
+  with pytest.raises(CheckpointError, match=match):
+    load_hf_checkpoint(ckpt)
+
+
+def _shard(path: str) -> str:
+  """Splits the checkpoint into two shards and an index; returns the index's path."""
+  single = os.path.join(path, "model.safetensors")
+  tensors = load_file(single)
+  names = sorted(tensors)
+  for i, shard_names in enumerate((names[::2], names[1::2])):
+    save_file({n: tensors[n] for n in shard_names}, os.path.join(path, f"model-{i}.safetensors"))
+  index = os.path.join(path, "model.safetensors.index.json")
+  with open(index, "w") as f:
+    json.dump({"weight_map": {n: f"model-{i % 2}.safetensors" for i, n in enumerate(names)}}, f)
+  os.remove(single)
+  return index
+
+
+def test_broken_sharded_checkpoints_name_the_file(ckpt):
+  index = _shard(ckpt)
+  good = pathlib.Path(index).read_bytes()
+  _truncate(index)
+  with pytest.raises(CheckpointError, match=r"index\.json is not readable JSON"):
+    load_hf_checkpoint(ckpt)
+  pathlib.Path(index).write_text('{"metadata": {}}')
+  with pytest.raises(CheckpointError, match=r"index\.json has no \"weight_map\" object"):
+    load_hf_checkpoint(ckpt)
+  pathlib.Path(index).write_bytes(good)
+  _truncate(os.path.join(ckpt, "model-1.safetensors"))
+  with pytest.raises(CheckpointError, match=r"model-1\.safetensors is not a readable"):
+    load_hf_checkpoint(ckpt)
+  os.remove(os.path.join(ckpt, "model-1.safetensors"))
+  with pytest.raises(FileNotFoundError, match=r"index\.json lists 'model-1\.safetensors', which "
+                                              r"is not in"):
+    load_hf_checkpoint(ckpt)
+
+
+def test_bad_overrides_are_named(ckpt):
+  with pytest.raises(ValueError, match=r"config_overrides: field 'num_heads' must be an int"):
+    load_hf_checkpoint(ckpt, num_heads=2.5)
+  with pytest.raises(ValueError, match=r"config_overrides \['heads'\] are not T5Config fields"):
+    load_hf_checkpoint(ckpt, heads=4)
+  with pytest.raises(CheckpointError, match=r"with overrides \{'dtype': 'float33'\}: "
+                                            r"dtype='float33' is not a dtype"):
+    load_hf_checkpoint(ckpt, dtype="float33")

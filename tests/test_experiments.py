@@ -9,6 +9,8 @@ import gin
 import jax
 import numpy as np
 import pytest
+from absl import flags
+from absl.testing import flagsaver
 from conftest import make_model
 
 from experiments import analyze, config, gin_flags, measure, measure_alpha, results_io
@@ -29,7 +31,8 @@ ROW_FIELDS = (
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory) -> str:
-  """A tiny random target, a perturbed copy as the draft, and one of another vocabulary."""
+  """A tiny random target, a perturbed copy as the draft, one of another vocabulary and
+  one whose config.json is malformed."""
   root = str(tmp_path_factory.mktemp("models"))
   model, params = make_model("test-v1_1", seed=0, vocab_size=VOCAB)
   params = jax.device_get(params)
@@ -42,6 +45,11 @@ def models_dir(tmp_path_factory) -> str:
   with open(os.path.join(root, "wide_draft", "config.json"), "w") as f:
     json.dump(wide.to_hf_dict(), f)
   with open(os.path.join(root, "wide_draft", "model.safetensors"), "wb"):
+    pass
+  os.makedirs(os.path.join(root, "broken_draft"))
+  with open(os.path.join(root, "broken_draft", "config.json"), "w") as f:
+    json.dump(wide.to_hf_dict() | {"num_heads": "two"}, f)
+  with open(os.path.join(root, "broken_draft", "model.safetensors"), "wb"):
     pass
   return root
 
@@ -78,6 +86,10 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   assert 0 <= row["alpha_beta"] <= 1 and set(row["t_verify_s"]) == {"1", "2", "3"}
   assert len(row["example"]["tokens"]) == len(row["example"]["accepted_mask"])
 
+  table = runner.summary_table([row], [dict(row, speedup_measured=9.25)])
+  assert "draft" in table and f"**{row['speedup_measured']:.2f}X**" in table
+  assert "9.25X" in table  # The committed reference speedup beside the measured one.
+
   # A restart measures nothing that is already in the file.
   monkeypatch.setattr(measure, "measure_point", lambda *a: pytest.fail("measured again"))
   runner.run(exp, str(out))
@@ -90,6 +102,17 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
     ("Experiment.gammas = [0]", ValueError, "gamma"),
     ("Experiment.drafts = ['wide_draft']", ValueError, "vocabulary"),
     ("Experiment.batch_sizes = [3]", ValueError, "batch_sizes"),
+    ("Experiment.drafts = ['broken_draft']", ValueError,
+     r"Experiment\.drafts \('broken_draft'\): .*config\.json: field 'num_heads' must be an int"),
+    ("Experiment.gammas = [True]", ValueError, r"Experiment\.gammas\[0\] must be an int >= 1"),
+    ("Experiment.gammas = [2.5]", ValueError, r"Experiment\.gammas\[0\] must be an int"),
+    ("Experiment.temperatures = [True]", ValueError, r"Experiment\.temperatures\[0\]"),
+    ("Experiment.temperatures = [-1.0]", ValueError, r"Experiment\.temperatures\[0\]"),
+    ("Experiment.batch_sizes = [2.0]", ValueError, r"Experiment\.batch_sizes\[0\] must be an int"),
+    ("Experiment.max_decode_len = 2.5", ValueError, r"Experiment\.max_decode_len must be an int"),
+    ("Experiment.input_len = 1", ValueError, r"Experiment\.input_len must be an int >= 2"),
+    ("Experiment.drafts = 'draft'", ValueError, r"Experiment\.drafts must be a list"),
+    ("Experiment.dtype = 'float33'", ValueError, r"Experiment\.dtype='float33' is not a dtype"),
 ])
 def test_bad_config_fails_before_work(tmp_path, models_dir, monkeypatch, binding, error, match):
   monkeypatch.setattr(runner, "load_hf_checkpoint", lambda *a: pytest.fail("work started"))
@@ -156,6 +179,17 @@ def test_analyze_writes_tables_figures_and_flags(tmp_path):
     assert (tmp_path / analyze.THEORY_DIR / f"{png}.png").stat().st_size > 0
   with open(section) as f:
     assert "## sweep" in f.read()
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("temperatures", ["0", "hot"]), ("temperatures", ["-1"]), ("temperatures", ["nan"]),
+    ("temperatures", []),
+    ("tasks", ["klingon"]), ("drafts", []), ("gamma", 0), ("batch_size", 0),
+    ("num_examples", 0), ("input_len", 1), ("max_decode_len", 0),
+])
+def test_measure_alpha_flags_are_checked_when_parsed(flag, value):
+  with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match=flag):
+    setattr(flags.FLAGS, flag, value)
 
 
 def test_spread_takes_evenly_spaced_examples():

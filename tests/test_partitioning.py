@@ -58,7 +58,7 @@ def test_unknown_parameter_is_named():
 
 
 def test_rules_to_specs_and_overrides():
-  assert partitioning.logical_to_spec(partitioning.CACHE_AXES) == P("data", None, "model", None)
+  assert partitioning.logical_to_spec(partitioning.CACHE_AXES) == P("data", "model", None, None)
   rules = partitioning.axis_rules(vocab=None, embed="model")
   assert partitioning.logical_to_spec(("vocab", "embed"), rules) == P(None, "model")
   with pytest.raises(ValueError, match="heads='tensor'"):

@@ -15,8 +15,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specdec_jax import validation
 from specdec_jax.decoding import sampling
-from specdec_jax.models.t5 import DecoderCache, EncodedInputs, T5Model
+from specdec_jax.models import cached_decoder
+from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
 
 Array = jax.Array
 
@@ -56,16 +58,6 @@ class SamplingLoopState:
   rng: Array
 
 
-def check_decode_args(inputs: Array, max_decode_len: int, eos_id: int, vocab_size: int) -> None:
-  """Raises ValueError for arguments no decoder can honour."""
-  if inputs.ndim != 2:
-    raise ValueError(f"inputs must be [batch, input_len] int tokens, got shape {inputs.shape}.")
-  if max_decode_len < 1:
-    raise ValueError(f"max_decode_len must be >= 1, got {max_decode_len}.")
-  if not 0 <= eos_id < vocab_size:
-    raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab_size}).")
-
-
 def temperature_sample(model: T5Model, params: dict, inputs: Array, *, max_decode_len: int,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                        eos_id: int | None = None, rng: Array | None = None) -> DecodeOutput:
@@ -84,22 +76,31 @@ def temperature_sample(model: T5Model, params: dict, inputs: Array, *, max_decod
 
   Returns:
     `DecodeOutput` with `[batch, max_decode_len]` sequences and `[batch]` lengths.
+
+  Raises:
+    ValueError: before any compilation, naming the argument, for a bad one
+      (`specdec_jax.validation`): e.g. a non-integral `max_decode_len`, float
+      or out-of-vocabulary token ids in `inputs`. Called under a trace, ids
+      outside the vocabulary fail at run time instead (the same ValueError,
+      or a `jax.errors.JaxRuntimeError` carrying its message).
   """
-  eos_id = model.config.eos_token_id if eos_id is None else eos_id
-  check_decode_args(inputs, max_decode_len, eos_id, model.config.vocab_size)
-  rng = jax.random.PRNGKey(0) if rng is None else rng
-  return _temperature_sample(model, params, jnp.asarray(inputs, jnp.int32), rng,
-                             max_decode_len=max_decode_len, temperature=float(temperature),
-                             top_k=int(top_k), top_p=float(top_p), eos_id=int(eos_id))
+  args = validation.check_decode_args(model, inputs, max_decode_len=max_decode_len,
+                                      eos_id=eos_id, temperature=temperature, top_k=top_k,
+                                      top_p=top_p, rng=rng)
+  prepared = model.prepare(params)  # Once per set of parameters (remembered).
+  return _temperature_sample(model, prepared.decoder, model.encode(prepared, args.inputs),
+                             args.rng, max_decode_len=args.max_decode_len,
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             eos_id=args.eos_id)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_decode_len", "temperature", "top_k",
-                                             "top_p", "eos_id"))
-def _temperature_sample(model: T5Model, params: dict, inputs: Array, rng: Array, *,
-                        max_decode_len: int, temperature: float, top_k: int, top_p: float,
-                        eos_id: int) -> DecodeOutput:
-  batch = inputs.shape[0]
-  encoded = model.encode(params, inputs)
+@functools.partial(cached_decoder.loop_jit, static_argnames=(
+    "model", "max_decode_len", "temperature", "top_k", "top_p", "eos_id"))
+def _temperature_sample(model: T5Model, weights: DecodeWeights, encoded: EncodedInputs,
+                        rng: Array, *, max_decode_len: int, temperature: float, top_k: int,
+                        top_p: float, eos_id: int) -> DecodeOutput:
+  """The generation loop, given the encoded inputs and the prepared decoder weights."""
+  batch = encoded.mask.shape[0]
   pad = model.config.pad_token_id
   init = SamplingLoopState(
       step=jnp.array(0, jnp.int32),
@@ -113,7 +114,7 @@ def _temperature_sample(model: T5Model, params: dict, inputs: Array, rng: Array,
     return (state.step < max_decode_len) & ~jnp.all(state.done)
 
   def body(state: SamplingLoopState) -> SamplingLoopState:
-    return _sampling_step(model, params, encoded, state, temperature=temperature, top_k=top_k,
+    return _sampling_step(model, weights, encoded, state, temperature=temperature, top_k=top_k,
                           top_p=top_p, eos_id=eos_id)
 
   final = jax.lax.while_loop(cond, body, init)
@@ -121,11 +122,11 @@ def _temperature_sample(model: T5Model, params: dict, inputs: Array, rng: Array,
   return DecodeOutput(final.sequences, lengths)
 
 
-def _sampling_step(model: T5Model, params: dict, encoded: EncodedInputs,
+def _sampling_step(model: T5Model, weights: DecodeWeights, encoded: EncodedInputs,
                    state: SamplingLoopState, *, temperature: float, top_k: int, top_p: float,
                    eos_id: int) -> SamplingLoopState:
   """One cached decoder step for every row; finished rows emit padding."""
-  logits, cache = model.decode_chunk(params, encoded, state.cache, state.last_token[:, None])
+  logits, cache = model.decode_chunk(weights, encoded, state.cache, state.last_token[:, None])
   rng, step_rng = jax.random.split(state.rng)
   token = sampling.sample(step_rng, logits[:, 0], temperature=temperature, top_k=top_k,
                           top_p=top_p)

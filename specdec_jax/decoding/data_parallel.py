@@ -22,6 +22,7 @@ import jax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from specdec_jax import validation
 from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.baseline import DecodeOutput
 from specdec_jax.decoding.drafts import Draft, Warp
@@ -34,7 +35,9 @@ Array = jax.Array
 def _check(inputs: Array, mesh: Mesh, axis: str) -> None:
   """Raises ValueError unless `inputs [batch, ...]` can be split over `mesh`'s `axis`.
 
-  The decoders' own argument checks run when the shard function is traced.
+  The other arguments are checked by `validation` first, on the host; the
+  decoders called on each shard check them again when traced (their token ids
+  then at run time: see `specdec_jax.validation`).
   """
   if axis not in mesh.shape:
     raise ValueError(f"axis={axis!r} is not an axis of the mesh {dict(mesh.shape)}; pass the "
@@ -60,19 +63,24 @@ def temperature_sample(model: T5Model, params: dict, inputs: Array, *, mesh: Mes
 
   Returns:
     `DecodeOutput`, sharded over `axis` by rows.
+
+  Raises:
+    ValueError: as `baseline.temperature_sample`, or the batch does not split.
   """
-  _check(inputs, mesh, axis)
-  rng = jax.random.PRNGKey(0) if rng is None else rng
-  return _dp_temperature_sample(model, params, inputs, rng, mesh=mesh, axis=axis,
-                                max_decode_len=max_decode_len, temperature=float(temperature),
-                                top_k=int(top_k), top_p=float(top_p), eos_id=eos_id)
+  args = validation.check_decode_args(model, inputs, max_decode_len=max_decode_len,
+                                      eos_id=eos_id, temperature=temperature, top_k=top_k,
+                                      top_p=top_p, rng=rng)
+  _check(args.inputs, mesh, axis)
+  return _dp_temperature_sample(model, params, args.inputs, args.rng, mesh=mesh, axis=axis,
+                                max_decode_len=args.max_decode_len, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, eos_id=args.eos_id)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "mesh", "axis", "max_decode_len",
                                              "temperature", "top_k", "top_p", "eos_id"))
 def _dp_temperature_sample(model: T5Model, params: dict, inputs: Array, rng: Array, *,
                            mesh: Mesh, axis: str, max_decode_len: int, temperature: float,
-                           top_k: int, top_p: float, eos_id: int | None) -> DecodeOutput:
+                           top_k: int, top_p: float, eos_id: int) -> DecodeOutput:
   def shard(params: dict, inputs: Array, rng: Array) -> DecodeOutput:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis))
     return baseline.temperature_sample(
@@ -101,20 +109,27 @@ def speculative_sample(target: T5Model, target_params: dict, draft: Draft, input
   Returns:
     `SpeculativeOutput`, sharded over `axis` by rows;
     `stats.loop_iterations` is the largest count of any shard (the slowest).
+
+  Raises:
+    ValueError: as `speculative.speculative_sample`, or the batch does not split.
   """
-  _check(inputs, mesh, axis)
-  rng = jax.random.PRNGKey(0) if rng is None else rng
+  args = validation.check_decode_args(target, inputs, max_decode_len=max_decode_len,
+                                      eos_id=eos_id, temperature=temperature, top_k=top_k,
+                                      top_p=top_p, rng=rng, model_name="target")
+  gamma = validation.as_int("gamma", gamma, minimum=1, what="proposals per target call")
+  validation.check_draft(draft, target.config.vocab_size, args.inputs, None)
+  _check(args.inputs, mesh, axis)
   return _dp_speculative_sample(
-      target, target_params, draft, inputs, rng, mesh=mesh, axis=axis, gamma=gamma,
-      max_decode_len=max_decode_len, warp=Warp(float(temperature), int(top_k), float(top_p)),
-      eos_id=eos_id)
+      target, target_params, draft, args.inputs, args.rng, mesh=mesh, axis=axis, gamma=gamma,
+      max_decode_len=args.max_decode_len, warp=Warp(args.temperature, args.top_k, args.top_p),
+      eos_id=args.eos_id)
 
 
 @functools.partial(jax.jit, static_argnames=("target", "mesh", "axis", "gamma",
                                              "max_decode_len", "warp", "eos_id"))
 def _dp_speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array,
                            rng: Array, *, mesh: Mesh, axis: str, gamma: int,
-                           max_decode_len: int, warp: Warp, eos_id: int | None
+                           max_decode_len: int, warp: Warp, eos_id: int
                            ) -> SpeculativeOutput:
   def shard(target_params: dict, draft: Draft, inputs: Array, rng: Array) -> SpeculativeOutput:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis))

@@ -32,8 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specdec_jax import validation
 from specdec_jax.decoding import sampling
-from specdec_jax.models.t5 import DecoderCache, EncodedInputs, T5Model
+from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
 
 Array = jax.Array
 
@@ -103,21 +104,32 @@ class T5DraftState:
   """State of a T5 draft.
 
   Attributes:
+    weights: the draft decoder's weights, prepared once per generation.
     encoded: the draft encoder's `EncodedInputs`.
     cache: its decoder cache; after `commit`, a row's cached length is m or m - 1
       (the latter when every proposal was accepted: the last one was never fed).
   """
 
+  weights: DecodeWeights
   encoded: EncodedInputs
   cache: DecoderCache
 
 
 @struct.dataclass
 class T5Draft(Draft):
-  """A smaller T5 model as the draft (the paper's setting)."""
+  """A smaller T5 model as the draft (the paper's setting).
+
+  Raises:
+    ValueError: from the constructor, if `model` is not a `T5Model` or its
+      config's special token ids lie outside its vocabulary.
+  """
 
   model: T5Model = struct.field(pytree_node=False)
   params: dict
+
+  def __post_init__(self):
+    # Static fields only: pytree unflattening calls this with any leaves.
+    validation.check_model(self.model, "T5Draft's model")
 
   @property
   def vocab_size(self) -> int:
@@ -128,7 +140,10 @@ class T5Draft(Draft):
     return 1
 
   def init_state(self, inputs: Array, cache_len: int) -> T5DraftState:
-    return T5DraftState(self.model.encode(self.params, inputs),
+    # Traced inside the loop's program, a T5X tree is prepared per generation (a
+    # draft's few small matrices); `T5Draft(model, model.prepare(params))` avoids it.
+    prepared = self.model.prepare(self.params)
+    return T5DraftState(prepared.decoder, self.model.encode(prepared, inputs),
                         self.model.init_cache(inputs.shape[0], cache_len))
 
   def propose(self, state: T5DraftState, tokens: Array, lengths: Array, rng: Array, *,
@@ -142,7 +157,7 @@ class T5Draft(Draft):
     pad = jnp.zeros_like(last)
     chunk = jnp.where(catch_up[:, None], jnp.stack([prev, last], 1),
                       jnp.stack([last, pad], 1))  # [batch, 2]
-    logits, cache = self.model.decode_chunk(self.params, state.encoded, cache, chunk)
+    logits, cache = self.model.decode_chunk(state.weights, state.encoded, cache, chunk)
     first_logits = jnp.where(catch_up[:, None], logits[:, 1], logits[:, 0])  # [batch, V]
     cache = cache.rewind(lengths + 1)
     rngs = jax.random.split(rng, gamma)
@@ -150,21 +165,23 @@ class T5Draft(Draft):
 
     def step(carry, step_rng):
       cache, token = carry
-      logits, cache = self.model.decode_chunk(self.params, state.encoded, cache, token[:, None])
+      logits, cache = self.model.decode_chunk(state.weights, state.encoded, cache,
+                                              token[:, None])
       new_token = warp.sample(step_rng, logits[:, 0])
       return (cache, new_token), (new_token, logits[:, 0])
 
-    (cache, _), (rest, rest_logits) = jax.lax.scan(step, (cache, first), rngs[1:])
+    # Unrolled: gamma - 1 small steps, no loop to run; and GSPMD then keeps the
+    # cache sharded as the caller's (a scan carry lost the heads' sharding).
+    (cache, _), (rest, rest_logits) = jax.lax.scan(step, (cache, first), rngs[1:], unroll=True)
     proposals = jnp.concatenate([first[:, None], rest.T], axis=1)  # [batch, gamma]
     q_logits = jnp.concatenate([first_logits[:, None], jnp.swapaxes(rest_logits, 0, 1)],
                                axis=1)  # [batch, gamma, V]
-    return T5DraftState(state.encoded, cache), proposals, q_logits
+    return state.replace(cache=cache), proposals, q_logits
 
   def commit(self, state: T5DraftState, lengths: Array) -> T5DraftState:
     # After `propose` the cache holds m + gamma positions; the accepted text
     # needs lengths = m + n + 1 of them, of which only m + gamma exist if n == gamma.
-    cache = state.cache.rewind(jnp.minimum(lengths, state.cache.lengths))
-    return T5DraftState(state.encoded, cache)
+    return state.replace(cache=state.cache.rewind(jnp.minimum(lengths, state.cache.lengths)))
 
 
 @struct.dataclass
@@ -182,6 +199,10 @@ class NgramDraft(Draft):
     next_ids: int32 `[vocab, top_next]` successors of each token.
     next_probs: float32 `[vocab, top_next]` their conditional probabilities.
     weight: float32 `[vocab]` the bigram weight w of each context token.
+
+  Raises:
+    ValueError: from the constructor, if `order` is not 1 or 2; from
+      `from_counts`, for malformed counts (`validation.check_ngram_counts`).
   """
 
   order: int = struct.field(pytree_node=False)
@@ -189,6 +210,9 @@ class NgramDraft(Draft):
   next_ids: Array
   next_probs: Array
   weight: Array
+
+  def __post_init__(self):
+    object.__setattr__(self, "order", validation.check_ngram_order(self.order))
 
   @property
   def vocab_size(self) -> int:
@@ -208,8 +232,11 @@ class NgramDraft(Draft):
       order: 1 (unigram) or 2 (bigram).
       top_next: successors kept per context token.
     """
-    if order not in (1, 2):
-      raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {order}.")
+    order = validation.check_ngram_order(order)
+    top_next = validation.as_int("top_next", top_next, minimum=1,
+                                 what="successors kept per context token")
+    unigram_counts, bigram_prev, bigram_next, bigram_count = validation.check_ngram_counts(
+        unigram_counts, bigram_prev, bigram_next, bigram_count)
     vocab = int(unigram_counts.shape[0])
     unigram = (unigram_counts + 1.0) / (unigram_counts.sum() + vocab)
     next_ids = np.zeros((vocab, top_next), np.int32)
@@ -265,10 +292,19 @@ class PromptLookupDraft(Draft):
   input, and the `gamma` input tokens after the match are proposed. With no
   match, the last token is proposed `gamma` times. q is a point mass on each
   proposal (logits 0 there, -inf elsewhere), so acceptance is min(1, p(x)).
+
+  Raises:
+    ValueError: from the constructor, unless `vocab` and `max_ngram` are ints >= 1.
   """
 
   vocab: int = struct.field(pytree_node=False)
   max_ngram: int = struct.field(pytree_node=False, default=3)
+
+  def __post_init__(self):
+    object.__setattr__(self, "vocab", validation.as_int(
+        "vocab", self.vocab, minimum=1, what="the target's vocabulary size"))
+    object.__setattr__(self, "max_ngram", validation.as_int(
+        "max_ngram", self.max_ngram, minimum=1, what="the longest n-gram looked up"))
 
   @property
   def vocab_size(self) -> int:

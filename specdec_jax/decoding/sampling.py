@@ -13,27 +13,19 @@ is a deterministic function of the logits.
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import jax
 import jax.numpy as jnp
+
+from specdec_jax import validation
 
 
 def _validate(logits: jax.Array, temperature: float, top_k: int, top_p: float) -> None:
   """Raises ValueError for settings outside their domain.
 
   The settings must be Python (or NumPy) scalars: they select the computation
-  and are static under `jax.jit`.
+  and are static under `jax.jit` (`validation.check_sampling`).
   """
-  if not isinstance(temperature, numbers.Real) or isinstance(temperature, bool) or not (
-      math.isfinite(temperature) and temperature >= 0):
-    raise ValueError(f"temperature must be a finite Python float >= 0 (0 = greedy), "
-                     f"got {temperature!r}.")
-  if not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or top_k < 0:
-    raise ValueError(f"top_k must be a Python int >= 0 (0 = off), got {top_k!r}.")
-  if not isinstance(top_p, numbers.Real) or isinstance(top_p, bool) or not 0 < top_p <= 1:
-    raise ValueError(f"top_p must be a Python float in (0, 1] (1.0 = off), got {top_p!r}.")
+  validation.check_sampling(temperature, top_k, top_p)
   if logits.ndim < 1 or logits.shape[-1] < 1:
     raise ValueError(f"logits must have shape [..., vocab] with vocab >= 1, got shape "
                      f"{logits.shape}.")

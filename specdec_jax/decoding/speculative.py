@@ -22,10 +22,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specdec_jax import validation
 from specdec_jax.decoding import acceptance
-from specdec_jax.decoding.baseline import check_decode_args
 from specdec_jax.decoding.drafts import Draft, Warp
-from specdec_jax.models.t5 import DecoderCache, EncodedInputs, T5Model
+from specdec_jax.models import cached_decoder
+from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
 
 Array = jax.Array
 
@@ -144,35 +145,43 @@ def speculative_sample(target: T5Model, target_params: dict, draft: Draft, input
     top_p: nucleus mass to keep (1.0: all).
     eos_id: end-of-sequence id (default: the target config's).
     rng: PRNG key (default `PRNGKey(0)`).
-    draft_inputs: encoder tokens for the draft if they differ (default `inputs`).
+    draft_inputs: encoder tokens for the draft if they differ (default `inputs`),
+      one row per row of `inputs`.
 
   Returns:
     A `SpeculativeOutput`.
+
+  Raises:
+    ValueError: before any compilation, naming the argument, for a bad one
+      (`specdec_jax.validation`): e.g. `gamma=True`, a draft of another
+      vocabulary, out-of-vocabulary ids in `inputs` or `draft_inputs`, or
+      `draft_inputs` of another batch size. Called under a trace, ids outside
+      the vocabulary fail at run time instead (the same ValueError, or a
+      `jax.errors.JaxRuntimeError` carrying its message).
   """
-  eos_id = target.config.eos_token_id if eos_id is None else eos_id
-  check_decode_args(inputs, max_decode_len, eos_id, target.config.vocab_size)
-  if not isinstance(gamma, int) or gamma < 1:
-    raise ValueError(f"gamma must be an int >= 1 (proposals per target call), got {gamma!r}.")
-  if draft.vocab_size != target.config.vocab_size:
-    raise ValueError(f"The draft's vocabulary ({draft.vocab_size}) differs from the target's "
-                     f"({target.config.vocab_size}); both must share one vocabulary.")
-  inputs = jnp.asarray(inputs, jnp.int32)
-  draft_inputs = inputs if draft_inputs is None else jnp.asarray(draft_inputs, jnp.int32)
-  rng = jax.random.PRNGKey(0) if rng is None else rng
-  warp = Warp(float(temperature), int(top_k), float(top_p))
-  return _speculative_sample(target, target_params, draft, inputs, draft_inputs, rng,
-                             gamma=gamma, max_decode_len=max_decode_len, warp=warp,
-                             eos_id=int(eos_id))
+  args = validation.check_decode_args(target, inputs, max_decode_len=max_decode_len,
+                                      eos_id=eos_id, temperature=temperature, top_k=top_k,
+                                      top_p=top_p, rng=rng, model_name="target")
+  gamma = validation.as_int("gamma", gamma, minimum=1, what="proposals per target call")
+  draft_inputs = validation.check_draft(draft, target.config.vocab_size, args.inputs,
+                                        draft_inputs)
+  prepared = target.prepare(target_params)  # Once per set of parameters (remembered).
+  # The target's encoder runs as its own program (see cached_decoder.COMPILER_OPTIONS).
+  return _speculative_sample(target, prepared.decoder, target.encode(prepared, args.inputs),
+                             draft, draft_inputs, args.rng, gamma=gamma,
+                             max_decode_len=args.max_decode_len,
+                             warp=Warp(args.temperature, args.top_k, args.top_p),
+                             eos_id=args.eos_id)
 
 
-@functools.partial(jax.jit, static_argnames=("target", "gamma", "max_decode_len", "warp",
-                                             "eos_id"))
-def _speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array,
-                        draft_inputs: Array, rng: Array, *, gamma: int, max_decode_len: int,
-                        warp: Warp, eos_id: int) -> SpeculativeOutput:
-  batch = inputs.shape[0]
+@functools.partial(cached_decoder.loop_jit, static_argnames=(
+    "target", "gamma", "max_decode_len", "warp", "eos_id"))
+def _speculative_sample(target: T5Model, weights: DecodeWeights, encoded: EncodedInputs,
+                        draft: Draft, draft_inputs: Array, rng: Array, *, gamma: int,
+                        max_decode_len: int, warp: Warp, eos_id: int) -> SpeculativeOutput:
+  """The loop, given the target's prepared weights and encoded inputs."""
+  batch = encoded.mask.shape[0]
   cache_len = max_decode_len + gamma + 1
-  encoded = target.encode(target_params, inputs)
   zeros = jnp.zeros((batch,), jnp.int32)
   buffer = jnp.full((batch, max_decode_len + gamma + 2), target.config.pad_token_id, jnp.int32)
   init = SpeculativeLoopState(
@@ -193,7 +202,7 @@ def _speculative_sample(target: T5Model, target_params: dict, draft: Draft, inpu
     return ~jnp.all(state.done)
 
   def body(state: SpeculativeLoopState) -> SpeculativeLoopState:
-    return _speculative_step(target, target_params, encoded, draft, state, gamma=gamma,
+    return _speculative_step(target, weights, encoded, draft, state, gamma=gamma,
                              max_decode_len=max_decode_len, warp=warp, eos_id=eos_id)
 
   final = jax.lax.while_loop(cond, body, init)
@@ -209,7 +218,7 @@ def _write_rows(buffer: Array, chunk: Array, start: Array) -> Array:
   return jax.vmap(lambda b, c, s: jax.lax.dynamic_update_slice(b, c, (s,)))(buffer, chunk, start)
 
 
-def _speculative_step(target: T5Model, target_params: dict, encoded: EncodedInputs,
+def _speculative_step(target: T5Model, weights: DecodeWeights, encoded: EncodedInputs,
                       draft: Draft, state: SpeculativeLoopState, *, gamma: int,
                       max_decode_len: int, warp: Warp, eos_id: int) -> SpeculativeLoopState:
   """One draft-propose / target-verify / accept / rewind iteration for every row."""
@@ -221,7 +230,7 @@ def _speculative_step(target: T5Model, target_params: dict, encoded: EncodedInpu
       state.draft_state, state.tokens, m, draft_rng, gamma=gamma, warp=warp)
   last = jnp.take_along_axis(state.tokens, m[:, None], axis=1)  # [batch, 1]
   chunk = jnp.concatenate([last, proposals], axis=1)  # [batch, gamma + 1]
-  p_logits, target_cache = target.decode_chunk(target_params, encoded, state.target_cache, chunk)
+  p_logits, target_cache = target.decode_chunk(weights, encoded, state.target_cache, chunk)
   if warp.temperature == 0:
     verdict = acceptance.verify_greedy(proposals, p_logits)
   else:

@@ -3,11 +3,23 @@
 Parameter names and layouts follow T5X (`t5x/examples/t5/layers.py`): dense kernels
 are stored 2-D as `[in_features, out_features]`, attention projections as
 `[d_model, heads * d_kv]`, the relative bias table as `[heads, num_buckets]`.
+
+The math lives in pure functions (`rms_norm`, `attention`, `gated_gelu`,
+`relative_bias`) that the Flax modules here and the cached decoder
+(`cached_decoder.py`) share, so both compute the same thing by construction.
+Keys are laid out `[batch * heads, d_kv, kv_len]` and values `[batch * heads,
+kv_len, d_kv]`: the layouts XLA's batched dots read as they are, with no
+transposing copy and no reshape between a cache update and the dot reading it
+(with a reshape there, XLA:CPU copied every cache array several times a step).
+Under a device mesh of more than one device (`jax.set_mesh`) they are
+`[batch, heads, d_kv, kv_len]` / `[batch, heads, kv_len, d_kv]` instead, which
+GSPMD can split over both the batch and the heads (`split_heads_layout`).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -24,6 +36,85 @@ def _kernel_init(scale: float):
   return nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal")
 
 
+def rms_norm(x: Array, scale: Array, epsilon: float, dtype: jnp.dtype) -> Array:
+  """T5's layer norm of `x [..., d]` with `scale [d]`: no centring, no bias; in float32."""
+  x32 = x.astype(jnp.float32)
+  var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+  y = x32 * jax.lax.rsqrt(var + epsilon)
+  return (y * scale.astype(jnp.float32)).astype(dtype)
+
+
+def gated_gelu(gate: Array, linear: Array) -> Array:
+  """T5.1.1's gated activation: gelu_new(x @ wi_0) * (x @ wi_1)."""
+  return jax.nn.gelu(gate, approximate=True) * linear
+
+
+def split_heads(x: Array, num_heads: int) -> Array:
+  """`[batch, length, heads * d_kv]` -> `[batch, length, heads, d_kv]`."""
+  return x.reshape(x.shape[:-1] + (num_heads, x.shape[-1] // num_heads))
+
+
+def split_heads_layout() -> bool:
+  """Whether keys/values keep batch and heads apart: under a mesh of > 1 device."""
+  return jax.sharding.get_abstract_mesh().size > 1
+
+
+def key_layout(k: Array) -> Array:
+  """Keys `[batch, length, heads, d_kv]` -> `[batch * heads, d_kv, length]` (or 4-D)."""
+  b, length, h, d = k.shape
+  k = jnp.transpose(k, (0, 2, 3, 1))
+  return k if split_heads_layout() else k.reshape(b * h, d, length)
+
+
+def value_layout(v: Array) -> Array:
+  """Values `[batch, length, heads, d_kv]` -> `[batch * heads, length, d_kv]` (or 4-D)."""
+  b, length, h, d = v.shape
+  v = jnp.transpose(v, (0, 2, 1, 3))
+  return v if split_heads_layout() else v.reshape(b * h, length, d)
+
+
+def attention(q: Array, k: Array, v: Array, bias: Array | None, mask: Array,
+              dtype: jnp.dtype, dropout: Callable[[Array], Array] | None = None) -> Array:
+  """Multi-head attention of queries over keys/values, without output projection.
+
+  No 1/sqrt(d_kv) factor: T5 folds it into the query initialisation.
+
+  Args:
+    q: `[batch, q_len, heads, d_kv]`.
+    k: `[batch * heads, d_kv, kv_len]` or `[batch, heads, d_kv, kv_len]` (`key_layout`).
+    v: `[batch * heads, kv_len, d_kv]` or `[batch, heads, kv_len, d_kv]` (`value_layout`).
+    bias: `[batch or 1, heads, q_len, kv_len]` relative position bias, or None.
+    mask: bool, broadcastable to `[batch, heads, q_len, kv_len]`; True = visible.
+    dtype: the compute dtype of the weighted sum.
+    dropout: applied to the attention weights (training), or None.
+
+  Returns:
+    The heads' outputs side by side, `[batch, q_len, heads * d_kv]`.
+  """
+  b, q_len, h, d = q.shape
+  kv_len = k.shape[-1]
+  q = jnp.transpose(q, (0, 2, 1, 3))  # [batch, heads, q_len, d_kv]
+  if k.ndim == 3:  # Batch and heads merged.
+    q = q.reshape(b * h, q_len, d)
+    scores = jnp.einsum("nqd,ndk->nqk", q, k, preferred_element_type=jnp.float32)
+  else:
+    scores = jnp.einsum("bhqd,bhdk->bhqk", q, k, preferred_element_type=jnp.float32)
+  scores = scores.reshape(b, h, q_len, kv_len)
+  if bias is not None:
+    scores = scores + bias.astype(jnp.float32)
+  scores = jnp.where(mask, scores, NEG_INF)
+  weights = jax.nn.softmax(scores, axis=-1).astype(dtype)
+  if dropout is not None:
+    weights = dropout(weights)
+  if v.ndim == 3:
+    y = jnp.einsum("nqk,nkd->nqd", weights.reshape(b * h, q_len, kv_len), v,
+                   preferred_element_type=jnp.float32).astype(dtype)
+  else:
+    y = jnp.einsum("bhqk,bhkd->bhqd", weights, v,
+                   preferred_element_type=jnp.float32).astype(dtype)
+  return jnp.transpose(y.reshape(b, h, q_len, d), (0, 2, 1, 3)).reshape(b, q_len, h * d)
+
+
 class RMSNorm(nn.Module):
   """T5's layer norm: rescales by the root mean square, no centring, no bias."""
 
@@ -33,10 +124,7 @@ class RMSNorm(nn.Module):
   def __call__(self, x: Array) -> Array:
     cfg = self.config
     scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), cfg.parameter_dtype)
-    x32 = x.astype(jnp.float32)
-    var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-    y = x32 * jax.lax.rsqrt(var + cfg.layer_norm_epsilon)
-    return (y * scale.astype(jnp.float32)).astype(cfg.compute_dtype)
+    return rms_norm(x, scale, cfg.layer_norm_epsilon, cfg.compute_dtype)
 
 
 class Dense(nn.Module):
@@ -63,8 +151,7 @@ class MLP(nn.Module):
   def __call__(self, x: Array, deterministic: bool) -> Array:
     cfg = self.config
     if cfg.gated:
-      gate = jax.nn.gelu(Dense(cfg.d_ff, cfg, name="wi_0")(x), approximate=True)
-      h = gate * Dense(cfg.d_ff, cfg, name="wi_1")(x)
+      h = gated_gelu(Dense(cfg.d_ff, cfg, name="wi_0")(x), Dense(cfg.d_ff, cfg, name="wi_1")(x))
     else:
       h = jax.nn.relu(Dense(cfg.d_ff, cfg, name="wi")(x))
     h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
@@ -75,7 +162,7 @@ class MultiHeadAttention(nn.Module):
   """Multi-head attention without the 1/sqrt(d_kv) factor (T5 folds it into init).
 
   Split into projection and attention methods so that the decoder can project
-  the encoder's keys/values once and the cache can hold the self-attention ones.
+  the encoder's keys/values once (`EncodedInputs`).
   """
 
   config: T5Config
@@ -89,41 +176,25 @@ class MultiHeadAttention(nn.Module):
     self.out = Dense(cfg.d_model, cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate)
 
-  def _split(self, x: Array) -> Array:
-    # [batch, length, heads * d_kv] -> [batch, length, heads, d_kv]
-    return x.reshape(x.shape[:-1] + (self.config.num_heads, self.config.d_kv))
-
   def project_q(self, x: Array) -> Array:
     """`[batch, q_len, d_model]` -> queries `[batch, q_len, heads, d_kv]`."""
-    return self._split(self.query(x))
+    return split_heads(self.query(x), self.config.num_heads)
 
   def project_kv(self, x: Array) -> tuple[Array, Array]:
-    """`[batch, kv_len, d_model]` -> keys, values, each `[batch, kv_len, heads, d_kv]`."""
-    return self._split(self.key(x)), self._split(self.value(x))
+    """`[batch, kv_len, d_model]` -> keys, values in the layouts of `attention`."""
+    heads = self.config.num_heads
+    return (key_layout(split_heads(self.key(x), heads)),
+            value_layout(split_heads(self.value(x), heads)))
 
   def attend(self, q: Array, k: Array, v: Array, bias: Array | None, mask: Array,
              deterministic: bool) -> Array:
-    """Attention of queries over keys/values.
-
-    Args:
-      q: `[batch, q_len, heads, d_kv]`.
-      k: `[batch, kv_len, heads, d_kv]`.
-      v: `[batch, kv_len, heads, d_kv]`.
-      bias: `[batch or 1, heads, q_len, kv_len]` relative position bias, or None.
-      mask: bool, broadcastable to `[batch, heads, q_len, kv_len]`; True = visible.
-      deterministic: disables dropout.
+    """Attention of queries over keys/values (layouts of `attention`), then `out`.
 
     Returns:
       `[batch, q_len, d_model]`.
     """
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
-    if bias is not None:
-      scores = scores + bias.astype(jnp.float32)
-    scores = jnp.where(mask, scores, NEG_INF)
-    weights = jax.nn.softmax(scores, axis=-1).astype(self.config.compute_dtype)
-    weights = self.dropout(weights, deterministic=deterministic)
-    y = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
-    return self.out(y.reshape(y.shape[:2] + (-1,)))
+    drop = functools.partial(self.dropout, deterministic=deterministic)
+    return self.out(attention(q, k, v, bias, mask, self.config.compute_dtype, drop))
 
   def __call__(self, x: Array, kv_input: Array, bias: Array | None, mask: Array,
                deterministic: bool) -> Array:
@@ -180,11 +251,28 @@ class RelativePositionBias(nn.Module):
     table = self.param("rel_embedding", _kernel_init(1.0),
                        (cfg.num_heads, cfg.relative_attention_num_buckets),
                        cfg.parameter_dtype)
-    max_rel = k_len  # Every query position lies in [0, k_len).
-    buckets_of_rel = jnp.asarray(relative_position_buckets(
-        max_rel, self.bidirectional, cfg.relative_attention_num_buckets,
-        cfg.relative_attention_max_distance))
-    rel = jnp.arange(k_len)[None, None, :] - q_pos[:, :, None]  # [b, q, k]
-    buckets = buckets_of_rel[jnp.clip(rel + max_rel, 0, 2 * max_rel)]  # [b, q, k]
-    bias = jnp.take(table.astype(jnp.float32), buckets, axis=1)  # [heads, b, q, k]
-    return jnp.transpose(bias, (1, 0, 2, 3))
+    return relative_bias(table, q_pos, k_len, bidirectional=self.bidirectional,
+                         max_distance=cfg.relative_attention_max_distance)
+
+
+def relative_bias(table: Array, q_pos: Array, k_len: int, *, bidirectional: bool,
+                  max_distance: int) -> Array:
+  """T5's relative position bias for queries at `q_pos` over keys `0..k_len-1`.
+
+  Args:
+    table: `[heads, num_buckets]` learned bias per bucket.
+    q_pos: int32 `[batch or 1, q_len]` absolute query positions (< k_len).
+    k_len: static number of key positions.
+    bidirectional: encoder (True) or causal decoder (False) bucketing.
+    max_distance: distance at which the largest bucket starts.
+
+  Returns:
+    `[batch or 1, heads, q_len, k_len]` float32 bias.
+  """
+  max_rel = k_len  # Every query position lies in [0, k_len).
+  buckets_of_rel = jnp.asarray(relative_position_buckets(
+      max_rel, bidirectional, table.shape[1], max_distance))
+  rel = jnp.arange(k_len)[None, None, :] - q_pos[:, :, None]  # [b, q, k]
+  buckets = buckets_of_rel[jnp.clip(rel + max_rel, 0, 2 * max_rel)]  # [b, q, k]
+  bias = jnp.take(table.astype(jnp.float32), buckets, axis=1)  # [heads, b, q, k]
+  return jnp.transpose(bias, (1, 0, 2, 3))

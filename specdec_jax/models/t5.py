@@ -1,4 +1,4 @@
-"""A Flax T5 encoder-decoder with T5X parameter names and chunked cached decoding.
+"""A Flax T5 encoder-decoder with T5X parameter names, and its functional API.
 
 Parameter tree (T5X layout):
 
@@ -17,71 +17,39 @@ Parameter tree (T5X layout):
   decoder/decoder_norm/scale
   decoder/logits_dense/kernel                                [d_model, vocab] (T5.1.1)
 
-Decoding scores a *chunk* of k >= 1 new tokens per row against a `DecoderCache`
-whose rows may sit at different lengths; moving a row's length back (rewinding)
-needs no copy, because attention masks every cached position at or beyond it
-and the next chunk overwrites them.
+The Flax modules compute the encoder and teacher-forced decoder logits
+(training, parity with the reference implementation); cached generation goes
+through `cached_decoder` (weights prepared once per generation, the same math),
+behind the functional API `T5Model`.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax import struct
 
+from specdec_jax.models import cached_decoder
+from specdec_jax.models.cached_decoder import (
+    DecoderCache,
+    DecodeWeights,
+    EncodedInputs,
+    PreparedParams,
+)
 from specdec_jax.models.config import T5Config
 from specdec_jax.models.layers import MLP, Dense, MultiHeadAttention, RelativePositionBias, RMSNorm
 
 Array = jax.Array
 
-
-@struct.dataclass
-class DecoderCache:
-  """Self-attention keys/values of every decoder layer, with per-row lengths.
-
-  Attributes:
-    keys: one `[batch, max_len, heads, d_kv]` array per decoder layer.
-    values: one `[batch, max_len, heads, d_kv]` array per decoder layer.
-    lengths: int32 `[batch]`, the number of valid positions of each row; the
-      next chunk of a row is written at positions `lengths[row]...`.
-  """
-
-  keys: tuple[Array, ...]
-  values: tuple[Array, ...]
-  lengths: Array
-
-  @property
-  def max_len(self) -> int:
-    return self.keys[0].shape[1]
-
-  def rewind(self, lengths: Array) -> DecoderCache:
-    """Sets each row's valid length (int32 `[batch]`); stale entries are masked."""
-    return self.replace(lengths=lengths.astype(jnp.int32))
-
-
-@struct.dataclass
-class EncodedInputs:
-  """What the decoder needs from the encoder, computed once per generation.
-
-  Attributes:
-    cross_keys: one `[batch, input_len, heads, d_kv]` array per decoder layer.
-    cross_values: one `[batch, input_len, heads, d_kv]` array per decoder layer.
-    mask: bool `[batch, input_len]`, True at real (non-padding) input tokens.
-  """
-
-  cross_keys: tuple[Array, ...]
-  cross_values: tuple[Array, ...]
-  mask: Array
-
-
-def _write_chunk(cache: Array, chunk: Array, start: Array) -> Array:
-  """Writes `chunk [b, k, h, d]` into `cache [b, T, h, d]` at per-row `start [b]`."""
-  return jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice(c, u, (s, 0, 0)))(
-      cache, chunk.astype(cache.dtype), start)
+# T5Model.prepare's memory: (config, ids of the tree's arrays) -> (the arrays, which
+# keep the ids valid, and their PreparedParams), most recently used last.
+_PREPARED: collections.OrderedDict[tuple, tuple[list, PreparedParams]] = (
+    collections.OrderedDict())
+_PREPARED_MAX = 8
 
 
 class EncoderLayer(nn.Module):
@@ -143,33 +111,22 @@ class DecoderLayer(nn.Module):
     return self.encoder_decoder_attention.project_kv(encoder_outputs)
 
   def __call__(self, x: Array, *, self_bias: Array, self_mask: Array, cross_k: Array,
-               cross_v: Array, cross_mask: Array, cache_kv: tuple[Array, Array] | None,
-               write_start: Array | None, deterministic: bool
-               ) -> tuple[Array, tuple[Array, Array] | None]:
-    """One decoder block over a chunk.
+               cross_v: Array, cross_mask: Array, deterministic: bool) -> Array:
+    """One decoder block over a teacher-forced sequence.
 
     Args:
-      x: `[batch, k, d_model]` chunk activations.
-      self_bias: `[batch or 1, heads, k, kv_len]` relative position bias.
-      self_mask: bool, broadcastable to `[batch, heads, k, kv_len]`.
-      cross_k: `[batch, input_len, heads, d_kv]`; cross_v likewise.
+      x: `[batch, length, d_model]` activations.
+      self_bias: `[1, heads, length, length]` relative position bias.
+      self_mask: bool, broadcastable to `[batch, heads, length, length]` (causal).
+      cross_k: `[batch, heads, d_kv, input_len]`; cross_v `[batch, heads, input_len, d_kv]`.
       cross_mask: bool `[batch, 1, 1, input_len]`.
-      cache_kv: this layer's cached keys, values `[batch, max_len, heads, d_kv]`,
-        or None to attend within the chunk only (training).
-      write_start: int32 `[batch]` where the chunk goes in the cache.
       deterministic: disables dropout.
 
     Returns:
-      `[batch, k, d_model]` outputs and the updated `cache_kv`.
+      `[batch, length, d_model]`.
     """
     h = self.pre_self_attention_layer_norm(x)
-    q = self.self_attention.project_q(h)
-    k, v = self.self_attention.project_kv(h)
-    if cache_kv is not None:
-      k = _write_chunk(cache_kv[0], k, write_start)
-      v = _write_chunk(cache_kv[1], v, write_start)
-      cache_kv = (k, v)
-    h = self.self_attention.attend(q, k, v, self_bias, self_mask, deterministic)
+    h = self.self_attention(h, h, self_bias, self_mask, deterministic)
     x = x + self.dropout(h, deterministic=deterministic)
     h = self.pre_cross_attention_layer_norm(x)
     h = self.encoder_decoder_attention.attend(
@@ -177,11 +134,11 @@ class DecoderLayer(nn.Module):
         deterministic)
     x = x + self.dropout(h, deterministic=deterministic)
     h = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
-    return x + self.dropout(h, deterministic=deterministic), cache_kv
+    return x + self.dropout(h, deterministic=deterministic)
 
 
 class Decoder(nn.Module):
-  """T5 decoder stack with chunked cached decoding."""
+  """T5 decoder stack, teacher-forced (cached generation: `cached_decoder`)."""
 
   config: T5Config
   embedder: nn.Module
@@ -189,7 +146,7 @@ class Decoder(nn.Module):
   def setup(self):
     cfg = self.config
     self.relpos_bias = RelativePositionBias(cfg, bidirectional=False)
-    self.layers = [DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.n_decoder_layers)]
+    self.layers = [DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.num_decoder_layers)]
     self.decoder_norm = RMSNorm(cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate)
     if not cfg.tie_word_embeddings:
@@ -200,58 +157,29 @@ class Decoder(nn.Module):
     kvs = [layer.cross_kv(encoder_outputs) for layer in self.layers]
     return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
 
-  def __call__(self, tokens: Array, encoded: EncodedInputs, cache: DecoderCache | None,
-               deterministic: bool) -> tuple[Array, DecoderCache | None]:
-    """Scores a chunk of tokens.
-
-    Args:
-      tokens: int32 `[batch, k]`. With a cache, row `b` holds the tokens at
-        positions `cache.lengths[b] ... cache.lengths[b] + k - 1`; without one,
-        positions `0 ... k - 1` (teacher-forced training).
-      encoded: the encoder's `EncodedInputs`.
-      cache: the self-attention cache, or None.
-      deterministic: disables dropout.
+  def __call__(self, tokens: Array, encoded: EncodedInputs, deterministic: bool) -> Array:
+    """Teacher-forced logits of `tokens [batch, length]` at positions `0 ... length - 1`.
 
     Returns:
-      Logits `[batch, k, vocab]` (compute dtype) and the cache with every row's
-      length advanced by k (None without a cache).
+      Logits `[batch, length, vocab]` (compute dtype).
     """
     cfg = self.config
-    k = tokens.shape[1]
-    if cache is None:
-      positions = jnp.arange(k)[None]  # [1, k]
-      kv_len = k
-      write_start = None
-    else:
-      positions = cache.lengths[:, None] + jnp.arange(k)[None]  # [b, k]
-      kv_len = cache.max_len
-      write_start = cache.lengths
-    self_mask = (jnp.arange(kv_len)[None, None, :] <= positions[:, :, None])[:, None]
-    self_bias = self.relpos_bias(positions, kv_len)
+    length = tokens.shape[1]
+    positions = jnp.arange(length)[None]  # [1, length]
+    self_mask = (positions[0][None, :] <= positions[0][:, None])[None, None]
+    self_bias = self.relpos_bias(positions, length)
     cross_mask = encoded.mask[:, None, None, :]
     x = self.embedder(tokens).astype(cfg.compute_dtype)
     x = self.dropout(x, deterministic=deterministic)
-    new_keys, new_values = [], []
     for i, layer in enumerate(self.layers):
-      cache_kv = None if cache is None else (cache.keys[i], cache.values[i])
-      x, cache_kv = layer(x, self_bias=self_bias, self_mask=self_mask,
-                          cross_k=encoded.cross_keys[i], cross_v=encoded.cross_values[i],
-                          cross_mask=cross_mask, cache_kv=cache_kv, write_start=write_start,
-                          deterministic=deterministic)
-      if cache_kv is not None:
-        new_keys.append(cache_kv[0])
-        new_values.append(cache_kv[1])
+      x = layer(x, self_bias=self_bias, self_mask=self_mask, cross_k=encoded.cross_keys[i],
+                cross_v=encoded.cross_values[i], cross_mask=cross_mask,
+                deterministic=deterministic)
     x = self.dropout(self.decoder_norm(x), deterministic=deterministic)
     if cfg.tie_word_embeddings:
-      # An einsum over the embedding's d_model axis: `attend` (x @ E.T) made
-      # XLA:CPU copy the transposed [vocab, d_model] table on every step.
       embedding = self.embedder.embedding.astype(cfg.compute_dtype)
-      logits = jnp.einsum("bkd,vd->bkv", x * cfg.d_model**-0.5, embedding)
-    else:
-      logits = self.logits_dense(x)
-    if cache is not None:
-      cache = DecoderCache(tuple(new_keys), tuple(new_values), cache.lengths + k)
-    return logits, cache
+      return jnp.einsum("bkd,vd->bkv", x * cfg.d_model**-0.5, embedding)
+    return self.logits_dense(x)
 
 
 class Transformer(nn.Module):
@@ -277,16 +205,12 @@ class Transformer(nn.Module):
     """`[batch, input_len]` -> the encoder's final hidden states `[b, s, d_model]`."""
     return self.encoder(tokens, True)
 
-  def decode(self, tokens: Array, encoded: EncodedInputs, cache: DecoderCache | None,
-             deterministic: bool = True) -> tuple[Array, DecoderCache | None]:
-    return self.decoder(tokens, encoded, cache, deterministic)
 
   def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
                deterministic: bool = True) -> Array:
     """Teacher-forced logits `[batch, target_len, vocab]`."""
     encoded = self.encode(encoder_input_tokens, deterministic)
-    logits, _ = self.decoder(decoder_input_tokens, encoded, None, deterministic)
-    return logits
+    return self.decoder(decoder_input_tokens, encoded, deterministic)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,9 +234,14 @@ class T5Model:
     targets = jnp.ones((1, target_len), jnp.int32)
     return jax.jit(self.module.init)(rng, inputs, targets)["params"]
 
-  @functools.partial(jax.jit, static_argnums=0)
-  def encode(self, params: dict, inputs: Array) -> EncodedInputs:
+  def encode(self, params: dict | PreparedParams, inputs: Array) -> EncodedInputs:
     """Runs the encoder once: `[batch, input_len]` -> `EncodedInputs`."""
+    if isinstance(params, PreparedParams):
+      params = params.params
+    return self._encode(params, inputs)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def _encode(self, params: dict, inputs: Array) -> EncodedInputs:
     return self.module.apply({"params": params}, inputs, method=Transformer.encode)
 
   @functools.partial(jax.jit, static_argnums=0)
@@ -320,26 +249,67 @@ class T5Model:
     """`[batch, input_len]` -> encoder hidden states `[batch, input_len, d_model]`."""
     return self.module.apply({"params": params}, inputs, method=Transformer.encoder_outputs)
 
-  def init_cache(self, batch_size: int, max_len: int) -> DecoderCache:
-    """An empty cache of `max_len` positions per row (all lengths 0)."""
-    cfg = self.config
-    shape = (batch_size, max_len, cfg.num_heads, cfg.d_kv)
-    zeros = tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.n_decoder_layers))
-    return DecoderCache(zeros, zeros, jnp.zeros((batch_size,), jnp.int32))
+  def prepare(self, params: dict | PreparedParams) -> PreparedParams:
+    """`params` with the decoder's weights fused and cast for generation.
+
+    The decoders call this on every call; a tree of `jax.Array`s is prepared
+    once and remembered (by the identity of its arrays, which are immutable),
+    so later calls with the same tree cost nothing. Prepare once yourself
+    (`params = model.prepare(params)`) to hold the prepared weights explicitly.
+
+    Args:
+      params: a T5X-layout tree, or an already `PreparedParams` (returned as is).
+
+    Returns:
+      `PreparedParams`.
+    """
+    if isinstance(params, PreparedParams):
+      return params
+    leaves = jax.tree.leaves(params)
+    if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
+      return PreparedParams(params, self._prepare_decoder(params))  # Traced or numpy: no memory.
+    key = (self.config, tuple(map(id, leaves)))
+    if key in _PREPARED:
+      _PREPARED.move_to_end(key)
+      return _PREPARED[key][1]
+    prepared = PreparedParams(params, self._prepare_decoder(params))
+    _PREPARED[key] = (leaves, prepared)
+    if len(_PREPARED) > _PREPARED_MAX:
+      _PREPARED.popitem(last=False)
+    return prepared
 
   @functools.partial(jax.jit, static_argnums=0)
-  def decode_chunk(self, params: dict, encoded: EncodedInputs, cache: DecoderCache,
-                   tokens: Array) -> tuple[Array, DecoderCache]:
+  def _prepare_decoder(self, params: dict) -> DecodeWeights:
+    return cached_decoder.prepare(self.config, params)
+
+  def init_cache(self, batch_size: int, max_len: int) -> DecoderCache:
+    """An empty cache of `max_len` positions per row (all lengths 0)."""
+    return DecoderCache.empty(self.config, batch_size, max_len)
+
+  def decode_chunk(self, weights: DecodeWeights | PreparedParams | dict, encoded: EncodedInputs,
+                   cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:
     """Scores `tokens [batch, k]` at each row's cached length.
 
-    The caller must keep `cache.lengths + k <= cache.max_len`.
+    Args:
+      weights: the decoder's `DecodeWeights` (`prepare(params).decoder`), or
+        anything `prepare` takes.
+      encoded: `encode(params, inputs)`.
+      cache: the self-attention cache; the caller keeps
+        `cache.lengths + k <= cache.max_len`.
+      tokens: int32 `[batch, k]`.
 
     Returns:
       float32 logits `[batch, k, vocab]` (logits[:, i] predict the token after
       tokens[:, i]) and the cache advanced by k.
     """
-    logits, cache = self.module.apply({"params": params}, tokens, encoded, cache,
-                                      method=Transformer.decode)
+    if not isinstance(weights, DecodeWeights):
+      weights = self.prepare(weights).decoder
+    return self._decode_chunk(weights, encoded, cache, tokens)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def _decode_chunk(self, weights: DecodeWeights, encoded: EncodedInputs, cache: DecoderCache,
+                    tokens: Array) -> tuple[Array, DecoderCache]:
+    logits, cache = cached_decoder.decode_chunk(self.config, weights, encoded, cache, tokens)
     return logits.astype(jnp.float32), cache
 
   @functools.partial(jax.jit, static_argnums=0)

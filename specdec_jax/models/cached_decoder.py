@@ -1,0 +1,301 @@
+"""The T5 decoder for cached generation: weights prepared once, a chunk scored per call.
+
+Generation streams every decoder weight once per step, so the step is built
+around that: `prepare` turns the T5X-layout parameter tree into
+`DecodeWeights` once per set of parameters (self-attention query | key | value
+kernels side by side in one `[d_model, 3 * heads * d_kv]` matrix, the gated
+MLP's `wi_0 | wi_1` in one `[d_model, 2 * d_ff]`, a tied embedding transposed
+and scaled into a `[d_model, vocab]` logits matrix, everything cast to the
+compute dtype), so a layer costs six weight dots instead of nine (XLA:CPU
+pays a fixed cost per op). Keys and values live in the layouts XLA's batched
+dots read without a transposing copy (`layers.attention`). The math is the
+Flax modules' own (`layers.rms_norm`, `layers.attention`, ...), so the
+logits equal `Transformer`'s teacher-forced ones (tested).
+
+Decoding scores a *chunk* of k >= 1 new tokens per row against a `DecoderCache`
+whose rows may sit at different lengths; moving a row's length back (rewinding)
+needs no copy, because attention masks every cached position at or beyond it
+and the next chunk overwrites them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec_jax.models import layers
+from specdec_jax.models.config import T5Config
+
+Array = jax.Array
+
+# XLA options for the programs that run decoding loops. On XLA:CPU (jaxlib
+# 0.10), dots with 2-16 rows (a verification chunk, a small batch) otherwise go
+# to YNNPACK, which costs 1.3-1.6X XLA's own emitter there (2-core Zen 4,
+# results/decode_step); one-row dots never do. Other backends ignore the option.
+# Encoders run as their own programs and keep the default (YNNPACK wins at
+# input_len rows).
+COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+def loop_jit(fn: Callable[..., Any], *, static_argnames: tuple[str, ...]) -> Callable[..., Any]:
+  """`jax.jit(fn)` with `COMPILER_OPTIONS` when called at top level.
+
+  Compiler options can only be given to a top-level program, so a call under
+  an outer trace (the data-parallel decoders, a user's `jit`) runs a plain
+  `jax.jit(fn)` that the outer program inlines.
+  """
+  top = jax.jit(fn, static_argnames=static_argnames, compiler_options=COMPILER_OPTIONS)
+  nested = jax.jit(fn, static_argnames=static_argnames)
+
+  @functools.wraps(fn)
+  def call(*args: Any, **kwargs: Any) -> Any:
+    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs)))
+    return (nested if traced else top)(*args, **kwargs)
+
+  call.lower = top.lower
+  call._cache_size = top._cache_size  # noqa: SLF001  (tests: no recompilation)
+
+  def clear_cache() -> None:
+    top.clear_cache()
+    nested.clear_cache()
+
+  call.clear_cache = clear_cache
+  return call
+
+
+@struct.dataclass
+class DecoderCache:
+  """Self-attention keys/values of every decoder layer, with per-row lengths.
+
+  Attributes:
+    keys: one `[batch * heads, d_kv, max_len]` array per decoder layer
+      (`[batch, heads, d_kv, max_len]` under a multi-device mesh: see
+      `layers.split_heads_layout`).
+    values: one `[batch * heads, max_len, d_kv]` array per decoder layer
+      (`[batch, heads, max_len, d_kv]` under a multi-device mesh).
+    lengths: int32 `[batch]`, the number of valid positions of each row; the
+      next chunk of a row is written at positions `lengths[row]...`.
+  """
+
+  keys: tuple[Array, ...]
+  values: tuple[Array, ...]
+  lengths: Array
+
+  @property
+  def max_len(self) -> int:
+    return self.keys[0].shape[-1]
+
+  @classmethod
+  def empty(cls, config: T5Config, batch_size: int, max_len: int) -> DecoderCache:
+    """A cache of `max_len` positions per row, all lengths 0."""
+    heads, d_kv, n = config.num_heads, config.d_kv, config.num_decoder_layers
+    rows = (batch_size, heads) if layers.split_heads_layout() else (batch_size * heads,)
+    keys = tuple(jnp.zeros(rows + (d_kv, max_len), config.compute_dtype) for _ in range(n))
+    values = tuple(jnp.zeros(rows + (max_len, d_kv), config.compute_dtype) for _ in range(n))
+    return cls(keys, values, jnp.zeros((batch_size,), jnp.int32))
+
+  def rewind(self, lengths: Array) -> DecoderCache:
+    """Sets each row's valid length (int32 `[batch]`); stale entries are masked."""
+    return self.replace(lengths=lengths.astype(jnp.int32))
+
+
+@struct.dataclass
+class EncodedInputs:
+  """What the decoder needs from the encoder, computed once per generation.
+
+  Attributes:
+    cross_keys: one `[batch * heads, d_kv, input_len]` array per decoder layer.
+    cross_values: one `[batch * heads, input_len, d_kv]` array per decoder layer.
+      (Both with batch and heads apart under a multi-device mesh.)
+    mask: bool `[batch, input_len]`, True at real (non-padding) input tokens.
+  """
+
+  cross_keys: tuple[Array, ...]
+  cross_values: tuple[Array, ...]
+  mask: Array
+
+
+@struct.dataclass
+class LayerWeights:
+  """One decoder layer's weights, prepared for generation.
+
+  Attributes:
+    self_norm: `[d_model]` scale before self-attention.
+    qkv: `[d_model, 3 * heads * d_kv]`, the query, key and value kernels side by side.
+    self_out: `[heads * d_kv, d_model]`.
+    cross_norm: `[d_model]` scale before cross-attention.
+    cross_query: `[d_model, heads * d_kv]` (the encoder's keys/values are in
+      `EncodedInputs`).
+    cross_out: `[heads * d_kv, d_model]`.
+    mlp_norm: `[d_model]` scale before the MLP.
+    wi: `[d_model, d_ff]` (ReLU), or `[d_model, 2 * d_ff]`: wi_0 | wi_1 (gated).
+    wo: `[d_ff, d_model]`.
+  """
+
+  self_norm: Array
+  qkv: Array
+  self_out: Array
+  cross_norm: Array
+  cross_query: Array
+  cross_out: Array
+  mlp_norm: Array
+  wi: Array
+  wo: Array
+
+
+@struct.dataclass
+class DecodeWeights:
+  """The decoder's weights, prepared once per generation by `prepare`.
+
+  Attributes:
+    embedding: `[vocab, d_model]` token embedding.
+    relpos: `[heads, num_buckets]` relative position bias table.
+    layers: one `LayerWeights` per decoder layer.
+    final_norm: `[d_model]` scale of the final layer norm.
+    logits: `[d_model, vocab]`: `logits_dense` (T5.1.1), or the embedding
+      transposed and scaled by d_model^-0.5 (T5 v1.0, tied).
+  """
+
+  embedding: Array
+  relpos: Array
+  layers: tuple[LayerWeights, ...]
+  final_norm: Array
+  logits: Array
+
+
+@struct.dataclass
+class PreparedParams:
+  """A model's parameters ready for generation (`T5Model.prepare`).
+
+  Attributes:
+    params: the T5X-layout parameter tree (the encoder reads it).
+    decoder: the decoder's weights prepared from it (`DecodeWeights`).
+  """
+
+  params: dict
+  decoder: DecodeWeights
+
+
+def prepare(config: T5Config, params: dict) -> DecodeWeights:
+  """The decoder weights of a T5X-layout parameter tree, fused and cast for generation."""
+  dtype = config.compute_dtype
+  dec = params["decoder"]
+
+  def kernel(tree: dict) -> Array:
+    return jnp.asarray(tree["kernel"], dtype)
+
+  prepared = []
+  for i in range(config.num_decoder_layers):
+    p = dec[f"layers_{i}"]
+    att, cross, mlp = p["self_attention"], p["encoder_decoder_attention"], p["mlp"]
+    wi = (jnp.concatenate([kernel(mlp["wi_0"]), kernel(mlp["wi_1"])], axis=1)
+          if config.gated else kernel(mlp["wi"]))
+    prepared.append(LayerWeights(
+        self_norm=p["pre_self_attention_layer_norm"]["scale"],
+        qkv=jnp.concatenate([kernel(att["query"]), kernel(att["key"]), kernel(att["value"])],
+                            axis=1),
+        self_out=kernel(att["out"]),
+        cross_norm=p["pre_cross_attention_layer_norm"]["scale"],
+        cross_query=kernel(cross["query"]),
+        cross_out=kernel(cross["out"]),
+        mlp_norm=p["pre_mlp_layer_norm"]["scale"],
+        wi=wi,
+        wo=kernel(mlp["wo"])))
+  embedding = jnp.asarray(params["token_embedder"]["embedding"], dtype)
+  if config.tie_word_embeddings:
+    logits = embedding.T * jnp.asarray(config.d_model**-0.5, dtype)
+  else:
+    logits = kernel(dec["logits_dense"])
+  return DecodeWeights(embedding=embedding, relpos=dec["relpos_bias"]["rel_embedding"],
+                       layers=tuple(prepared), final_norm=dec["decoder_norm"]["scale"],
+                       logits=logits)
+
+
+def _write(cache: Array, chunk: Array, start: Array, axis: int) -> Array:
+  """Writes `chunk` into `cache` along the position `axis` at per-row `start`.
+
+  Args:
+    cache: `[batch * heads, ...]` with `max_len` positions on `axis` (1 or 2),
+      or `[batch, heads, ...]` with them on `axis + 1`.
+    chunk: the same shape with k positions there.
+    start: int32 `[batch]`, where each batch row's chunk goes.
+  """
+  chunk = chunk.astype(cache.dtype)
+  if cache.ndim == 4:  # Batch and heads apart: one update per row.
+    return jax.vmap(functools.partial(_write_row, axis=axis))(cache, chunk, start)
+  if start.shape[0] == 1:  # One row: an in-place update, no per-row machinery.
+    index = [jnp.zeros((), jnp.int32)] * cache.ndim
+    index[axis] = start[0]
+    return jax.lax.dynamic_update_slice(cache, chunk, tuple(index))
+  batch = start.shape[0]
+  view = cache.reshape((batch, -1) + cache.shape[1:])
+  update = chunk.reshape((batch, -1) + chunk.shape[1:])
+  return jax.vmap(functools.partial(_write_row, axis=axis))(view, update, start).reshape(
+      cache.shape)
+
+
+def _write_row(cache: Array, chunk: Array, start: Array, *, axis: int) -> Array:
+  """One row's `[heads, ...]` update at position `start` along `axis`."""
+  index = [jnp.zeros((), jnp.int32)] * cache.ndim
+  index[axis] = start
+  return jax.lax.dynamic_update_slice(cache, chunk, tuple(index))
+
+
+def _layer(config: T5Config, w: LayerWeights, x: Array, *, self_bias: Array, self_mask: Array,
+           cross_k: Array, cross_v: Array, cross_mask: Array, cache_k: Array, cache_v: Array,
+           start: Array) -> tuple[Array, Array, Array]:
+  """One decoder block over a chunk `x [batch, k, d_model]`; returns x and the layer's cache."""
+  dtype, eps, heads = config.compute_dtype, config.layer_norm_epsilon, config.num_heads
+  inner = heads * config.d_kv
+  h = layers.rms_norm(x, w.self_norm, eps, dtype)
+  qkv = jnp.dot(h, w.qkv)  # [batch, k, 3 * inner]
+  q, k, v = (layers.split_heads(qkv[..., i * inner:(i + 1) * inner], heads) for i in range(3))
+  cache_k = _write(cache_k, layers.key_layout(k), start, axis=2)
+  cache_v = _write(cache_v, layers.value_layout(v), start, axis=1)
+  x = x + jnp.dot(layers.attention(q, cache_k, cache_v, self_bias, self_mask, dtype), w.self_out)
+  h = layers.rms_norm(x, w.cross_norm, eps, dtype)
+  q = layers.split_heads(jnp.dot(h, w.cross_query), heads)
+  x = x + jnp.dot(layers.attention(q, cross_k, cross_v, None, cross_mask, dtype), w.cross_out)
+  h = jnp.dot(layers.rms_norm(x, w.mlp_norm, eps, dtype), w.wi)
+  if config.gated:
+    h = layers.gated_gelu(h[..., :config.d_ff], h[..., config.d_ff:])
+  else:
+    h = jax.nn.relu(h)
+  return x + jnp.dot(h, w.wo), cache_k, cache_v
+
+
+def decode_chunk(config: T5Config, weights: DecodeWeights, encoded: EncodedInputs,
+                 cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:
+  """Scores `tokens [batch, k]`, row b at positions `cache.lengths[b] ... + k - 1`.
+
+  The caller keeps `cache.lengths + k <= cache.max_len`.
+
+  Returns:
+    Logits `[batch, k, vocab]` (compute dtype; logits[:, i] predict the token
+    after tokens[:, i]) and the cache with every row's length advanced by k.
+  """
+  dtype = config.compute_dtype
+  k = tokens.shape[1]
+  positions = cache.lengths[:, None] + jnp.arange(k)[None]  # [batch, k]
+  kv_len = cache.max_len
+  self_mask = (jnp.arange(kv_len)[None, None, :] <= positions[:, :, None])[:, None]
+  self_bias = layers.relative_bias(weights.relpos, positions, kv_len, bidirectional=False,
+                                   max_distance=config.relative_attention_max_distance)
+  cross_mask = encoded.mask[:, None, None, :]
+  x = jnp.take(weights.embedding, tokens, axis=0)  # [batch, k, d_model]
+  keys, values = [], []
+  for i, w in enumerate(weights.layers):
+    x, cache_k, cache_v = _layer(
+        config, w, x, self_bias=self_bias, self_mask=self_mask, cross_k=encoded.cross_keys[i],
+        cross_v=encoded.cross_values[i], cross_mask=cross_mask, cache_k=cache.keys[i],
+        cache_v=cache.values[i], start=cache.lengths)
+    keys.append(cache_k)
+    values.append(cache_v)
+  x = layers.rms_norm(x, weights.final_norm, config.layer_norm_epsilon, dtype)
+  logits = jnp.dot(x, weights.logits)
+  return logits, DecoderCache(tuple(keys), tuple(values), cache.lengths + k)

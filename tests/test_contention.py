@@ -1,0 +1,93 @@
+"""The timing guard: other processes' CPU use is seen, our own jobs are paused, refusals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specdec_jax import contention
+
+BUSY_LOOP = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+
+
+@pytest.fixture
+def busy_process():
+  proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
+  time.sleep(0.3)
+  yield proc
+  proc.kill()
+  proc.wait()
+
+
+def _state(pid: int) -> str:
+  with open(f"/proc/{pid}/stat") as f:
+    stat = f.read()
+  return stat[stat.rindex(")") + 2:].split()[0]
+
+
+def test_busy_process_is_seen_and_refused(busy_process, monkeypatch):
+  busy = {p.pid: p.cores for p in contention.busy_processes(window_s=0.5)}
+  assert busy.get(busy_process.pid, 0.0) > 0.2  # A busy loop, even on a loaded machine.
+  monkeypatch.setenv(contention.GUARD_ENV, "on")
+  with (pytest.raises(contention.ContentionError, match=f"pid {busy_process.pid}"),
+        contention.quiet("a test timing")):
+    pass
+
+
+def test_refusal_can_be_turned_off_and_is_recorded(busy_process, monkeypatch):
+  monkeypatch.setenv(contention.GUARD_ENV, "off")
+  with contention.quiet("a test timing") as guard:
+    pass
+  record = guard.record()
+  assert not guard.ok and not record["enforced"]
+  assert record["other_cores_before"] > 0.2
+
+
+def test_registered_job_is_paused_inside_the_guard_and_resumed(busy_process, tmp_path,
+                                                               monkeypatch):
+  monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+  os.makedirs(contention.jobs_dir())
+  with open(os.path.join(contention.jobs_dir(), f"job.{busy_process.pid}.pid"), "w") as f:
+    f.write(f"{busy_process.pid}\n")
+  assert contention.registered_jobs() == [busy_process.pid]
+  with contention.Guard() as guard:
+    assert _state(busy_process.pid) == "T"  # Stopped while timing.
+  assert _state(busy_process.pid) in ("R", "S")
+  assert busy_process.pid in guard.record()["paused_jobs"]
+  # Paused, the job was not contention.
+  assert busy_process.pid not in [p["pid"] for p in guard.record()["busy_before"]]
+
+
+def test_stale_job_files_are_dropped(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+  proc = subprocess.Popen([sys.executable, "-c", "pass"])
+  proc.wait()
+  os.makedirs(contention.jobs_dir())
+  path = os.path.join(contention.jobs_dir(), f"gone.{proc.pid}.pid")
+  with open(path, "w") as f:
+    f.write(f"{proc.pid}\n")
+  assert contention.registered_jobs() == []
+  assert not os.path.exists(path)
+
+
+def test_command_line_check_exits_non_zero_when_busy(busy_process):
+  out = subprocess.run([sys.executable, "-m", "specdec_jax.contention"], capture_output=True,
+                       text=True, check=False)
+  assert out.returncode == 1
+  assert f"pid {busy_process.pid}" in out.stderr
+
+
+def test_guard_resumes_jobs_when_the_block_raises(busy_process, tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+  os.makedirs(contention.jobs_dir())
+  with open(os.path.join(contention.jobs_dir(), f"job.{busy_process.pid}.pid"), "w") as f:
+    f.write(f"{busy_process.pid}\n")
+  with pytest.raises(KeyError), contention.Guard():
+    raise KeyError("inside the timing")
+  assert _state(busy_process.pid) != "T"
+  os.kill(busy_process.pid, signal.SIGCONT)
