@@ -56,7 +56,7 @@ _OUTPUT_DIR = flags.DEFINE_string("output_dir", os.path.join("results", "profile
 def categorize(name: str, shape: str, kind: str) -> str:
   """The category of one compiled op, from its HLO name, output shape and opcode."""
   if kind in ("dot", "dot_general") or name.startswith(("dot", "ynn_fusion")):
-    dims = [int(d) for d in re.findall(r"\d+", shape.split("{")[0])]
+    dims = [int(d) for d in re.findall(r"\d+", shape[shape.find("["):shape.find("]")])]
     if len(dims) == 2:
       return f"weight dot, output {'x'.join(map(str, dims))}"
     return "attention dots (scores, weighted sums)"

@@ -18,8 +18,9 @@ happened in between. The check is `ok` when other processes used less than
 its recent load even when nothing else runs (the kernel: 11.0 ms fresh, 18.5 ms
 after 40 s of full load, 11.8 ms 10 s later), so the calibration catches gross
 changes and `/proc` catches other processes. Timings that matter are
-interleaved ratios, which such drift hits on both sides alike. Timings whose check is not ok are refused (`experiments.run`
-retries the point once the machine is quiet, then stops and names the process).
+interleaved ratios, which such drift hits on both sides alike. Timings whose
+check is not ok are refused (`experiments.run` retries the point once the
+machine is quiet, then stops and names the process).
 
 `python -m specdec_jax.contention` prints what runs now and exits non-zero if the
 machine is busy (used by `experiments/reproduce_results.sh` before it starts).
