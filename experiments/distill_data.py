@@ -52,39 +52,56 @@ DEFAULT_TEACHER = os.path.join(layout.ASSETS_DIR, "models", "target")
 DEFAULT_VOCAB = layout.vocab_file(os.path.join(layout.ASSETS_DIR, "vocab"))
 LOCK = ".distill.lock"
 
+# The command's flags live in their own namespace: its names (tasks, seed, data_dir, ...)
+# are other commands' too, and the tests load several commands in one process.
+_FLAGS = flags.FlagValues()
 _TEACHER = flags.DEFINE_string("teacher", DEFAULT_TEACHER,
-                               "The target: a HF T5 directory (config.json + safetensors).")
-_VOCAB = flags.DEFINE_string("vocab", DEFAULT_VOCAB, "SentencePiece .model of the inputs.")
+                               "The target: a HF T5 directory (config.json + safetensors).",
+                               flag_values=_FLAGS)
+_VOCAB = flags.DEFINE_string("vocab", DEFAULT_VOCAB, "SentencePiece .model of the inputs.",
+                             flag_values=_FLAGS)
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, f"Prepared data directory; default ${layout.DATA_DIR_ENV} or "
-    "<repo>/data_cache.")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Default <data_dir>/distill.")
-_TASKS = flags.DEFINE_list("tasks", list(layout.CORPORA), "Corpora to decode.")
-_SPLIT = flags.DEFINE_enum("split", "train", list(layout.SPLITS), "Split to decode.")
+    "<repo>/data_cache.", flag_values=_FLAGS)
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Default <data_dir>/distill.",
+                                  flag_values=_FLAGS)
+_TASKS = flags.DEFINE_list("tasks", list(layout.CORPORA), "Corpora to decode.",
+                           flag_values=_FLAGS)
+_SPLIT = flags.DEFINE_enum("split", "train", list(layout.SPLITS), "Split to decode.",
+                           flag_values=_FLAGS)
 _NUM_SAMPLES = flags.DEFINE_integer(
     "num_samples", 4, "Samples per input at --temperature, besides the greedy output (one "
     "decoding of both training splits takes ~25 min on this 2-core CPU; a larger value "
-    "later adds samples to a finished run).")
-_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Temperature of the samples.")
+    "later adds samples to a finished run).", flag_values=_FLAGS)
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Temperature of the samples.",
+                                  flag_values=_FLAGS)
 # gin_configs/train/base.gin: train.inputs_length = 128, train.targets_length = 64.
 _INPUTS_LENGTH = flags.DEFINE_integer(
-    "inputs_length", 128, "Encoder length of training (train.inputs_length).")
+    "inputs_length", 128, "Encoder length of training (train.inputs_length).",
+    flag_values=_FLAGS)
 _MAX_DECODE_LEN = flags.DEFINE_integer(
     "max_decode_len", 64, "Most tokens per output, EOS included (train.targets_length); "
-    "outputs that reach it without EOS are marked truncated.")
+    "outputs that reach it without EOS are marked truncated.", flag_values=_FLAGS)
 _BUCKETS = flags.DEFINE_list(
     "buckets", ["16", "32", "64", "128"], "Encoder lengths compiled for (ascending; the "
-    "last must be --inputs_length).")
+    "last must be --inputs_length).", flag_values=_FLAGS)
 _BATCH_SIZE = flags.DEFINE_integer(
     "batch_size", 32, "Rows per decoder call (32 beat 64 by 3X here: 1.7 vs 2.6 ms per "
-    "row-step on this 2-core CPU).")
-_SHARD_SIZE = flags.DEFINE_integer("shard_size", 512, "Examples per shard.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the samples' PRNG keys.")
+    "row-step on this 2-core CPU).", flag_values=_FLAGS)
+_SHARD_SIZE = flags.DEFINE_integer("shard_size", 512, "Examples per shard.",
+                                   flag_values=_FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the samples' PRNG keys.", flag_values=_FLAGS)
 _MAX_EXAMPLES = flags.DEFINE_integer(
     "max_examples", None, "Decode only the first N rows of each split (a trial slice; "
-    "write it to another --output_dir than the full run's).")
+    "write it to another --output_dir than the full run's).", flag_values=_FLAGS)
 _MAX_SHARDS = flags.DEFINE_integer(
-    "max_shards", None, "Stop after writing this many new shards (a rerun resumes).")
+    "max_shards", None, "Stop after writing this many new shards (a rerun resumes).",
+    flag_values=_FLAGS)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """This command's flags first, then absl's own (logging, --help) from what remains."""
+  return flags.FLAGS(_FLAGS(argv, known_only=True))
 
 
 class DistillError(ValueError):
@@ -529,4 +546,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

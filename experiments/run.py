@@ -57,7 +57,9 @@ def load_experiment(gin_files: list[str], bindings: list[str]) -> config.Experim
   gin.clear_config()
   gin.add_config_file_search_path(layout.REPO_ROOT)
   try:
-    gin.parse_config_files_and_bindings(gin_files, bindings)
+    # Not finalized: a locked config would refuse the configurables that modules
+    # imported later in the same process define (experiments.train in the tests).
+    gin.parse_config_files_and_bindings(gin_files, bindings, finalize_config=False)
   except (ValueError, KeyError, SyntaxError) as e:
     raise ValueError(f"Bad gin configuration ({e}). Check the names against "
                      "experiments/config.py:Experiment and the files in gin_configs/.") from e

@@ -234,7 +234,8 @@ def test_shipped_experiment_configs_parse_and_plan(name, points):
   try:
     gin.parse_config_files_and_bindings(
         [os.path.join(layout.REPO_ROOT, "gin_configs", f"{name}.gin")],
-        ["Experiment.best_gamma_from = None"])  # Plan every gamma, whatever results exist.
+        ["Experiment.best_gamma_from = None"],  # Plan every gamma, whatever results exist.
+        finalize_config=False)
     exp = config.Experiment()
   finally:
     gin.clear_config()
