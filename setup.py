@@ -25,6 +25,7 @@ setuptools.setup(
         "sacrebleu",
         "rouge-score",
         "matplotlib",
+        "tqdm",
     ],
     extras_require={
         "peer": ["torch==2.13.0", "transformers>=4.40"],

@@ -71,8 +71,8 @@ _SPLIT = flags.DEFINE_enum("split", "train", list(layout.SPLITS), "Split to deco
                            flag_values=_FLAGS)
 _NUM_SAMPLES = flags.DEFINE_integer(
     "num_samples", 4, "Samples per input at --temperature, besides the greedy output (one "
-    "decoding of both training splits takes ~25 min on this 2-core CPU; a larger value "
-    "later adds samples to a finished run).", flag_values=_FLAGS)
+    "decoding of both training splits takes 20-40 min on this 2-core CPU, idle to shared; "
+    "a larger value later adds samples to a finished run).", flag_values=_FLAGS)
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Temperature of the samples.",
                                   flag_values=_FLAGS)
 # gin_configs/train/base.gin: train.inputs_length = 128, train.targets_length = 64.
@@ -86,8 +86,8 @@ _BUCKETS = flags.DEFINE_list(
     "buckets", ["16", "32", "64", "128"], "Encoder lengths compiled for (ascending; the "
     "last must be --inputs_length).", flag_values=_FLAGS)
 _BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", 32, "Rows per decoder call (32 beat 64 by 3X here: 1.7 vs 2.6 ms per "
-    "row-step on this 2-core CPU).", flag_values=_FLAGS)
+    "batch_size", 32, "Rows per decoder call (1.7 ms per row-step at 32 rows, 2.6 at 64, "
+    "on this 2-core CPU).", flag_values=_FLAGS)
 _SHARD_SIZE = flags.DEFINE_integer("shard_size", 512, "Examples per shard.",
                                    flag_values=_FLAGS)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the samples' PRNG keys.", flag_values=_FLAGS)

@@ -125,12 +125,15 @@ def test_command_line_run_writes_shards_and_manifest(setup, tmp_path):
          f"--data_dir={data_dir}", f"--output_dir={out}", "--tasks=mansum", "--num_samples=1",
          "--inputs_length=32", "--buckets=16,32", "--max_decode_len=6", "--batch_size=4",
          "--shard_size=3"]
-  done = subprocess.run(cmd, capture_output=True, text=True, cwd=layout.REPO_ROOT, check=False)
+  env = {**os.environ, layout.DATA_DIR_ENV: data_dir}  # Its job pid file goes there too.
+  done = subprocess.run(cmd, capture_output=True, text=True, cwd=layout.REPO_ROOT, env=env,
+                        check=False)
   assert done.returncode == 0, done.stderr[-2000:]
   assert "mansum: 1 shards, 3 examples, complete" in done.stdout
   assert sorted(os.listdir(os.path.join(out, "mansum"))) == ["manifest.json", "shard-00000.npz"]
   bad = subprocess.run(cmd[:3] + [f"--teacher={tmp_path / 'nowhere'}"] + cmd[4:],
-                       capture_output=True, text=True, cwd=layout.REPO_ROOT, check=False)
+                       capture_output=True, text=True, cwd=layout.REPO_ROOT, env=env,
+                       check=False)
   assert bad.returncode != 0 and "--teacher=" in bad.stderr and "not a directory" in bad.stderr
 
 
