@@ -14,12 +14,12 @@ import os
 from collections.abc import Sequence
 
 import gin
-import jax.numpy as jnp
 
 from specdec_jax import validation
 from specdec_jax.checkpoints import load_hf_config
 from specdec_jax.data import layout
 from specdec_jax.data.ngram_stats import load_ngram_stats
+from specdec_jax.models.config import check_dtype
 
 TRIVIAL_DRAFTS = ("unigram", "bigram", "prompt_lookup")
 NGRAM_ORDER = {"unigram": 1, "bigram": 2}
@@ -171,11 +171,7 @@ def validate(exp: Experiment) -> None:
            f"Experiment.stand_ins_when_missing must be True or False, got "
            f"{exp.stand_ins_when_missing!r}.")
   for field in ("dtype", "param_dtype"):
-    try:
-      jnp.dtype(getattr(exp, field))
-    except TypeError as e:
-      raise ValueError(f"Experiment.{field}={getattr(exp, field)!r} is not a dtype; use "
-                       "'float32' or 'bfloat16'.") from e
+    check_dtype(f"Experiment.{field}", getattr(exp, field))
   for field in ("num_examples", "max_decode_len", "repetitions", "timing_calls",
                 "timing_repeats"):
     validation.as_int(f"Experiment.{field}", getattr(exp, field), minimum=1)

@@ -229,9 +229,7 @@ def _write(cache: Array, chunk: Array, start: Array, axis: int) -> Array:
   if cache.ndim == 4:  # Batch and heads apart: one update per row.
     return jax.vmap(functools.partial(_write_row, axis=axis))(cache, chunk, start)
   if start.shape[0] == 1:  # One row: an in-place update, no per-row machinery.
-    index = [jnp.zeros((), jnp.int32)] * cache.ndim
-    index[axis] = start[0]
-    return jax.lax.dynamic_update_slice(cache, chunk, tuple(index))
+    return _write_row(cache, chunk, start[0], axis=axis)
   batch = start.shape[0]
   view = cache.reshape((batch, -1) + cache.shape[1:])
   update = chunk.reshape((batch, -1) + chunk.shape[1:])

@@ -10,6 +10,15 @@ import jax.numpy as jnp
 _ACTIVATIONS = ("relu", "gated-gelu")
 
 
+def check_dtype(name: str, value: Any) -> None:
+  """Raises ValueError naming `name` unless `value` names a dtype (e.g. 'float32')."""
+  try:
+    jnp.dtype(value)
+  except TypeError as e:
+    raise ValueError(f"{name}={value!r} is not a dtype; use e.g. 'float32' or "
+                     "'bfloat16'.") from e
+
+
 @dataclasses.dataclass(frozen=True)
 class T5Config:
   """Hyper-parameters of a T5 encoder-decoder.
@@ -51,11 +60,7 @@ class T5Config:
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
     for name in ("dtype", "param_dtype"):
-      try:
-        jnp.dtype(getattr(self, name))
-      except TypeError as e:
-        raise ValueError(f"{name}={getattr(self, name)!r} is not a dtype; use e.g. "
-                         "'float32' or 'bfloat16'.") from e
+      check_dtype(name, getattr(self, name))
 
   @property
   def n_decoder_layers(self) -> int:
