@@ -12,13 +12,17 @@ import os
 import gin
 import jax
 
-from specdec_jax.checkpoints import save_hf_checkpoint
+from specdec_jax.checkpoints import save_hf_checkpoint, save_shared_encoder_checkpoint
 from specdec_jax.data import layout
-from specdec_jax.models import T5Model
+from specdec_jax.models import T5Config, T5Model
+from specdec_jax.models.shared_encoder import SharedEncoderModel
 from specdec_jax.training.model_config import model_config
 
 FAMILY = ("target", "draft_small", "draft_base", "draft_large", "draft_distilled")
 DRAFTS = FAMILY[1:]
+# Members that read the target's encoder (`models.shared_encoder`; train.student =
+# "shared_encoder" in their training config).
+SHARED_ENCODER = ("draft_shared_enc",)
 TRAIN_CONFIGS = os.path.join(layout.REPO_ROOT, "gin_configs", "train")
 
 
@@ -30,17 +34,27 @@ def write_stand_ins(output_dir: str, names: list[str], seed: int = 0) -> None:
   unknown = sorted(set(names) - set(FAMILY))
   if unknown:
     raise ValueError(f"models {unknown} are not in the family {list(FAMILY)}.")
-  gin.add_config_file_search_path(layout.REPO_ROOT)
   for name in names:
     path = os.path.join(output_dir, name)
     if os.path.isfile(os.path.join(path, "config.json")):
       continue
-    gin.clear_config()
+    cfg = _architecture(name)
+    rng = jax.random.PRNGKey(seed + FAMILY.index(name))
+    if name in SHARED_ENCODER:
+      model = SharedEncoderModel(cfg, _architecture("target").d_model)
+      save_shared_encoder_checkpoint(path, model, jax.device_get(model.init_params(rng)))
+    else:
+      save_hf_checkpoint(path, cfg, jax.device_get(T5Model(cfg).init_params(rng)))
+    print(f"{path}: d_model {cfg.d_model}, {cfg.num_layers} layers, vocab {cfg.vocab_size}")
+
+
+def _architecture(name: str) -> T5Config:
+  """The T5Config of a member's training config (`gin_configs/train/<name>.gin`)."""
+  gin.add_config_file_search_path(layout.REPO_ROOT)
+  gin.clear_config()
+  try:
     # Only the architecture: the training settings' configurables are not loaded here.
     gin.parse_config_file(os.path.join(TRAIN_CONFIGS, f"{name}.gin"), skip_unknown=True)
-    cfg = model_config()
-    params = jax.device_get(T5Model(cfg).init_params(
-        jax.random.PRNGKey(seed + FAMILY.index(name))))
-    save_hf_checkpoint(path, cfg, params)
-    print(f"{path}: d_model {cfg.d_model}, {cfg.num_layers} layers, vocab {cfg.vocab_size}")
-  gin.clear_config()
+    return model_config()
+  finally:
+    gin.clear_config()

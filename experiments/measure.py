@@ -20,6 +20,7 @@ import numpy as np
 
 from experiments.config import Experiment, Point, draft_name
 from specdec_jax import benchmarking, contention, distributed, theory
+from specdec_jax.decoding import auto_gamma
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import Draft, Warp
 from specdec_jax.decoding.speculative import SpeculativeOutput, speculative_sample
@@ -51,9 +52,9 @@ def timing_geometry(exp: Experiment, max_gamma: int) -> tuple[int, int]:
   """(cache_len, position) used by every step-time measurement of a run.
 
   The cache is as long as the speculative decoder's; chunks are scored halfway
-  into the generation.
+  into the generation (`auto_gamma.timing_geometry`, so gamma='auto' times alike).
   """
-  return exp.max_decode_len + max_gamma + 1, exp.max_decode_len // 2
+  return auto_gamma.timing_geometry(exp.max_decode_len, max_gamma)
 
 
 def measure_target_costs(exp: Experiment, target: T5Model, params: dict, inputs: Array,
@@ -69,13 +70,15 @@ def measure_target_costs(exp: Experiment, target: T5Model, params: dict, inputs:
 
 
 def measure_draft_cost(exp: Experiment, draft: Draft, inputs: Array, gamma: int, warp: Warp,
-                       max_gamma: int) -> benchmarking.StepTimes:
-  """T_draft: seconds per proposed token at this gamma and sampling setting."""
+                       max_gamma: int, *, target: T5Model, target_params: dict
+                       ) -> benchmarking.StepTimes:
+  """T_draft: seconds per proposed token at this gamma and sampling setting (the target
+  encodes `inputs` first, outside the timing, for a draft that reads its encoder)."""
   cache_len, position = timing_geometry(exp, max_gamma)
-  return benchmarking.draft_token_time(draft, inputs, gamma=gamma, warp=warp,
-                                       cache_len=cache_len, position=position,
-                                       calls=exp.timing_calls, repeats=exp.timing_repeats,
-                                       seed=exp.seed)
+  return benchmarking.draft_token_time(
+      draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len, position=position,
+      calls=exp.timing_calls, repeats=exp.timing_repeats, seed=exp.seed,
+      target_encoded=benchmarking.target_encoded_for(draft, target, target_params, inputs))
 
 
 def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
@@ -169,7 +172,8 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
   with contention.quiet(str(point)) as guard:
     first_s, totals, batch0, outputs = _time_decoders(decoders, len(batches), exp.repetitions,
                                                       greedy, point)
-    draft_cost = measure_draft_cost(exp, draft, batches[0], point.gamma, warp, max_gamma)
+    draft_cost = measure_draft_cost(exp, draft, batches[0], point.gamma, warp, max_gamma,
+                                    target=target, target_params=target_params)
 
   median = {name: statistics.median(t) for name, t in totals.items()}
   tokens = {name: int(sum(int(np.sum(o.lengths)) for o in outs)) for name, outs in outputs.items()}

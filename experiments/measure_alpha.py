@@ -29,9 +29,14 @@ from absl import app, flags
 
 from experiments import family, measure, prompts
 from specdec_jax import atomic_io, benchmarking
-from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
+from specdec_jax.checkpoints import (
+    load_hf_checkpoint,
+    load_hf_config,
+    load_model,
+    load_model_config,
+)
 from specdec_jax.data import layout
-from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.drafts import Draft, make_draft
 from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.models import T5Model
 
@@ -72,7 +77,7 @@ flags.register_validator("tasks", lambda tasks: bool(tasks) and set(tasks) <= se
 flags.register_validator("drafts", bool, "--drafts must name at least one draft.")
 
 
-def pooled_alpha(target: T5Model, target_params: dict, draft: T5Draft, batches: list[np.ndarray],
+def pooled_alpha(target: T5Model, target_params: dict, draft: Draft, batches: list[np.ndarray],
                  *, temperature: float, gamma: int, max_decode_len: int, seed: int
                  ) -> dict[str, float]:
   """Speculative sampling over `batches` (int32 `[b, input_len]` each); pooled counters.
@@ -128,7 +133,7 @@ def main(argv: list[str]) -> None:
   # Every config is checked before any weights load.
   target_vocab = load_hf_config(os.path.join(_MODELS_DIR.value, _TARGET.value)).vocab_size
   for name in _DRAFTS.value:
-    vocab = load_hf_config(os.path.join(_MODELS_DIR.value, name)).vocab_size
+    vocab = load_model_config(os.path.join(_MODELS_DIR.value, name)).vocab_size
     if vocab != target_vocab:
       raise app.UsageError(f"--drafts: {name} has vocab_size {vocab}, the target "
                            f"{target_vocab}; a draft must share the target's vocabulary.")
@@ -148,8 +153,7 @@ def main(argv: list[str]) -> None:
   drafts = {}
   for name, task, temperature in tqdm.tqdm(jobs, unit="run"):
     if name not in drafts:
-      cfg, params = load_hf_checkpoint(os.path.join(_MODELS_DIR.value, name))
-      drafts[name] = T5Draft(T5Model(cfg), params)
+      drafts[name] = make_draft(*load_model(os.path.join(_MODELS_DIR.value, name)))
     got = pooled_alpha(target, target_params, drafts[name], examples[task],
                        temperature=temperature, gamma=_GAMMA.value,
                        max_decode_len=_MAX_DECODE_LEN.value, seed=_SEED.value)

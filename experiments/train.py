@@ -1,4 +1,5 @@
-"""Trains a T5 on the specdec mixture, resumably; evaluates; exports in HuggingFace format.
+"""Trains a T5 (or a shared-encoder draft) on the specdec mixture, resumably; evaluates;
+exports (HuggingFace format; a shared-encoder draft in our format, `checkpoints.load_model`).
 
   python -m experiments.train --gin_file=gin_configs/train/target.gin \
       --model_dir=checkpoints/target [--gin.train.total_steps=100] [--eval_only]
@@ -18,6 +19,8 @@ os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 
 import datetime  # noqa: E402
 import fcntl  # noqa: E402
+import functools  # noqa: E402
+import hashlib  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 
@@ -29,9 +32,16 @@ from absl import app, flags, logging  # noqa: E402
 
 from experiments import gin_flags  # noqa: E402
 from specdec_jax import atomic_io  # noqa: E402
-from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint  # noqa: E402
+from specdec_jax.checkpoints import (  # noqa: E402
+    load_hf_checkpoint,
+    load_hf_config,
+    load_model,
+    save_hf_checkpoint,
+    save_shared_encoder_checkpoint,
+)
 from specdec_jax.data import corpora, layout, pipeline, vocab  # noqa: E402
 from specdec_jax.models import T5Model  # noqa: E402
+from specdec_jax.models.shared_encoder import SharedEncoderModel  # noqa: E402
 from specdec_jax.training import batching, evaluation, optimizer, trainer  # noqa: E402
 from specdec_jax.training.checkpointing import Checkpointer, StopFlag  # noqa: E402
 from specdec_jax.training.model_config import model_config  # noqa: E402
@@ -44,6 +54,7 @@ flags.DEFINE_string("compilation_cache_dir",
                     "Persistent XLA cache: a resumed run reuses the compiled steps ('' = off).")
 
 SUMMARY = "train_summary.json"
+STUDENTS = ("t5", "shared_encoder")
 HF_DIR = "hf"
 LOCK = ".train.lock"
 
@@ -81,6 +92,7 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int = gin.REQ
           targets_length: int = 64, seed: int = 0, bucket_window: int = 32,
           log_every: int = 50, eval_every: int = 1000, save_every_minutes: float = 10.0,
           save_every_steps: int = 0, keep_checkpoints: int = 2, teacher_dir: str | None = None,
+          student: str = "t5", init_from: str | None = None,
           val_tasks: tuple[str, ...] = ("specdec_ende", "specdec_mansum"),
           test_examples: int | None = None, eval_batch_size: int = 64) -> dict:
   """Trains (resuming), then evaluates and exports; returns the summary.
@@ -100,14 +112,24 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int = gin.REQ
     save_every_minutes: wall-clock minutes between checkpoints.
     save_every_steps: also save every this many steps (0: off).
     keep_checkpoints: checkpoints kept.
-    teacher_dir: HF-format teacher for distillation (needs `LossConfig.distill_weight > 0`).
+    teacher_dir: HF-format teacher: for distillation (`LossConfig.distill_weight > 0`),
+      and the target whose encoder a shared-encoder student reads.
+    student: "t5" (a T5 of `model_config()`), or "shared_encoder": a decoder of
+      `model_config()`'s decoder settings that reads the teacher's encoder outputs
+      (`models.shared_encoder`; needs `teacher_dir`).
+    init_from: a model directory (`checkpoints.load_model`) of the same architecture to
+      start from instead of a random init (e.g. a draft to fine-tune on distillation data).
     val_tasks: tasks whose validation loss is reported.
     test_examples: cap on test examples per task decoded (None: all).
     eval_batch_size: rows per validation / test-decoding batch.
   """
   os.makedirs(model_dir, exist_ok=True)
+  if student not in STUDENTS:
+    raise ValueError(f"train.student={student!r} is unknown; use one of {STUDENTS}.")
+  if student == "shared_encoder" and not teacher_dir:
+    raise ValueError("train.student='shared_encoder' reads the target's encoder: set "
+                     "train.teacher_dir to the target's checkpoint directory.")
   cfg = model_config()
-  model = T5Model(cfg)
   loss_cfg = trainer.LossConfig()
   schedule = optimizer.learning_rate_schedule(total_steps)
   tx = optimizer.make_optimizer(schedule)
@@ -116,8 +138,14 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int = gin.REQ
     teacher_cfg, teacher_params = load_hf_checkpoint(teacher_dir, dropout_rate=0.0)
     teacher_model = T5Model(teacher_cfg)
     teacher_params = jax.device_put(teacher_params)
+  model = (SharedEncoderModel(cfg, teacher_model.config.d_model) if student == "shared_encoder"
+           else T5Model(cfg))
+  # The teacher joins the train step for its logits, or as a shared-encoder student's encoder.
+  step_teacher = teacher_model if (loss_cfg.distill_weight > 0
+                                   or student == "shared_encoder") else None
+  init_params = _initial_params(model, init_from, seed)
 
-  state = trainer.TrainState.create(model.init_params(jax.random.PRNGKey(seed)), tx)
+  state = trainer.TrainState.create(init_params, tx)
   counters = {"wall_time_s": 0.0, "input_tokens": 0, "target_tokens": 0}
   ckpt = Checkpointer(model_dir, keep=keep_checkpoints)
   restored = ckpt.restore({"state": state, "counters": _counter_arrays(counters)})
@@ -130,16 +158,20 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int = gin.REQ
   n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
   print(f"Model {cfg}\n{n_params / 1e6:.2f}M parameters.", flush=True)
 
-  eval_step = trainer.make_eval_step(model)
+  eval_step = trainer.make_eval_step(
+      model, teacher_model if student == "shared_encoder" else None)
+  if student == "shared_encoder":
+    eval_step = functools.partial(eval_step, teacher_params=teacher_params)
   val = _validation_batches(val_tasks, eval_batch_size, inputs_length, targets_length)
   if not eval_only and int(state.step) < total_steps:
-    train_step = trainer.make_train_step(model, tx, loss_cfg, teacher_model)
+    train_step = trainer.make_train_step(model, tx, loss_cfg, step_teacher)
     source = pipeline.get_batches(mixture, "train", batch_size, inputs_length, targets_length,
                                   shuffle=True, seed=seed)
     batches = batching.bucketed_batches(source, window=bucket_window, seed=seed,
                                         start_batch=int(state.step))
     state, counters = _train_loop(state, counters, batches, train_step, eval_step, val,
-                                  ckpt, schedule, teacher_params, total_steps=total_steps,
+                                  ckpt, schedule, step_teacher and teacher_params,
+                                  total_steps=total_steps,
                                   seed=seed, log_every=log_every, eval_every=eval_every,
                                   save_every_minutes=save_every_minutes,
                                   save_every_steps=save_every_steps)
@@ -151,7 +183,23 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int = gin.REQ
                  targets_length=targets_length, inputs_length=inputs_length,
                  total_steps=total_steps, test_examples=test_examples,
                  eval_batch_size=eval_batch_size, teacher_dir=teacher_dir, loss_cfg=loss_cfg,
-                 mixture=mixture)
+                 mixture=mixture, init_from=init_from)
+
+
+def _initial_params(model: T5Model | SharedEncoderModel, init_from: str | None,
+                    seed: int) -> dict:
+  """A random init, or the parameters of `init_from` (which must fit `model`)."""
+  params = model.init_params(jax.random.PRNGKey(seed))
+  if not init_from:
+    return params
+  source, loaded = load_model(init_from, dropout_rate=0.0)
+  want = jax.tree.map(lambda x: x.shape, params)
+  got = jax.tree.map(lambda x: x.shape, loaded)
+  if type(source) is not type(model) or want != got:
+    raise ValueError(f"train.init_from={init_from!r} holds a {type(source).__name__} of other "
+                     f"shapes than the configured {type(model).__name__} ({model.config}); "
+                     "use a checkpoint of the same architecture, or no init_from.")
+  return jax.device_put(loaded)
 
 
 def _counter_arrays(counters: dict) -> dict:
@@ -225,27 +273,32 @@ def _train_loop(state, counters, batches: Iterator[dict], train_step, eval_step,
 def _finish(model_dir: str, model: T5Model, state, counters, eval_step, val, n_params: int,
             *, targets_length: int, inputs_length: int, total_steps: int,
             test_examples: int | None, eval_batch_size: int, teacher_dir: str | None,
-            loss_cfg: trainer.LossConfig, mixture: str) -> dict:
-  """Validation loss, test BLEU / ROUGE-L, HF export and `train_summary.json`."""
+            loss_cfg: trainer.LossConfig, mixture: str, init_from: str | None) -> dict:
+  """Validation loss, test BLEU / ROUGE-L, export and `train_summary.json`.
+
+  A shared-encoder draft decodes only beside its target, so it gets no BLEU / ROUGE-L
+  (its acceptance rate, `experiments.measure_alpha`, is what it is for).
+  """
   params = state.params
   losses = _run_validation(eval_step, params, val)
-  processor = vocab.load_processor(vocab.default_vocab_path())
-  quality = {}
-  for corpus, metric in (("ende", evaluation.corpus_bleu), ("mansum", evaluation.mean_rouge_l)):
-    pairs = corpora.read_text_pairs(corpus, "test", max_examples=test_examples)
-    t0 = time.monotonic()
-    hyps = evaluation.greedy_decode_texts(model, params, [p[0] for p in pairs], processor,
-                                          inputs_length=inputs_length,
-                                          max_decode_len=targets_length,
-                                          batch_size=eval_batch_size)
-    quality[corpus] = (metric(hyps, [p[1] for p in pairs]), len(pairs),
-                       time.monotonic() - t0, hyps[:3])
-  print(f"test BLEU (ende) {quality['ende'][0]:.2f}  ROUGE-L (mansum) "
-        f"{quality['mansum'][0]:.2f}", flush=True)
-  save_hf_checkpoint(os.path.join(model_dir, HF_DIR), model.config, params,
-                     extra_files={"spiece.model": vocab.default_vocab_path()})
+  quality = {c: (None, 0, 0.0, []) for c in ("ende", "mansum")}
+  extra_files = {"spiece.model": vocab.default_vocab_path()}
+  if isinstance(model, SharedEncoderModel):
+    save_shared_encoder_checkpoint(os.path.join(model_dir, HF_DIR), model, params,
+                                   extra_files=extra_files,
+                                   metadata={"target": _target_identity(teacher_dir)})
+  else:
+    quality = _test_quality(model, params, inputs_length=inputs_length,
+                            targets_length=targets_length, test_examples=test_examples,
+                            eval_batch_size=eval_batch_size)
+    print(f"test BLEU (ende) {quality['ende'][0]:.2f}  ROUGE-L (mansum) "
+          f"{quality['mansum'][0]:.2f}", flush=True)
+    save_hf_checkpoint(os.path.join(model_dir, HF_DIR), model.config, params,
+                       extra_files=extra_files)
   summary = {
       "model_config": model.config.to_hf_dict(),
+      "student": "shared_encoder" if isinstance(model, SharedEncoderModel) else "t5",
+      "init_from": init_from,
       "params": n_params,
       "steps": int(state.step),
       "total_steps": total_steps,
@@ -261,13 +314,39 @@ def _finish(model_dir: str, model: T5Model, state, counters, eval_step, val, n_p
       "teacher_dir": teacher_dir,
       "loss": {"label_smoothing": loss_cfg.label_smoothing, "z_loss": loss_cfg.z_loss,
                "distill_weight": loss_cfg.distill_weight,
-               "distill_temperature": loss_cfg.distill_temperature},
+               "distill_temperature": loss_cfg.distill_temperature,
+               "distill_divergence": loss_cfg.distill_divergence},
       "data": {"mixture": mixture, "data_dir": layout.default_data_dir()},
       "gin_config": gin.config_str(),
   }
   atomic_io.write_json(os.path.join(model_dir, SUMMARY), summary)
   print(f"Wrote {os.path.join(model_dir, HF_DIR)} and {SUMMARY}.", flush=True)
   return summary
+
+
+def _test_quality(model: T5Model, params: dict, *, inputs_length: int, targets_length: int,
+                  test_examples: int | None, eval_batch_size: int) -> dict[str, tuple]:
+  """Per corpus: (BLEU or ROUGE-L of greedy test outputs, examples, seconds, 3 samples)."""
+  processor = vocab.load_processor(vocab.default_vocab_path())
+  quality = {}
+  for corpus, metric in (("ende", evaluation.corpus_bleu), ("mansum", evaluation.mean_rouge_l)):
+    pairs = corpora.read_text_pairs(corpus, "test", max_examples=test_examples)
+    t0 = time.monotonic()
+    hyps = evaluation.greedy_decode_texts(model, params, [p[0] for p in pairs], processor,
+                                          inputs_length=inputs_length,
+                                          max_decode_len=targets_length,
+                                          batch_size=eval_batch_size)
+    quality[corpus] = (metric(hyps, [p[1] for p in pairs]), len(pairs),
+                       time.monotonic() - t0, hyps[:3])
+  return quality
+
+
+def _target_identity(teacher_dir: str) -> dict:
+  """Which target a shared-encoder draft reads: its path and its weights' sha256."""
+  with open(os.path.join(teacher_dir, "model.safetensors"), "rb") as f:
+    digest = hashlib.sha256(f.read()).hexdigest()
+  return {"path": teacher_dir, "model_safetensors_sha256": digest,
+          "config": load_hf_config(teacher_dir).to_hf_dict()}
 
 
 def main(argv: list[str]) -> None:

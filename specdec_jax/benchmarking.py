@@ -125,8 +125,7 @@ def target_step_times(model: T5Model, params: dict, inputs: Array, *, chunk_leng
   return results
 
 
-@functools.partial(jax.jit, static_argnames=("model", "cache_len", "calls"),
-                   compiler_options=cached_decoder.COMPILER_OPTIONS)
+@functools.partial(cached_decoder.loop_jit, static_argnames=("model", "cache_len", "calls"))
 def chunk_loop(model: T5Model, weights: DecodeWeights, encoded: EncodedInputs, tokens: Array,
                 start: Array, *, cache_len: int, calls: int) -> Array:
   """Runs `calls` chunk calls; returns a scalar that depends on every call's logits."""
@@ -141,8 +140,18 @@ def chunk_loop(model: T5Model, weights: DecodeWeights, encoded: EncodedInputs, t
   return acc
 
 
+def target_encoded_for(draft: Draft, target: T5Model, target_params: dict, inputs: Array
+                       ) -> EncodedInputs | None:
+  """The target's `encode(params, inputs)` if `draft` reads the target's encoder, else None
+  (what `draft_token_time`'s `target_encoded` wants)."""
+  if not draft.reads_target_encoder:
+    return None
+  return target.encode(target.prepare(target_params), inputs)
+
+
 def draft_token_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cache_len: int,
-                     position: int, calls: int, repeats: int, seed: int = 0) -> StepTimes:
+                     position: int, calls: int, repeats: int, seed: int = 0,
+                     target_encoded: EncodedInputs | None = None) -> StepTimes:
   """Seconds per proposed token of `draft.propose(..., gamma=gamma)`.
 
   This is the draft's T_draft as the speculative loop pays it (for a T5 draft:
@@ -158,6 +167,8 @@ def draft_token_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cac
     calls: `propose` calls per jitted loop.
     repeats: timed loop runs (the median is used).
     seed: PRNG seed of the proposals.
+    target_encoded: the target's `encode(params, inputs)`, for a draft that
+      reads the target's encoder (`draft.reads_target_encoder`).
 
   Returns:
     `StepTimes` with seconds per proposed token.
@@ -168,7 +179,8 @@ def draft_token_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cac
   lengths = jnp.full((batch,), position, jnp.int32)
   tokens = jnp.ones((batch, cache_len + 1), jnp.int32)
 
-  state = draft.init_state(inputs, cache_len)  # The encoder runs once, outside the timing.
+  # The encoder runs once, outside the timing.
+  state = draft.init_state(inputs, cache_len, target_encoded)
   rng = jax.random.PRNGKey(seed)
   per_call = _per_call(
       lambda: propose_loop(draft, state, tokens, lengths, rng, gamma=gamma, warp=warp,
@@ -176,8 +188,7 @@ def draft_token_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cac
   return StepTimes(per_call.seconds / gamma, per_call.compile_s)
 
 
-@functools.partial(jax.jit, static_argnames=("gamma", "warp", "calls"),
-                   compiler_options=cached_decoder.COMPILER_OPTIONS)
+@functools.partial(cached_decoder.loop_jit, static_argnames=("gamma", "warp", "calls"))
 def propose_loop(draft: Draft, state: Any, tokens: Array, lengths: Array, rng: Array, *,
                   gamma: int, warp: Warp, calls: int) -> Array:
   """Runs `calls` proposals, each from the same state; returns a scalar using all of them."""

@@ -29,9 +29,12 @@ from safetensors.numpy import load_file, save_file
 
 from specdec_jax import validation
 from specdec_jax.models.config import T5Config
+from specdec_jax.models.shared_encoder import SharedEncoderModel
 from specdec_jax.models.t5 import T5Model
 
 _CONFIG = "config.json"
+# config.json's "model_type" of a shared-encoder draft (our format, not HF's).
+SHARED_ENCODER_TYPE = "specdec_shared_encoder_draft"
 _WEIGHTS = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
 # Copies of `shared.weight` that HF may or may not write; never needed.
@@ -133,6 +136,25 @@ def load_hf_config(path: str, **config_overrides: Any) -> T5Config:
     ValueError: a bad override.
   """
   config_path = os.path.join(path, _CONFIG)
+  d = _read_config(path)
+  archs = d.get("architectures") or ["T5ForConditionalGeneration"]
+  if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+    raise CheckpointError(f"{config_path}: field 'architectures' must be a list of names, got "
+                          f"{archs!r}.")
+  if d.get("model_type") == SHARED_ENCODER_TYPE:
+    raise CheckpointError(f"{config_path} is a shared-encoder draft, not a T5 "
+                          "encoder-decoder: load it with checkpoints.load_model (or "
+                          "load_shared_encoder_checkpoint).")
+  if not any(a.startswith("T5") for a in archs) or d.get("model_type", "t5") != "t5":
+    raise CheckpointError(f"{config_path}: architecture {archs} / model_type "
+                          f"{d.get('model_type')!r} is not a T5 encoder-decoder; only T5 v1.0, "
+                          "T5.1.1 and Flan-T5 checkpoints are supported.")
+  return _config_from_dict(config_path, d, config_overrides)
+
+
+def _read_config(path: str) -> dict[str, Any]:
+  """config.json of a checkpoint directory, as a JSON object."""
+  config_path = os.path.join(path, _CONFIG)
   if not os.path.isfile(config_path):
     raise FileNotFoundError(
         f"checkpoint_dir={path!r} has no {_CONFIG}; pass a directory written by "
@@ -141,17 +163,15 @@ def load_hf_config(path: str, **config_overrides: Any) -> T5Config:
   if not isinstance(d, dict):
     raise CheckpointError(f"{config_path} holds a JSON {type(d).__name__}, not an object of "
                           f"T5 settings; {_RESAVE}.")
-  archs = d.get("architectures") or ["T5ForConditionalGeneration"]
-  if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
-    raise CheckpointError(f"{config_path}: field 'architectures' must be a list of names, got "
-                          f"{archs!r}.")
-  if not any(a.startswith("T5") for a in archs) or d.get("model_type", "t5") != "t5":
-    raise CheckpointError(f"{config_path}: architecture {archs} / model_type "
-                          f"{d.get('model_type')!r} is not a T5 encoder-decoder; only T5 v1.0, "
-                          "T5.1.1 and Flan-T5 checkpoints are supported.")
-  _check_fields(config_path, d)
+  return d
+
+
+def _config_from_dict(source: str, d: dict[str, Any], config_overrides: dict[str, Any]
+                      ) -> T5Config:
+  """A checked T5Config from config.json's T5 fields and the caller's overrides."""
+  _check_fields(source, d)
   if not isinstance(d.get("scale_decoder_outputs", False), bool):
-    raise CheckpointError(f"{config_path}: field 'scale_decoder_outputs' must be true or "
+    raise CheckpointError(f"{source}: field 'scale_decoder_outputs' must be true or "
                           f"false, got {d['scale_decoder_outputs']!r}.")
   unknown = sorted(set(config_overrides) - set(_FIELD_TYPES))
   if unknown:
@@ -161,13 +181,13 @@ def load_hf_config(path: str, **config_overrides: Any) -> T5Config:
     _check_fields("config_overrides", config_overrides)
   except CheckpointError as e:
     raise ValueError(str(e)) from None
-  source = config_path + (f" with overrides {config_overrides}" if config_overrides else "")
+  described = source + (f" with overrides {config_overrides}" if config_overrides else "")
   try:
     cfg = T5Config.from_hf_dict(d, **config_overrides)
   except ValueError as e:
-    raise CheckpointError(f"{source}: {e}") from e
+    raise CheckpointError(f"{described}: {e}") from e
   try:
-    return validation.check_model_config(cfg, source)
+    return validation.check_model_config(cfg, described)
   except ValueError as e:
     raise CheckpointError(str(e)) from e
 
@@ -292,13 +312,19 @@ def save_hf_checkpoint(path: str, cfg: T5Config, params: dict,
       value = value[key]
     value = np.asarray(value, dtype=np.float32)
     tensors[hf_name] = np.ascontiguousarray(value.T if transposed else value)
+  _write_directory(path, tensors, cfg.to_hf_dict(), extra_files)
+
+
+def _write_directory(path: str, tensors: dict[str, np.ndarray], config: dict,
+                     extra_files: dict[str, str] | None) -> None:
+  """Writes model.safetensors, config.json and `extra_files` into `path`, atomically."""
   parent = os.path.dirname(os.path.abspath(path))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".tmp_ckpt_", dir=parent)
   try:
     save_file(tensors, os.path.join(tmp, _WEIGHTS), metadata={"format": "pt"})
     with open(os.path.join(tmp, _CONFIG), "w") as f:
-      json.dump(cfg.to_hf_dict(), f, indent=2, sort_keys=True)
+      json.dump(config, f, indent=2, sort_keys=True)
       f.write("\n")
     for name, src in (extra_files or {}).items():
       shutil.copyfile(src, os.path.join(tmp, name))
@@ -312,3 +338,146 @@ def save_hf_checkpoint(path: str, cfg: T5Config, params: dict,
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
+
+
+def save_shared_encoder_checkpoint(path: str, model: SharedEncoderModel, params: dict, *,
+                                   extra_files: dict[str, str] | None = None,
+                                   metadata: dict[str, Any] | None = None) -> None:
+  """Writes a shared-encoder draft (`models.shared_encoder`) in our format (atomically).
+
+  The format (`SHARED_ENCODER_FORMAT`): `config.json` = {"model_type":
+  "specdec_shared_encoder_draft", "format_version": 1, "encoder_d_model": the
+  target's d_model, "decoder": the decoder's T5 config as HF writes it, plus
+  `metadata` (e.g. the target it reads)}; `model.safetensors` = every parameter
+  under its T5X path joined by "/" (e.g. "decoder/layers_0/mlp/wo/kernel"), in
+  our `[in, out]` layout, float32.
+
+  Args:
+    path: output directory (replaced only once the new one is complete).
+    model: the draft's model.
+    params: its parameter tree.
+    extra_files: `{name in directory: source path}` copied alongside.
+    metadata: extra JSON fields of config.json.
+  """
+  tensors = {"/".join(k): np.ascontiguousarray(np.asarray(v, np.float32))
+             for k, v in _flatten(params).items()}
+  config = {**(metadata or {}), "model_type": SHARED_ENCODER_TYPE, "format_version": 1,
+            "encoder_d_model": model.encoder_d_model, "decoder": model.config.to_hf_dict()}
+  _write_directory(path, tensors, config, extra_files)
+
+
+def _flatten(tree: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, prefix + (key,)))
+    else:
+      out[prefix + (key,)] = value
+  return out
+
+
+def _check_tensor(file: str, name: str, value: np.ndarray, want: tuple[int, ...],
+                  config_path: str) -> None:
+  if tuple(value.shape) != want:
+    raise CheckpointError(f"{file}: parameter {name!r} has shape {tuple(value.shape)}, but "
+                          f"{config_path} implies {want}; the config and the weights are of "
+                          "different models: use the config.json saved with these weights.")
+  if not jnp.issubdtype(value.dtype, jnp.floating):
+    raise CheckpointError(f"{file}: parameter {name!r} has dtype {value.dtype}; only "
+                          "floating-point weights load: save the model in float32, float16 "
+                          "or bfloat16.")
+  if not np.all(np.isfinite(value)):
+    raise CheckpointError(f"{file}: parameter {name!r} holds NaN or infinite values; the "
+                          "file is corrupt or the model diverged: copy it again from a good "
+                          "copy.")
+
+
+def load_shared_encoder_checkpoint(path: str, **config_overrides: Any
+                                   ) -> tuple[SharedEncoderModel, dict]:
+  """Loads a directory written by `save_shared_encoder_checkpoint`.
+
+  Args:
+    path: the directory.
+    **config_overrides: decoder T5Config fields to replace (e.g. `dtype="bfloat16"`).
+
+  Returns:
+    The model and its parameter tree (numpy arrays, in `param_dtype`).
+
+  Raises:
+    FileNotFoundError: a file is missing.
+    CheckpointError: config.json or the weights are malformed, or a tensor is
+      missing, unexpected, mis-shaped, not floating-point or not finite.
+  """
+  config_path = os.path.join(path, _CONFIG)
+  d = _read_config(path)
+  if d.get("model_type") != SHARED_ENCODER_TYPE or d.get("format_version") != 1:
+    raise CheckpointError(f"{config_path}: model_type {d.get('model_type')!r} / format_version "
+                          f"{d.get('format_version')!r} is not a shared-encoder draft "
+                          f"({SHARED_ENCODER_TYPE!r}, 1); load T5 checkpoints with "
+                          "load_hf_checkpoint.")
+  cfg = _decoder_config(config_path, d, config_overrides)
+  try:
+    model = SharedEncoderModel(cfg, validation.as_int(
+        "field 'encoder_d_model'", d.get("encoder_d_model"), minimum=1,
+        what="the target's d_model"))
+  except ValueError as e:
+    raise CheckpointError(f"{config_path}: {e}") from e
+  tensors, weights = _read_tensors(path)
+  expected = _flatten(jax.eval_shape(lambda: model.init_params(jax.random.PRNGKey(0))))
+  params: dict = {}
+  for key, want in expected.items():
+    name = "/".join(key)
+    if name not in tensors:
+      raise CheckpointError(f"{weights}: parameter {name!r} is missing; the checkpoint is "
+                            f"incomplete or is not the model {config_path} describes.")
+    _check_tensor(weights, name, tensors[name], tuple(want.shape), config_path)
+    _set(params, key, np.ascontiguousarray(tensors[name]).astype(cfg.parameter_dtype))
+  unknown = sorted(set(tensors) - {"/".join(k) for k in expected})
+  if unknown:
+    raise CheckpointError(f"{weights}: unexpected parameters {unknown[:5]} (of {len(unknown)}); "
+                          f"is this the shared-encoder draft {config_path} describes?")
+  return model, params
+
+
+def load_model_config(path: str) -> T5Config:
+  """The T5 config of any model directory (no weights): a HF T5's, or a shared-encoder
+  draft's decoder config.
+
+  Raises:
+    As `load_hf_config`, or CheckpointError for a malformed shared-encoder config.json.
+  """
+  d = _read_config(path)
+  if d.get("model_type") != SHARED_ENCODER_TYPE:
+    return load_hf_config(path)
+  return _decoder_config(os.path.join(path, _CONFIG), d, {})
+
+
+def _decoder_config(config_path: str, d: dict[str, Any], config_overrides: dict[str, Any]
+                    ) -> T5Config:
+  """The decoder config in a shared-encoder draft's config.json `d`."""
+  decoder = d.get("decoder")
+  if not isinstance(decoder, dict):
+    raise CheckpointError(f"{config_path}: field 'decoder' must be an object of T5 settings, "
+                          f"got {decoder!r}: rewrite it with save_shared_encoder_checkpoint.")
+  return _config_from_dict(f"{config_path} (field 'decoder')", decoder, config_overrides)
+
+
+def load_model(path: str, **config_overrides: Any
+               ) -> tuple[T5Model | SharedEncoderModel, dict]:
+  """Loads any model directory: a HuggingFace T5 or a shared-encoder draft.
+
+  Args:
+    path: the directory (its config.json's "model_type" says which).
+    **config_overrides: T5Config fields to replace (the decoder's, for a
+      shared-encoder draft).
+
+  Returns:
+    `(T5Model(cfg), params)` or `(SharedEncoderModel, params)`.
+
+  Raises:
+    As `load_hf_checkpoint` / `load_shared_encoder_checkpoint`.
+  """
+  if _read_config(path).get("model_type") == SHARED_ENCODER_TYPE:
+    return load_shared_encoder_checkpoint(path, **config_overrides)
+  cfg, params = load_hf_checkpoint(path, **config_overrides)
+  return T5Model(cfg), params

@@ -333,12 +333,13 @@ def check_decode_args(model: Any, inputs: Any, *, max_decode_len: Any, eos_id: A
   return DecodeArgs(inputs, max_decode_len, eos_id, temperature, top_k, top_p, check_rng(rng))
 
 
-def check_draft(draft: Any, vocab_size: int, inputs: Array, draft_inputs: Any) -> Array:
+def check_draft(draft: Any, target_config: T5Config, inputs: Array, draft_inputs: Any
+                ) -> Array:
   """Checks a speculative draft against the target; returns the draft's inputs.
 
   Args:
     draft: the `drafts.Draft`.
-    vocab_size: the target's vocabulary size.
+    target_config: the target's config.
     inputs: the checked target inputs, int32 `[batch, input_len]`.
     draft_inputs: the draft's own encoder tokens, or None to share `inputs`.
 
@@ -347,14 +348,21 @@ def check_draft(draft: Any, vocab_size: int, inputs: Array, draft_inputs: Any) -
 
   Raises:
     ValueError: `draft` is not a draft, its vocabulary differs from the
-      target's, or `draft_inputs` are bad or have another batch size.
+      target's, it reads another target's encoder outputs, or `draft_inputs`
+      are bad or have another batch size.
   """
   if not all(callable(getattr(draft, m, None)) for m in ("init_state", "propose", "commit")):
     raise ValueError(f"draft must be a specdec_jax.decoding.drafts.Draft, e.g. "
                      f"T5Draft(draft_model, draft_params), got {type(draft).__name__}.")
+  vocab_size = target_config.vocab_size
   if draft.vocab_size != vocab_size:
     raise ValueError(f"The draft's vocabulary ({draft.vocab_size}) differs from the target's "
                      f"({vocab_size}); both must share one vocabulary.")
+  width = getattr(getattr(draft, "model", None), "encoder_d_model", None)
+  if getattr(draft, "reads_target_encoder", False) and width != target_config.d_model:
+    raise ValueError(f"The draft reads encoder outputs {width} wide, but the target's d_model "
+                     f"is {target_config.d_model}: a shared-encoder draft works only with the "
+                     "target it was trained on (see its model card).")
   if draft_inputs is None:
     return inputs
   draft_inputs = check_token_ids("draft_inputs", draft_inputs, vocab_size)

@@ -117,7 +117,7 @@ def speculative_sample(target: T5Model, target_params: dict, draft: Draft, input
                                       eos_id=eos_id, temperature=temperature, top_k=top_k,
                                       top_p=top_p, rng=rng, model_name="target")
   gamma = validation.as_int("gamma", gamma, minimum=1, what="proposals per target call")
-  validation.check_draft(draft, target.config.vocab_size, args.inputs, None)
+  validation.check_draft(draft, target.config, args.inputs, None)
   _check(args.inputs, mesh, axis)
   return _dp_speculative_sample(
       target, target_params, draft, args.inputs, args.rng, mesh=mesh, axis=axis, gamma=gamma,

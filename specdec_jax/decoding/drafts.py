@@ -6,6 +6,8 @@ and target logits with the same settings, so proposals must be drawn with
 `sampling.sample` under those settings too). Kinds:
 
   * `T5Draft`: a smaller T5, with its own encoder pass and KV cache.
+  * `SharedEncoderDraft`: a T5 decoder that cross-attends to the *target's*
+    encoder outputs (`models.shared_encoder`); no encoder pass of its own.
   * `NgramDraft`: the paper's trivial unigram / bigram drafts (Table 3),
     estimated from token counts of a corpus.
   * `PromptLookupDraft`: proposes the continuation of the longest n-gram of
@@ -34,6 +36,7 @@ from flax import struct
 
 from specdec_jax import validation
 from specdec_jax.decoding import sampling
+from specdec_jax.models.shared_encoder import SharedEncoderModel
 from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
 
 Array = jax.Array
@@ -74,13 +77,21 @@ class Draft(abc.ABC):
     """Model forward passes per proposed token (0 for table look-ups)."""
     return 0
 
+  @property
+  def reads_target_encoder(self) -> bool:
+    """Whether `init_state` needs the target's encoder outputs (`target_encoded`)."""
+    return False
+
   @abc.abstractmethod
-  def init_state(self, inputs: Array, cache_len: int) -> Any:
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncodedInputs | None = None) -> Any:
     """Per-generation state (e.g. encoder outputs and a cache).
 
     Args:
       inputs: int32 `[batch, input_len]` encoder tokens.
       cache_len: positions the decoder may reach (max_decode_len + gamma + 1).
+      target_encoded: the target's `EncodedInputs` of the same examples (with
+        `hidden`, its encoder outputs); required iff `reads_target_encoder`.
     """
 
   @abc.abstractmethod
@@ -139,7 +150,9 @@ class T5Draft(Draft):
   def forward_passes_per_proposal(self) -> int:
     return 1
 
-  def init_state(self, inputs: Array, cache_len: int) -> T5DraftState:
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncodedInputs | None = None) -> T5DraftState:
+    del target_encoded
     # Traced inside the loop's program, a T5X tree is prepared per generation (a
     # draft's few small matrices); `T5Draft(model, model.prepare(params))` avoids it.
     prepared = self.model.prepare(self.params)
@@ -182,6 +195,49 @@ class T5Draft(Draft):
     # After `propose` the cache holds m + gamma positions; the accepted text
     # needs lengths = m + n + 1 of them, of which only m + gamma exist if n == gamma.
     return state.replace(cache=state.cache.rewind(jnp.minimum(lengths, state.cache.lengths)))
+
+
+@struct.dataclass
+class SharedEncoderDraft(T5Draft):
+  """A T5 decoder that reads the target's encoder outputs (`models.shared_encoder`).
+
+  Proposals and rewinds are `T5Draft`'s; only the state differs: the
+  cross-attention keys/values come from the target's encoder outputs, so the
+  draft's `inputs` are not read (the target's tokens are what it sees).
+
+  Raises:
+    ValueError: from the constructor, if `model` is not a `SharedEncoderModel`.
+  """
+
+  model: SharedEncoderModel = struct.field(pytree_node=False)
+  params: dict
+
+  def __post_init__(self):
+    if not isinstance(self.model, SharedEncoderModel):
+      raise ValueError("SharedEncoderDraft's model must be a "
+                       "specdec_jax.models.shared_encoder.SharedEncoderModel (a T5 draft with "
+                       f"its own encoder is a T5Draft), got {type(self.model).__name__}.")
+    validation.check_model(self.model, "SharedEncoderDraft's model")
+
+  @property
+  def reads_target_encoder(self) -> bool:
+    return True
+
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncodedInputs | None = None) -> T5DraftState:
+    if target_encoded is None:
+      raise ValueError("SharedEncoderDraft.init_state needs target_encoded (the target's "
+                       "T5Model.encode of the same inputs); speculative_sample passes it.")
+    prepared = self.model.prepare(self.params)
+    return T5DraftState(prepared.decoder, self.model.encode(prepared, target_encoded),
+                        self.model.init_cache(inputs.shape[0], cache_len))
+
+
+def make_draft(model: T5Model | SharedEncoderModel, params: dict) -> T5Draft:
+  """The draft of a model: `SharedEncoderDraft` for a `SharedEncoderModel`, else `T5Draft`."""
+  if isinstance(model, SharedEncoderModel):
+    return SharedEncoderDraft(model, params)
+  return T5Draft(model, params)
 
 
 @struct.dataclass
@@ -257,8 +313,9 @@ class NgramDraft(Draft):
     return cls(order, jnp.asarray(unigram, jnp.float32), jnp.asarray(next_ids),
                jnp.asarray(next_probs), jnp.asarray(weight))
 
-  def init_state(self, inputs: Array, cache_len: int) -> None:
-    del inputs, cache_len
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncodedInputs | None = None) -> None:
+    del inputs, cache_len, target_encoded
     return None
 
   def _logits(self, prev: Array) -> Array:
@@ -310,8 +367,9 @@ class PromptLookupDraft(Draft):
   def vocab_size(self) -> int:
     return self.vocab
 
-  def init_state(self, inputs: Array, cache_len: int) -> Array:
-    del cache_len
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncodedInputs | None = None) -> Array:
+    del cache_len, target_encoded
     return inputs
 
   def propose(self, state: Array, tokens: Array, lengths: Array, rng: Array, *, gamma: int,

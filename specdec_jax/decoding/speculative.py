@@ -163,7 +163,7 @@ def speculative_sample(target: T5Model, target_params: dict, draft: Draft, input
                                       eos_id=eos_id, temperature=temperature, top_k=top_k,
                                       top_p=top_p, rng=rng, model_name="target")
   gamma = validation.as_int("gamma", gamma, minimum=1, what="proposals per target call")
-  draft_inputs = validation.check_draft(draft, target.config.vocab_size, args.inputs,
+  draft_inputs = validation.check_draft(draft, target.config, args.inputs,
                                         draft_inputs)
   prepared = target.prepare(target_params)  # Once per set of parameters (remembered).
   # The target's encoder runs as its own program (see cached_decoder.COMPILER_OPTIONS).
@@ -190,7 +190,7 @@ def _speculative_sample(target: T5Model, weights: DecodeWeights, encoded: Encode
       lengths=zeros,
       done=jnp.zeros((batch,), bool),
       target_cache=target.init_cache(batch, cache_len),
-      draft_state=draft.init_state(draft_inputs, cache_len),
+      draft_state=draft.init_state(draft_inputs, cache_len, encoded),
       rng=rng,
       stats=SpeculativeStats(
           iterations=zeros, draft_calls=zeros, tokens=zeros,

@@ -43,25 +43,34 @@ COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
 def loop_jit(fn: Callable[..., Any], *, static_argnames: tuple[str, ...]) -> Callable[..., Any]:
-  """`jax.jit(fn)` with `COMPILER_OPTIONS` when called at top level.
+  """`jax.jit(fn)` with `COMPILER_OPTIONS` when called at top level on XLA:CPU.
 
   Compiler options can only be given to a top-level program, so a call under
   an outer trace (the data-parallel decoders, a user's `jit`) runs a plain
-  `jax.jit(fn)` that the outer program inlines.
+  `jax.jit(fn)` that the outer program inlines. Other backends (which may
+  refuse a CPU option) always get the plain one; the backend is looked up at
+  the first call, not at import.
   """
-  top = jax.jit(fn, static_argnames=static_argnames, compiler_options=COMPILER_OPTIONS)
   nested = jax.jit(fn, static_argnames=static_argnames)
+  top_level: list[Callable[..., Any]] = []
+
+  def top() -> Callable[..., Any]:
+    if not top_level:
+      options = COMPILER_OPTIONS if jax.default_backend() == "cpu" else {}
+      top_level.append(jax.jit(fn, static_argnames=static_argnames,
+                                      compiler_options=options))
+    return top_level[0]
 
   @functools.wraps(fn)
   def call(*args: Any, **kwargs: Any) -> Any:
     traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs)))
-    return (nested if traced else top)(*args, **kwargs)
+    return (nested if traced else top())(*args, **kwargs)
 
-  call.lower = top.lower
-  call._cache_size = top._cache_size  # noqa: SLF001  (tests: no recompilation)
+  call.lower = lambda *args, **kwargs: top().lower(*args, **kwargs)
+  call._cache_size = lambda: top()._cache_size()  # noqa: SLF001  (tests: no recompilation)
 
   def clear_cache() -> None:
-    top.clear_cache()
+    top().clear_cache()
     nested.clear_cache()
 
   call.clear_cache = clear_cache
@@ -113,11 +122,15 @@ class EncodedInputs:
     cross_values: one `[batch * heads, input_len, d_kv]` array per decoder layer.
       (Both with batch and heads apart under a multi-device mesh.)
     mask: bool `[batch, input_len]`, True at real (non-padding) input tokens.
+    hidden: the encoder's final hidden states `[batch, input_len, d_model]`, or
+      None; a draft that reads the target's encoder (`shared_encoder`) takes
+      its cross-attention keys/values from them.
   """
 
   cross_keys: tuple[Array, ...]
   cross_values: tuple[Array, ...]
   mask: Array
+  hidden: Array | None = None
 
 
 @struct.dataclass

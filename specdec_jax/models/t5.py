@@ -196,15 +196,20 @@ class Transformer(nn.Module):
     self.decoder = Decoder(cfg, self.token_embedder)
 
   def encode(self, tokens: Array, deterministic: bool = True) -> EncodedInputs:
-    """`[batch, input_len]` tokens -> `EncodedInputs` (cross K/V for every layer)."""
+    """`[batch, input_len]` tokens -> `EncodedInputs` (cross K/V for every layer, and the
+    encoder's hidden states)."""
     outputs = self.encoder(tokens, deterministic)
     keys, values = self.decoder.cross_kv(outputs)
-    return EncodedInputs(keys, values, tokens != self.config.pad_token_id)
+    return EncodedInputs(keys, values, tokens != self.config.pad_token_id, outputs)
 
   def encoder_outputs(self, tokens: Array) -> Array:
     """`[batch, input_len]` -> the encoder's final hidden states `[b, s, d_model]`."""
     return self.encoder(tokens, True)
 
+  def decode(self, encoded: EncodedInputs, decoder_input_tokens: Array,
+             deterministic: bool = True) -> Array:
+    """Teacher-forced logits `[batch, target_len, vocab]` given `encode`'s output."""
+    return self.decoder(decoder_input_tokens, encoded, deterministic)
 
   def __call__(self, encoder_input_tokens: Array, decoder_input_tokens: Array,
                deterministic: bool = True) -> Array:
@@ -311,6 +316,14 @@ class T5Model:
                     tokens: Array) -> tuple[Array, DecoderCache]:
     logits, cache = cached_decoder.decode_chunk(self.config, weights, encoded, cache, tokens)
     return logits.astype(jnp.float32), cache
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def decode_logits(self, params: dict, encoded: EncodedInputs,
+                    decoder_input_tokens: Array) -> Array:
+    """Teacher-forced logits `[batch, target_len, vocab]` given `encode(params, inputs)`
+    (a teacher that shares its encoder pass with a student runs it once)."""
+    return self.module.apply({"params": params}, encoded, decoder_input_tokens,
+                             method=Transformer.decode)
 
   @functools.partial(jax.jit, static_argnums=0)
   def logits(self, params: dict, encoder_input_tokens: Array, decoder_input_tokens: Array,

@@ -1,5 +1,9 @@
 """Jitted train and eval steps: cross-entropy with loss weights, z-loss, label smoothing,
-and word-level distillation to a teacher's logits computed inside the same step.
+and token-level distillation to a teacher's logits computed inside the same step.
+
+The student is a `T5Model`, or a `SharedEncoderModel` that reads the teacher's
+encoder outputs (then the teacher is required even without a distillation term,
+and its encoder runs once per step for both).
 
 A batch is a dict of int32 arrays `encoder_input_tokens [b, L]`, `decoder_input_tokens
 [b, T]`, `decoder_target_tokens [b, T]` and `decoder_loss_weights [b, T]` (the
@@ -17,6 +21,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from specdec_jax.models.shared_encoder import SharedEncoderModel
 from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
@@ -54,12 +59,17 @@ class LossConfig:
       0 disables distillation (then no teacher is needed).
     distill_temperature: temperature applied to both teacher and student logits in the
       teacher term (its gradient is scaled by the temperature squared, as in Hinton et al.).
+    distill_divergence: the teacher term per token (`DIVERGENCES`): "forward_kl"
+      (cross-entropy to the teacher's distribution: KL(p || q) up to a constant),
+      "reverse_kl" (KL(q || p)) or "total_variation" (sum |p - q| / 2 = 1 - beta,
+      the speculative acceptance rate's complement).
   """
 
   label_smoothing: float = 0.0
   z_loss: float = 1e-4
   distill_weight: float = 0.0
   distill_temperature: float = 1.0
+  distill_divergence: str = "forward_kl"
 
   def __post_init__(self):
     if not 0.0 <= self.label_smoothing < 1.0:
@@ -68,6 +78,9 @@ class LossConfig:
       raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}.")
     if self.distill_temperature <= 0:
       raise ValueError(f"distill_temperature must be > 0, got {self.distill_temperature}.")
+    if self.distill_divergence not in DIVERGENCES:
+      raise ValueError(f"distill_divergence={self.distill_divergence!r} is unknown; use one "
+                       f"of {sorted(DIVERGENCES)}.")
 
 
 def token_cross_entropy(logits: Array, targets: Array, label_smoothing: float = 0.0) -> Array:
@@ -108,6 +121,51 @@ def soft_cross_entropy(student_logits: Array, teacher_logits: Array,
   return -jnp.sum(teacher * logq, axis=-1) * temperature**2
 
 
+def reverse_kl(student_logits: Array, teacher_logits: Array,
+               temperature: float = 1.0) -> Array:
+  """Per-token KL(q_student || p_teacher) at `temperature`, times temperature^2.
+
+  Args:
+    student_logits: `[b, T, V]`.
+    teacher_logits: `[b, T, V]` (treated as a constant).
+
+  Returns:
+    float32 `[b, T]`.
+  """
+  logp = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits).astype(jnp.float32)
+                            / temperature, axis=-1)
+  logq = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
+  return jnp.sum(jnp.exp(logq) * (logq - logp), axis=-1) * temperature**2
+
+
+def total_variation(student_logits: Array, teacher_logits: Array,
+                    temperature: float = 1.0) -> Array:
+  """Per-token total variation `sum_x |p(x) - q(x)| / 2` at `temperature`.
+
+  It is 1 - beta, beta = sum_x min(p, q) being the probability that speculative
+  sampling accepts a proposal drawn from q (Leviathan et al., Def. 3.1).
+
+  Args:
+    student_logits: `[b, T, V]`.
+    teacher_logits: `[b, T, V]` (treated as a constant).
+
+  Returns:
+    float32 `[b, T]`.
+  """
+  p = jax.nn.softmax(jax.lax.stop_gradient(teacher_logits).astype(jnp.float32)
+                     / temperature, axis=-1)
+  q = jax.nn.softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
+  return 0.5 * jnp.sum(jnp.abs(p - q), axis=-1)
+
+
+# The teacher term of `LossConfig.distill_divergence`.
+DIVERGENCES: dict[str, Callable[[Array, Array, float], Array]] = {
+    "forward_kl": soft_cross_entropy,
+    "reverse_kl": reverse_kl,
+    "total_variation": total_variation,
+}
+
+
 def loss_terms(logits: Array, batch: Batch, cfg: LossConfig,
                teacher_logits: Array | None = None) -> tuple[Array, dict[str, Array]]:
   """The weighted-mean training loss and its parts.
@@ -133,7 +191,8 @@ def loss_terms(logits: Array, batch: Batch, cfg: LossConfig,
   if cfg.distill_weight > 0:
     if teacher_logits is None:
       raise ValueError("LossConfig.distill_weight > 0 needs teacher logits; pass a teacher.")
-    distill = mean(soft_cross_entropy(logits, teacher_logits, cfg.distill_temperature))
+    divergence = DIVERGENCES[cfg.distill_divergence]
+    distill = mean(divergence(logits, teacher_logits, cfg.distill_temperature))
   else:
     distill = jnp.zeros((), jnp.float32)
   log_z = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
@@ -144,31 +203,58 @@ def loss_terms(logits: Array, batch: Batch, cfg: LossConfig,
                  "accuracy": accuracy, "tokens": jnp.sum(weights)}
 
 
-def make_train_step(model: T5Model, optimizer: optax.GradientTransformation,
+def _check_teacher(model: T5Model | SharedEncoderModel, loss_cfg: LossConfig,
+                   teacher_model: T5Model | None) -> None:
+  shared = isinstance(model, SharedEncoderModel)
+  if shared and teacher_model is None:
+    raise ValueError("A SharedEncoderModel student reads the teacher's encoder: pass the "
+                     "teacher_model (train.teacher_dir).")
+  if not shared and (loss_cfg.distill_weight > 0) != (teacher_model is not None):
+    raise ValueError("Pass a teacher_model exactly when LossConfig.distill_weight > 0 "
+                     f"(distill_weight={loss_cfg.distill_weight}, teacher given: "
+                     f"{teacher_model is not None}).")
+  if shared and model.encoder_d_model != teacher_model.config.d_model:
+    raise ValueError(f"The student reads encoder outputs {model.encoder_d_model} wide, the "
+                     f"teacher's d_model is {teacher_model.config.d_model}: set the student's "
+                     "encoder_d_model to the teacher's d_model.")
+
+
+def _forward(model: T5Model | SharedEncoderModel, params: dict, batch: Batch,
+             teacher_model: T5Model | None, teacher_params: dict | None, *,
+             teacher_logits: bool, dropout_rng: Array | None = None
+             ) -> tuple[Array, Array | None]:
+  """Student logits `[b, T, V]` and, if asked, the teacher's (one teacher encoder pass)."""
+  inputs, targets = batch["encoder_input_tokens"], batch["decoder_input_tokens"]
+  if teacher_model is None:
+    return model.logits(params, inputs, targets, dropout_rng=dropout_rng), None
+  encoded = jax.lax.stop_gradient(teacher_model.encode(teacher_params, inputs))
+  teacher = (jax.lax.stop_gradient(teacher_model.decode_logits(teacher_params, encoded, targets))
+             if teacher_logits else None)
+  if isinstance(model, SharedEncoderModel):
+    student = model.logits(params, encoded.hidden, encoded.mask, targets, dropout_rng=dropout_rng)
+  else:
+    student = model.logits(params, inputs, targets, dropout_rng=dropout_rng)
+  return student, teacher
+
+
+def make_train_step(model: T5Model | SharedEncoderModel, optimizer: optax.GradientTransformation,
                     loss_cfg: LossConfig, teacher_model: T5Model | None = None
                     ) -> Callable[..., tuple[TrainState, dict[str, Array]]]:
   """A jitted `(state, batch, rng, teacher_params) -> (new state, metrics)`.
 
   The step donates `state`: its arrays are invalid after the call.
 
-  `teacher_params` is None without distillation; it is an argument (not a
+  `teacher_params` is None without a teacher; it is an argument (not a
   constant folded into the program) so the teacher's weights are not copied into
   the compiled step.
   """
-  if (loss_cfg.distill_weight > 0) != (teacher_model is not None):
-    raise ValueError("Pass a teacher_model exactly when LossConfig.distill_weight > 0 "
-                     f"(distill_weight={loss_cfg.distill_weight}, teacher given: "
-                     f"{teacher_model is not None}).")
+  _check_teacher(model, loss_cfg, teacher_model)
+  distill = loss_cfg.distill_weight > 0
 
   def step(state: TrainState, batch: Batch, rng: Array, teacher_params: dict | None):
-    teacher_logits = None
-    if teacher_model is not None:
-      teacher_logits = teacher_model.logits(teacher_params, batch["encoder_input_tokens"],
-                                            batch["decoder_input_tokens"])
-
     def loss_fn(params):
-      logits = model.logits(params, batch["encoder_input_tokens"],
-                            batch["decoder_input_tokens"], dropout_rng=rng)
+      logits, teacher_logits = _forward(model, params, batch, teacher_model, teacher_params,
+                                        teacher_logits=distill, dropout_rng=rng)
       return loss_terms(logits, batch, loss_cfg, teacher_logits)
 
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -180,11 +266,17 @@ def make_train_step(model: T5Model, optimizer: optax.GradientTransformation,
   return jax.jit(step, donate_argnums=(0,))
 
 
-def make_eval_step(model: T5Model) -> Callable[[dict, Batch], dict[str, Array]]:
-  """A jitted `(params, batch) -> {"loss_sum", "tokens"}` (plain cross-entropy, no dropout)."""
+def make_eval_step(model: T5Model | SharedEncoderModel, teacher_model: T5Model | None = None
+                   ) -> Callable[..., dict[str, Array]]:
+  """A jitted `(params, batch, teacher_params=None) -> {"loss_sum", "tokens"}` (plain
+  cross-entropy, no dropout; the teacher only for a `SharedEncoderModel`)."""
+  if isinstance(model, SharedEncoderModel) != (teacher_model is not None):
+    raise ValueError("make_eval_step takes a teacher_model exactly for a SharedEncoderModel "
+                     "(whose encoder is the teacher's).")
 
-  def step(params: dict, batch: Batch) -> dict[str, Array]:
-    logits = model.logits(params, batch["encoder_input_tokens"], batch["decoder_input_tokens"])
+  def step(params: dict, batch: Batch, teacher_params: dict | None = None) -> dict[str, Array]:
+    logits, _ = _forward(model, params, batch, teacher_model, teacher_params,
+                         teacher_logits=False)
     weights = batch["decoder_loss_weights"].astype(jnp.float32)
     nll = token_cross_entropy(logits, batch["decoder_target_tokens"])
     return {"loss_sum": jnp.sum(nll * weights), "tokens": jnp.sum(weights)}

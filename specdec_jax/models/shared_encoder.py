@@ -1,0 +1,142 @@
+"""A draft decoder that reads the target's encoder: no encoder of its own.
+
+The SpecDec drafter (Xia et al. 2023: deep encoder, shallow decoder), on T5:
+the target encodes the input anyway, so the draft is a T5 *decoder* whose
+cross-attention keys and values are projected from the target's final encoder
+hidden states. It sees the input exactly as the target does and costs only its
+decoder layers per token. Its cross-attention `key` / `value` kernels map the
+target's width to its own heads (`[encoder_d_model, heads * d_kv]`), so a
+d_model 128 decoder reads a d_model 384 encoder directly.
+
+Parameter tree (T5X names, as `t5.Transformer` without `encoder/`):
+
+  token_embedder/embedding                                     [vocab, d_model]
+  decoder/relpos_bias/rel_embedding                            [heads, buckets]
+  decoder/layers_N/encoder_decoder_attention/{key,value}/kernel
+                                                               [encoder_d_model, heads*d_kv]
+  decoder/layers_N/...  (every other decoder parameter as in `t5.py`)
+  decoder/decoder_norm/scale, decoder/logits_dense/kernel
+
+Cached generation is the T5 decoder's own (`cached_decoder`): `prepare`,
+`init_cache` and `decode_chunk` are those of a `T5Model` of the same config.
+`config.num_layers` (the encoder depth) is unused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.models.cached_decoder import (
+    DecoderCache,
+    DecodeWeights,
+    EncodedInputs,
+    PreparedParams,
+)
+from specdec_jax.models.config import T5Config
+from specdec_jax.models.t5 import Decoder, T5Model
+
+Array = jax.Array
+
+
+class SharedEncoderDecoder(nn.Module):
+  """Token embedder and T5 decoder over another model's encoder outputs."""
+
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = nn.Embed(
+        cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.parameter_dtype,
+        embedding_init=nn.initializers.normal(stddev=1.0))
+    self.decoder = Decoder(cfg, self.token_embedder)
+
+  def encode(self, hidden: Array, mask: Array) -> EncodedInputs:
+    """The target's `hidden [batch, input_len, encoder_d_model]` and `mask [batch,
+    input_len]` -> this decoder's `EncodedInputs`."""
+    keys, values = self.decoder.cross_kv(hidden.astype(self.config.compute_dtype))
+    return EncodedInputs(keys, values, mask)
+
+  def __call__(self, hidden: Array, mask: Array, decoder_input_tokens: Array,
+               deterministic: bool = True) -> Array:
+    """Teacher-forced logits `[batch, target_len, vocab]`."""
+    return self.decoder(decoder_input_tokens, self.encode(hidden, mask), deterministic)
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedEncoderModel:
+  """Functional API of `SharedEncoderDecoder` (hashable: a static jit argument).
+
+  Attributes:
+    config: the decoder's T5 config (`num_layers` unused).
+    encoder_d_model: width of the encoder outputs it reads (the target's d_model).
+  """
+
+  config: T5Config
+  encoder_d_model: int
+
+  def __post_init__(self):
+    if not isinstance(self.encoder_d_model, int) or self.encoder_d_model < 1:
+      raise ValueError(f"encoder_d_model must be an int >= 1 (the target's d_model), got "
+                       f"{self.encoder_d_model!r}.")
+
+  @property
+  def module(self) -> SharedEncoderDecoder:
+    return SharedEncoderDecoder(self.config)
+
+  @property
+  def _decoder(self) -> T5Model:
+    """A T5Model of the same config: its cached decoder is this model's."""
+    return T5Model(self.config)
+
+  def init_params(self, rng: Array, input_len: int = 8, target_len: int = 8) -> dict:
+    """Randomly initialised parameters (T5X initialisers)."""
+    hidden = jnp.zeros((1, input_len, self.encoder_d_model), self.config.compute_dtype)
+    mask = jnp.ones((1, input_len), bool)
+    tokens = jnp.ones((1, target_len), jnp.int32)
+    return jax.jit(self.module.init)(rng, hidden, mask, tokens)["params"]
+
+  def encode(self, params: dict | PreparedParams, target_encoded: EncodedInputs
+             ) -> EncodedInputs:
+    """Cross-attention keys/values from the target's `EncodedInputs` (which must hold
+    `hidden`, as `T5Model.encode` returns)."""
+    if target_encoded.hidden is None:
+      raise ValueError("target_encoded.hidden is None: pass the target's "
+                       "T5Model.encode(params, inputs), which holds its encoder outputs.")
+    if target_encoded.hidden.shape[-1] != self.encoder_d_model:
+      raise ValueError(f"The target's encoder outputs are {target_encoded.hidden.shape[-1]} "
+                       f"wide, but this draft reads {self.encoder_d_model}: use the draft "
+                       "with the target it was trained on.")
+    if isinstance(params, PreparedParams):
+      params = params.params
+    return self._encode(params, target_encoded.hidden, target_encoded.mask)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def _encode(self, params: dict, hidden: Array, mask: Array) -> EncodedInputs:
+    return self.module.apply({"params": params}, hidden, mask,
+                             method=SharedEncoderDecoder.encode)
+
+  def prepare(self, params: dict | PreparedParams) -> PreparedParams:
+    """See `T5Model.prepare` (the same decoder weights)."""
+    return self._decoder.prepare(params)
+
+  def init_cache(self, batch_size: int, max_len: int) -> DecoderCache:
+    return self._decoder.init_cache(batch_size, max_len)
+
+  def decode_chunk(self, weights: DecodeWeights | PreparedParams | dict, encoded: EncodedInputs,
+                   cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:
+    """See `T5Model.decode_chunk`."""
+    return self._decoder.decode_chunk(weights, encoded, cache, tokens)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def logits(self, params: dict, hidden: Array, mask: Array, decoder_input_tokens: Array, *,
+             dropout_rng: Array | None = None) -> Array:
+    """Teacher-forced logits `[batch, target_len, vocab]` over the target's `hidden
+    [batch, input_len, encoder_d_model]` (`mask [batch, input_len]`)."""
+    rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+    return self.module.apply({"params": params}, hidden, mask, decoder_input_tokens,
+                             deterministic=dropout_rng is None, rngs=rngs)
