@@ -16,12 +16,13 @@ from collections.abc import Sequence
 import gin
 
 from specdec_jax import validation
-from specdec_jax.checkpoints import load_hf_config
+from specdec_jax.checkpoints import load_model_config
 from specdec_jax.data import layout
 from specdec_jax.data.ngram_stats import load_ngram_stats
 from specdec_jax.models.config import check_dtype
 
 TRIVIAL_DRAFTS = ("unigram", "bigram", "prompt_lookup")
+AUTO = "auto"  # In Experiment.gammas: chosen per point by `auto_gamma` after a calibration.
 NGRAM_ORDER = {"unigram": 1, "bigram": 2}
 
 
@@ -43,11 +44,18 @@ class Experiment:
       of every batch size.
     batch_sizes: decoder batch sizes.
     temperatures: sampling temperatures (0 = greedy).
-    gammas: draft proposals per iteration, each >= 1.
+    gammas: draft proposals per iteration, each an int >= 1 or 'auto': the
+      gamma in 1..auto_max_gamma that `specdec_jax.decoding.auto_gamma`
+      predicts to be fastest, chosen per (task, batch size, draft,
+      temperature) before that point is measured (its row says which and why).
     best_gamma_from: a results.jsonl of an earlier run (e.g. the gamma sweep);
       when it exists, each (task, draft, temperature) runs only at its gamma of
       highest measured speedup at batch size 1 there, falling back to `gammas`
       for combinations it lacks.
+    auto_max_gamma: gamma = 'auto' chooses among 1..auto_max_gamma.
+    auto_calibration_examples: examples of the split after the measured ones
+      (held out from timing) on which gamma = 'auto' measures alpha, once per
+      (task, draft, temperature).
     max_decode_len: most tokens generated per example.
     input_len: every input is cut / 0-padded to this many tokens (EOS
       included), so nothing recompiles between batches.
@@ -73,8 +81,10 @@ class Experiment:
   num_examples: int = 8
   batch_sizes: Sequence[int] = (1,)
   temperatures: Sequence[float] = (0.0, 1.0)
-  gammas: Sequence[int] = (3,)
+  gammas: Sequence[int | str] = (3,)
   best_gamma_from: str | None = None
+  auto_max_gamma: int = 8
+  auto_calibration_examples: int = 4
   max_decode_len: int = 64
   input_len: int = 128
   repetitions: int = 2
@@ -107,7 +117,7 @@ class Point:
   batch_size: int
   draft: str  # The spec (see `Experiment.drafts`).
   temperature: float
-  gamma: int
+  gamma: int | str  # An int, or AUTO until chosen.
 
   @property
   def key(self) -> tuple:
@@ -115,9 +125,11 @@ class Point:
                      self.batch_size)
 
 
-def point_key(task: str, draft: str, temperature: float, gamma: int, batch_size: int) -> tuple:
-  """The identity of a point: (task, draft name, temperature, gamma, batch size)."""
-  return (task, draft, float(temperature), int(gamma), int(batch_size))
+def point_key(task: str, draft: str, temperature: float, gamma: int | str,
+              batch_size: int) -> tuple:
+  """The identity of a point: (task, draft name, temperature, gamma or AUTO, batch size)."""
+  return (task, draft, float(temperature), gamma if gamma == AUTO else int(gamma),
+          int(batch_size))
 
 
 def _require(ok: bool, message: str) -> None:
@@ -140,7 +152,7 @@ def _check_checkpoint(exp: Experiment, spec: str, field: str) -> int:
   _require(has_weights, f"Experiment.{field}: {path!r} has config.json but no "
                         "model.safetensors; re-export it with save_hf_checkpoint.")
   try:
-    return load_hf_config(path).vocab_size
+    return load_model_config(path).vocab_size
   except ValueError as e:  # A CheckpointError naming the file and field, or another.
     raise type(e)(f"Experiment.{field}: {e}") from e
 
@@ -173,7 +185,7 @@ def validate(exp: Experiment) -> None:
   for field in ("dtype", "param_dtype"):
     check_dtype(f"Experiment.{field}", getattr(exp, field))
   for field in ("num_examples", "max_decode_len", "repetitions", "timing_calls",
-                "timing_repeats"):
+                "timing_repeats", "auto_max_gamma", "auto_calibration_examples"):
     validation.as_int(f"Experiment.{field}", getattr(exp, field), minimum=1)
   validation.as_int("Experiment.input_len", exp.input_len, minimum=2, what="a token and EOS")
   validation.as_int("Experiment.seed", exp.seed)
@@ -193,8 +205,13 @@ def validate(exp: Experiment) -> None:
   _require(exp.split in layout.SPLITS, f"Experiment.split={exp.split!r}; use one of "
                                        f"{layout.SPLITS}.")
   for i, gamma in enumerate(exp.gammas):
-    validation.as_int(f"Experiment.gammas[{i}]", gamma, minimum=1,
-                      what="gamma: draft tokens per target call")
+    _require(not isinstance(gamma, str) or gamma == AUTO,
+             f"Experiment.gammas[{i}]={gamma!r} is not a gamma: use an int >= 1 (draft tokens "
+             f"per target call) or {AUTO!r} (chosen by the cost model after a short "
+             "calibration).")
+    if gamma != AUTO:
+      validation.as_int(f"Experiment.gammas[{i}]", gamma, minimum=1,
+                        what=f"gamma: draft tokens per target call; or {AUTO!r}")
   for i, t in enumerate(exp.temperatures):
     validation.as_real(f"Experiment.temperatures[{i}]", t, minimum=0.0, what="0 = greedy")
   for i, b in enumerate(exp.batch_sizes):
@@ -253,5 +270,11 @@ def plan(exp: Experiment) -> list[Point]:
         for t in exp.temperatures:
           best = chosen.get((task, draft_name(spec), float(t)))
           for gamma in ([best] if best is not None else exp.gammas):
-            points.append(Point(task, batch_size, spec, float(t), int(gamma)))
+            points.append(Point(task, batch_size, spec, float(t),
+                                gamma if gamma == AUTO else int(gamma)))
   return points
+
+
+def largest_gamma(exp: Experiment, points: Sequence[Point]) -> int:
+  """The largest gamma `points` may run at (`auto_max_gamma` for AUTO): sizes the caches."""
+  return max(exp.auto_max_gamma if p.gamma == AUTO else p.gamma for p in points)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from experiments.config import point_key
+from experiments.config import AUTO, point_key
 from specdec_jax import atomic_io
 
 RESULTS_FILE = "results.jsonl"
@@ -20,9 +20,10 @@ def read_rows(path: str) -> list[dict]:
 
 
 def row_key(row: dict) -> tuple:
-  """The point a row measured (see `config.point_key`)."""
-  return point_key(row["task"], row["draft"], row["temperature"], row["gamma"],
-                   row["batch_size"])
+  """The point a row measured (see `config.point_key`); gamma is 'auto' for a row whose
+  gamma was chosen automatically (`gamma_auto`)."""
+  return point_key(row["task"], row["draft"], row["temperature"],
+                   AUTO if row.get("gamma_auto") else row["gamma"], row["batch_size"])
 
 
 def append_row(path: str, row: dict) -> None:

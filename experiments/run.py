@@ -8,9 +8,11 @@ Everything about a run is `experiments.config.Experiment`, bound in gin. The
 run is checked before any work (`config.validate`), then each point
 (task, batch size, draft, temperature, gamma) is measured by
 `measure.measure_point` and appended to `<output_dir>/results.jsonl`
-atomically. Points already in that file are skipped, so an interrupted run
-resumes where it stopped. `python -m experiments.analyze` turns the file into
-tables and figures.
+atomically. A gamma of 'auto' is chosen first (`specdec_jax.decoding.auto_gamma`:
+alpha from one speculative pass over held-out examples, the step costs the run
+measures anyway); its row holds the gamma chosen and why. Points already in
+that file are skipped, so an interrupted run resumes where it stopped.
+`python -m experiments.analyze` turns the file into tables and figures.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 
 import gin
 import jax
@@ -28,10 +31,11 @@ from absl import app, flags, logging
 
 from experiments import config, family, gin_flags, measure, prompts, results_io
 from specdec_jax import contention, distributed, partitioning
-from specdec_jax.checkpoints import load_hf_checkpoint
+from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import layout
 from specdec_jax.data.ngram_stats import load_ngram_stats
-from specdec_jax.decoding.drafts import Draft, NgramDraft, PromptLookupDraft, T5Draft
+from specdec_jax.decoding import auto_gamma
+from specdec_jax.decoding.drafts import Draft, NgramDraft, PromptLookupDraft, Warp, make_draft
 from specdec_jax.models import T5Model
 
 _OUTPUT_DIR = flags.DEFINE_string(
@@ -91,10 +95,54 @@ def _build_draft(exp: config.Experiment, spec: str, task: str, vocab_size: int,
                                   stats.bigram_count, order=config.NGRAM_ORDER[spec])
   if spec == "prompt_lookup":
     return PromptLookupDraft(vocab_size)
-  cfg, params = load_hf_checkpoint(exp.checkpoint_dir(spec), dtype=exp.dtype,
-                                   param_dtype=exp.param_dtype)
-  return T5Draft(T5Model(cfg),
-                 partitioning.shard_params(params, mesh, partitioning.draft_axis_rules()))
+  model, params = load_model(exp.checkpoint_dir(spec), dtype=exp.dtype,
+                             param_dtype=exp.param_dtype)
+  return make_draft(model, partitioning.shard_params(params, mesh,
+                                                     partitioning.draft_axis_rules()))
+
+
+def _calibration_inputs(exp: config.Experiment, task: str, processor: spm.SentencePieceProcessor,
+                        mesh: jax.sharding.Mesh) -> jax.Array:
+  """int32 `[auto_calibration_examples, input_len]`: the examples after the measured ones."""
+  pairs, source = prompts.load_examples(task, exp.split, None)
+  wanted = exp.num_examples + exp.auto_calibration_examples
+  if len(pairs) < wanted:
+    raise ValueError(
+        f"Experiment.auto_calibration_examples={exp.auto_calibration_examples}: gamma='auto' "
+        f"calibrates on the examples after the {exp.num_examples} measured ones, but {source} "
+        f"holds only {len(pairs)} of {task!r}; lower auto_calibration_examples or num_examples.")
+  tokens = prompts.tokenize(processor, [x for x, _ in pairs[exp.num_examples:wanted]],
+                            exp.input_len)
+  return partitioning.shard_batch(tokens, mesh)
+
+
+def _choose_gamma(exp: config.Experiment, point: config.Point, target: T5Model, params: dict,
+                  draft: Draft, inputs: jax.Array,
+                  target_costs: measure.TargetCosts, alpha: tuple[auto_gamma.AlphaEstimate, float],
+                  max_gamma: int) -> auto_gamma.GammaChoice:
+  """gamma = 'auto' for `point`: the run's target step costs, the draft's timed here.
+
+  Args:
+    exp: the experiment.
+    point: the point, gamma AUTO.
+    target: the target model.
+    params: its parameters.
+    draft: its draft.
+    inputs: int32 `[point.batch_size, input_len]`, the batch the draft is timed on.
+    target_costs: the target's step costs at this batch size (k = 1..max_gamma + 1).
+    alpha: the calibration's estimate and the seconds its pass took.
+    max_gamma: the run's largest gamma (sets the timing cache length).
+  """
+  estimate, alpha_s = alpha
+  start = time.perf_counter()
+  with contention.quiet(f"{point} draft cost for gamma='auto'") as guard:
+    draft_cost = measure.measure_draft_cost(exp, draft, inputs, estimate.gamma,
+                                            Warp(point.temperature), max_gamma, target=target,
+                                            target_params=params)
+  t_chunk, t_draft = auto_gamma.agreed_times(target_costs.t_chunk, draft_cost.seconds)
+  return auto_gamma.make_choice(estimate, t_chunk, t_draft, max_gamma=exp.auto_max_gamma,
+                                calibration_s=alpha_s + time.perf_counter() - start,
+                                idle_check=guard.record())
 
 
 def run(exp: config.Experiment, output_dir: str) -> str:
@@ -107,7 +155,7 @@ def run(exp: config.Experiment, output_dir: str) -> str:
   points = config.plan(exp)
   done = {results_io.row_key(r) for r in results_io.read_rows(path)}
   pending = [p for p in points if p.key not in done]
-  max_gamma = max(p.gamma for p in points)
+  max_gamma = config.largest_gamma(exp, points)
   print(f"{exp.name}: {len(points)} points, {len(points) - len(pending)} already in {path}.",
         file=sys.stderr)
   if not pending:
@@ -123,6 +171,9 @@ def run(exp: config.Experiment, output_dir: str) -> str:
   drafts: dict[tuple[str, str], Draft] = {}  # (spec, task) -> draft, built once.
   batches: dict[tuple[str, int], list[jax.Array]] = {}
   costs: dict[tuple[str, int], measure.TargetCosts] = {}
+  # gamma = 'auto': alpha (and its pass's seconds) per (task, draft, T); the choice per point.
+  alphas: dict[tuple[str, str, float], tuple[auto_gamma.AlphaEstimate, float]] = {}
+  choices: dict[tuple, auto_gamma.GammaChoice] = {}
 
   bar = tqdm.tqdm(total=len(points), initial=len(points) - len(pending), unit="point",
                   file=sys.stderr, dynamic_ncols=True)
@@ -140,12 +191,31 @@ def run(exp: config.Experiment, output_dir: str) -> str:
       if draft_key not in drafts:
         drafts[draft_key] = _build_draft(exp, point.draft, point.task, cfg.vocab_size, mesh)
       draft = drafts[draft_key]
+      alpha_key = (point.task, config.draft_name(point.draft), point.temperature)
+      if point.gamma == config.AUTO and alpha_key not in alphas:
+        start = time.perf_counter()
+        estimate = auto_gamma.measure_alpha(
+            target, params, draft, _calibration_inputs(exp, point.task, processor, mesh),
+            gamma=min(auto_gamma.DEFAULT_CALIBRATION_GAMMA, exp.auto_max_gamma),
+            max_decode_len=exp.max_decode_len, temperature=point.temperature,
+            rng=jax.random.PRNGKey(exp.seed))
+        alphas[alpha_key] = (estimate, time.perf_counter() - start)
       for attempt in range(1, QUIET_ATTEMPTS + 1):
         try:
           if key not in costs:
             costs[key] = measure.measure_target_costs(exp, target, params, batches[key][0],
                                                       max_gamma)
-          row = measure.measure_point(exp, point, target, params, draft, batches[key],
+          if point.gamma == config.AUTO and point.key not in choices:
+            choices[point.key] = _choose_gamma(exp, point, target, params, draft,
+                                               batches[key][0], costs[key], alphas[alpha_key],
+                                               max_gamma)
+            bar.write(f"{point.task} {config.draft_name(point.draft)} T={point.temperature:g} "
+                      f"batch={point.batch_size}: gamma='auto' chose "
+                      f"{choices[point.key].reason} (calibration "
+                      f"{choices[point.key].calibration_s:.1f} s)")
+          choice = choices.get(point.key)
+          measured = point if choice is None else dataclasses.replace(point, gamma=choice.gamma)
+          row = measure.measure_point(exp, measured, target, params, draft, batches[key],
                                       costs[key], max_gamma, pieces)
           break
         except contention.ContentionError as e:
@@ -154,15 +224,21 @@ def run(exp: config.Experiment, output_dir: str) -> str:
           bar.write(f"{e}\nWaiting up to {QUIET_WAIT_S} s for a quiet machine "
                     f"(attempt {attempt} of {QUIET_ATTEMPTS}).")
           contention.wait_until_quiet(QUIET_WAIT_S)
+      row.update(gamma_auto=choice is not None,
+                 gamma_choice=None if choice is None else choice.to_json())
       if distributed.is_primary():  # Every process measures; process 0 writes.
         results_io.append_row(path, row)
-      bar.write(f"{point.task} {row['draft']} T={point.temperature:g} gamma={point.gamma} "
+      bar.write(f"{point.task} {row['draft']} T={point.temperature:g} gamma={_gamma_cell(row)} "
                 f"batch={point.batch_size}: speedup {row['speedup_measured']:.2f}X (predicted "
                 f"{row['speedup_predicted_cost_model']:.2f}X), alpha {row['alpha_beta']:.2f}, "
                 f"c {row['c']:.3f}, {row['tokens_per_iteration']:.2f} tokens/call")
       bar.update(1)
   bar.close()
   return path
+
+
+def _gamma_cell(row: dict) -> str:
+  return f"{row['gamma']} (auto)" if row.get("gamma_auto") else str(row["gamma"])
 
 
 def summary_table(rows: list[dict], reference_rows: list[dict]) -> str:
@@ -181,7 +257,7 @@ def summary_table(rows: list[dict], reference_rows: list[dict]) -> str:
   for r in rows:
     ref = reference.get(results_io.row_key(r))
     lines.append(
-        f"| {r['task']} | {r['draft']} | {r['temperature']:g} | {r['gamma']} | "
+        f"| {r['task']} | {r['draft']} | {r['temperature']:g} | {_gamma_cell(r)} | "
         f"{r['batch_size']} | {r['baseline_ms_per_token']:.2f} | "
         f"{r['speculative_ms_per_token']:.2f} | **{r['speedup_measured']:.2f}X** | "
         f"{r['alpha_beta']:.3f} | {r['alpha_empirical']:.3f} | {r['c']:.3f} | "

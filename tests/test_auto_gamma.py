@@ -1,0 +1,251 @@
+"""gamma = 'auto': the decision on hand-made numbers, the calibration on tiny T5s, the gin run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from conftest import make_model
+
+from experiments import config, measure, results_io
+from experiments import run as runner
+from specdec_jax import benchmarking, theory
+from specdec_jax.checkpoints import save_hf_checkpoint
+from specdec_jax.decoding import auto_gamma
+from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.speculative import SpeculativeStats
+
+VOCAB = 8192  # The committed SentencePiece model's size (the gin run tokenises with it).
+FLAT = {k: 1.0 for k in range(1, 12)}  # Free verification: the paper's Theorem 3.8.
+
+
+def _by_hand(alpha: float, c: float, ratios: dict[int, float], max_gamma: int) -> list[float]:
+  """Cost-model speedup of gamma = 1..max_gamma, written out independently of theory.py."""
+  return [sum(alpha**i for i in range(g + 1)) / (g * c + ratios[g + 1])
+          for g in range(1, max_gamma + 1)]
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.3, 0.5, 0.7, 0.9])
+@pytest.mark.parametrize("c", [0.0, 0.05, 0.3])
+@pytest.mark.parametrize("slope", [0.0, 0.1, 0.3])
+def test_decide_maximises_the_cost_model(alpha, c, slope):
+  ratios = {k: 1.0 + slope * (k - 1) for k in range(1, 10)}
+  speedups = _by_hand(alpha, c, ratios, 8)
+  assert auto_gamma.decide(alpha, c, ratios, 8) == 1 + int(np.argmax(speedups))
+  if slope == 0:  # Free verification: the paper's optimal gamma.
+    assert auto_gamma.decide(alpha, c, ratios, 8) == theory.optimal_gamma(alpha, c, 8).gamma
+
+
+@pytest.mark.parametrize("max_gamma", [1, 4, 8])
+def test_decide_extremes(max_gamma):
+  # Proposals that are never accepted: the shortest gamma (and no speedup).
+  assert auto_gamma.decide(0.01, 0.1, FLAT, max_gamma) == 1
+  assert auto_gamma.decide(0.0, 0.0, FLAT, max_gamma) == 1
+  # Almost always accepted, cheap draft, free verification: the longest.
+  assert auto_gamma.decide(0.99, 0.01, FLAT, max_gamma) == max_gamma
+  assert auto_gamma.decide(1.0, 0.0, FLAT, max_gamma) == max_gamma
+
+
+def test_decide_default_max_gamma_and_costly_verification():
+  assert auto_gamma.decide(0.99, 0.0, {2: 1.0, 3: 1.0, 4: 1.0}) == 3
+  # Verification that grows with k pulls gamma below Theorem 3.8's choice.
+  steep = {k: 1.0 + 0.4 * (k - 1) for k in range(1, 10)}
+  assert auto_gamma.decide(0.7, 0.05, steep, 8) < theory.optimal_gamma(0.7, 0.05, 8).gamma
+
+
+def test_make_choice_records_the_decision():
+  t_step = 0.004
+  t_chunk = {k: t_step * (1.0 + 0.1 * (k - 1)) for k in range(1, 7)}
+  estimate = auto_gamma.AlphaEstimate(beta=0.7, empirical=0.68, examples=4, gamma=3, tokens=90)
+  choice = auto_gamma.make_choice(estimate, t_chunk, 0.05 * t_step, max_gamma=5,
+                                  calibration_s=2.5, idle_check={"ok": True})
+  ratios = {k: t / t_step for k, t in t_chunk.items()}
+  np.testing.assert_allclose(list(choice.speedup_cost_model.values()),
+                             _by_hand(0.7, 0.05, ratios, 5))
+  assert list(choice.speedup_cost_model) == [1, 2, 3, 4, 5]
+  assert choice.gamma == max(choice.speedup_cost_model, key=choice.speedup_cost_model.get)
+  assert choice.gamma == auto_gamma.decide(0.7, 0.05, ratios, 5)
+  np.testing.assert_allclose(choice.speedup_thm38[3], theory.walltime_improvement(0.7, 3, 0.05))
+  assert choice.alpha == 0.7 and choice.alpha_measured == estimate and choice.helps
+  np.testing.assert_allclose(choice.c, 0.05)
+  assert list(choice.verify_ratio) == [1, 2, 3, 4, 5, 6] and choice.verify_ratio[1] == 1.0
+  g = choice.gamma
+  assert choice.reason.startswith(f"gamma={g}: cost model predicts "
+                                  f"{choice.speedup_cost_model[g]:.2f}X (gamma={g - 1}: ")
+  assert "alpha=0.70, c=0.050" in choice.reason
+  row = json.loads(json.dumps(choice.to_json()))
+  assert row["gamma"] == g and row["alpha_source"] == "measured (beta)"
+  assert row["alpha_measured"]["empirical"] == 0.68 and row["calibration_s"] == 2.5
+  assert set(row["speedup_cost_model"]) == {"1", "2", "3", "4", "5"}
+
+
+def test_make_choice_says_when_nothing_helps():
+  choice = auto_gamma.make_choice(0.05, {1: 1.0, 2: 1.5, 3: 1.8}, 0.5, max_gamma=2)
+  assert choice.gamma == 1 and not choice.helps and choice.alpha_measured is None
+  assert choice.reason.endswith("no gamma is predicted to beat the target alone")
+  assert choice.to_json()["alpha_source"] == "given"
+
+
+def test_pooled_alpha_pools_rows():
+  zeros = np.zeros(2, np.int32)
+  stats = SpeculativeStats(
+      iterations=zeros, draft_calls=zeros, tokens=np.array([5, 7]),
+      accepted_histogram=np.zeros((2, 4), np.int32), accepted=np.array([3, 1]),
+      rejections=np.array([1, 3]), beta_sum=np.array([2.0, 1.0], np.float32),
+      beta_count=np.array([4, 4]), loop_iterations=np.int32(4))
+  assert auto_gamma.pooled_alpha(stats, 3) == auto_gamma.AlphaEstimate(
+      beta=3.0 / 8, empirical=4 / 8, examples=2, gamma=3, tokens=12)
+  with pytest.raises(ValueError, match="no verified token"):
+    auto_gamma.pooled_alpha(stats.replace(beta_count=zeros), 3)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(alpha=1.5), r"alpha must be an acceptance rate in \[0, 1\]"),
+    (dict(alpha=-0.1), r"alpha must be an acceptance rate"),
+    (dict(alpha=True), r"alpha must be a finite float"),
+    (dict(alpha=float("nan")), r"alpha must be a finite float"),
+    (dict(c=-0.1), r"c must be a finite float >= 0"),
+    (dict(verify_ratio={2: 1.1}), r"verify_ratio lacks k=\[3, 4\]: .* lower max_gamma"),
+    (dict(verify_ratio={}), r"verify_ratio must map chunk lengths"),
+    (dict(verify_ratio=[1.0, 1.1]), r"verify_ratio must map chunk lengths"),
+    (dict(verify_ratio={2: 0.0, 3: 1.0, 4: 1.0}), r"verify_ratio must hold times > 0"),
+    (dict(verify_ratio={2.0: 1.0, 3: 1.0, 4: 1.0}), r"a key of verify_ratio must be an int"),
+    (dict(max_gamma=0), r"max_gamma must be an int >= 1"),
+    (dict(max_gamma=2.5), r"max_gamma must be an int"),
+])
+def test_decide_rejects_bad_arguments(kwargs, match):
+  args = dict(alpha=0.5, c=0.1, verify_ratio={2: 1.1, 3: 1.2, 4: 1.3}, max_gamma=3) | kwargs
+  with pytest.raises(ValueError, match=match):
+    auto_gamma.decide(**args)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(t_chunk={2: 1.0, 3: 1.0}), r"t_chunk must map .* k = 1 \(T_step\) included"),
+    (dict(t_chunk={1: 0.0, 2: 1.0, 3: 1.0}), r"t_chunk\[1\] \(T_step\) must be a time > 0"),
+    (dict(t_chunk={1: 1.0, 2: 1.0}), r"t_chunk lacks k=\[3\]"),
+    (dict(t_draft=-1.0), r"t_draft must be a finite float >= 0"),
+    (dict(alpha="0.5"), r"alpha must be a finite float"),
+])
+def test_make_choice_rejects_bad_arguments(kwargs, match):
+  args = dict(alpha=0.5, t_chunk={1: 1.0, 2: 1.1, 3: 1.2}, t_draft=0.1) | kwargs
+  with pytest.raises(ValueError, match=match):
+    auto_gamma.make_choice(args.pop("alpha"), args.pop("t_chunk"), args.pop("t_draft"),
+                           max_gamma=2)
+
+
+@pytest.fixture(scope="module")
+def pair():
+  target, params = make_model("test-v1_1", seed=0, num_decoder_layers=2)
+  inputs = np.random.RandomState(0).randint(2, 97, size=(2, 9)).astype(np.int32)
+  return target, params, inputs
+
+
+def test_choose_gamma_calibrates(pair):
+  """The target as its own draft: every proposal accepted, alpha = 1 by both estimators."""
+  target, params, inputs = pair
+  choice = auto_gamma.choose_gamma(target, params, T5Draft(target, params), inputs,
+                                   max_decode_len=6, temperature=1.0, max_gamma=2,
+                                   calibration_gamma=2, timing_calls=2, timing_repeats=1)
+  measured = choice.alpha_measured
+  np.testing.assert_allclose([measured.beta, measured.empirical], 1.0, atol=1e-5)
+  assert (measured.examples, measured.gamma) == (2, 2) and measured.tokens > 0
+  assert choice.gamma in (1, 2) and list(choice.verify_ratio) == [1, 2, 3]
+  assert choice.gamma == max(choice.speedup_cost_model, key=choice.speedup_cost_model.get)
+  assert choice.calibration_s > 0 and "enforced" in choice.idle_check
+
+
+def test_choose_gamma_with_given_alpha_skips_the_pass(pair, monkeypatch):
+  target, params, inputs = pair
+  monkeypatch.setattr(auto_gamma, "speculative_sample", lambda *a, **k: pytest.fail("decoded"))
+  steps = benchmarking.StepTimes(seconds=1.0, compile_s=0.0)
+  monkeypatch.setattr(auto_gamma.benchmarking, "target_step_times",
+                      lambda *a, chunk_lengths, **k: dict.fromkeys(chunk_lengths, steps))
+  monkeypatch.setattr(auto_gamma.benchmarking, "draft_token_time",
+                      lambda *a, **k: benchmarking.StepTimes(seconds=0.01, compile_s=0.0))
+  choice = auto_gamma.choose_gamma(target, params, T5Draft(target, params), inputs,
+                                   max_decode_len=6, alpha=0.95, max_gamma=5)
+  assert choice.alpha_measured is None and choice.alpha == 0.95
+  assert choice.gamma == 5 and choice.c == 0.01  # Free verification, cheap draft.
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_gamma=0), r"max_gamma must be an int >= 1"),
+    (dict(calibration_gamma=4, max_gamma=3), r"calibration_gamma=4 must lie in 1..max_gamma=3"),
+    (dict(alpha=2.0), r"alpha must be an acceptance rate in \[0, 1\]"),
+    (dict(timing_calls=0), r"timing_calls must be an int >= 1"),
+    (dict(timing_repeats=1.5), r"timing_repeats must be an int"),
+    (dict(temperature=-1.0), r"temperature must be a finite float >= 0"),
+    (dict(max_decode_len=0), r"max_decode_len must be an int >= 1"),
+    (dict(draft="draft"), r"draft must be a specdec_jax.decoding.drafts.Draft"),
+])
+def test_choose_gamma_rejects_bad_arguments_before_work(pair, monkeypatch, kwargs, match):
+  target, params, inputs = pair
+  monkeypatch.setattr(auto_gamma, "speculative_sample", lambda *a, **k: pytest.fail("decoded"))
+  monkeypatch.setattr(auto_gamma.benchmarking, "target_step_times",
+                      lambda *a, **k: pytest.fail("timed"))
+  args = dict(draft=T5Draft(target, params), max_decode_len=6) | kwargs
+  with pytest.raises(ValueError, match=match):
+    auto_gamma.choose_gamma(target, params, args.pop("draft"), inputs, **args)
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory) -> str:
+  """A tiny random target and a perturbed copy as its draft, in HF format."""
+  root = str(tmp_path_factory.mktemp("models"))
+  model, params = make_model("test-v1_1", seed=0, vocab_size=VOCAB)
+  params = jax.device_get(params)
+  save_hf_checkpoint(os.path.join(root, "target"), model.config, params)
+  save_hf_checkpoint(os.path.join(root, "draft"), model.config,
+                     jax.tree.map(lambda x: x * 1.05, params))
+  return root
+
+
+def _gin(tmp_path, models_dir: str, gammas: str) -> str:
+  bindings = {
+      "name": "'tiny_auto'", "models_dir": repr(models_dir), "drafts": "['draft']",
+      "tasks": "['ende']", "num_examples": "2", "temperatures": "[0.0]", "gammas": gammas,
+      "auto_max_gamma": "2", "auto_calibration_examples": "2", "max_decode_len": "8",
+      "input_len": "16", "repetitions": "1", "timing_calls": "2", "timing_repeats": "1"}
+  path = tmp_path / "tiny.gin"
+  path.write_text("".join(f"Experiment.{k} = {v}\n" for k, v in bindings.items()))
+  return str(path)
+
+
+def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, models_dir):
+  exp = runner.load_experiment([_gin(tmp_path, models_dir, "['auto', 3]")], [])
+  points = config.plan(exp)
+  assert [p.gamma for p in points] == ["auto", 3]
+  assert points[0].key == ("ende", "draft", 0.0, "auto", 1)
+  assert config.largest_gamma(exp, points) == 3
+  assert config.largest_gamma(exp, points[:1]) == exp.auto_max_gamma == 2
+  for bad in ("'Auto'", "'best'", "'3'"):
+    with pytest.raises(ValueError, match=r"Experiment\.gammas\[0\]=.* is not a gamma: use an "
+                                         r"int >= 1 .* or 'auto'"):
+      runner.load_experiment([_gin(tmp_path, models_dir, f"[{bad}]")], [])
+  for field in ("auto_max_gamma", "auto_calibration_examples"):
+    with pytest.raises(ValueError, match=rf"Experiment\.{field} must be an int >= 1"):
+      runner.load_experiment([_gin(tmp_path, models_dir, "['auto']")],
+                             [f"Experiment.{field} = 0"])
+
+
+def test_run_with_auto_gamma_records_the_choice(tmp_path, models_dir, monkeypatch):
+  exp = runner.load_experiment([_gin(tmp_path, models_dir, "['auto']")], [])
+  path = runner.run(exp, str(tmp_path / "out"))
+  (row,) = results_io.read_rows(path)
+  choice = row["gamma_choice"]
+  assert row["gamma_auto"] is True and row["gamma"] == choice["gamma"] in (1, 2)
+  assert set(choice["speedup_cost_model"]) == {"1", "2"}
+  assert set(choice["verify_ratio"]) == {"1", "2", "3"}
+  assert choice["alpha_measured"]["examples"] == 2 and 0 <= choice["alpha"] <= 1
+  assert choice["reason"].startswith(f"gamma={row['gamma']}: cost model predicts")
+  assert row["greedy_identical"] is True
+  assert f"| {row['gamma']} (auto) |" in runner.summary_table([row], [])
+
+  # A restart finds the 'auto' point done without calibrating again.
+  monkeypatch.setattr(measure, "measure_point", lambda *a: pytest.fail("measured again"))
+  monkeypatch.setattr(runner.auto_gamma, "measure_alpha", lambda *a, **k: pytest.fail("again"))
+  runner.run(exp, str(tmp_path / "out"))
+  assert results_io.read_rows(path) == [row]
