@@ -12,7 +12,8 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["specdec_jax", "specdec_jax.*", "experiments"]),
     python_requires=">=3.10",
     install_requires=[
-        "jax[cpu]>=0.4.30",
+        # jax.set_mesh / jax.shard_map (0.7); results measured on jax 0.10.2.
+        "jax[cpu]>=0.7.0",
         "flax>=0.8",
         "optax",
         "numpy",
