@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from experiments import gin_flags  # noqa: E402
-from specdec_jax import atomic_io  # noqa: E402
+from specdec_jax import atomic_io, contention  # noqa: E402
 from specdec_jax.checkpoints import (  # noqa: E402
     load_hf_checkpoint,
     load_hf_config,
@@ -365,6 +365,8 @@ def main(argv: list[str]) -> None:
     except BlockingIOError:
       raise SystemExit(f"Another process is training in {FLAGS.model_dir} (it holds "
                        f"{LOCK}); stop it or use another --model_dir.") from None
+    # Timing commands pause this run around their measurements (SIGSTOP / SIGCONT).
+    contention.register_job(f"train_{os.path.basename(os.path.normpath(FLAGS.model_dir))}")
     train(FLAGS.model_dir, FLAGS.eval_only)
 
 
