@@ -75,9 +75,14 @@ def is_flagged(row: Row) -> bool:
   return abs(deviation(row)) > FLAG_TOLERANCE
 
 
+def fixed_gamma_rows(rows: Sequence[Row]) -> list[Row]:
+  """The rows measured at a gamma given in the config (not chosen by gamma = 'auto')."""
+  return [r for r in rows if not r.get("gamma_auto")]
+
+
 def best_rows(rows: Sequence[Row]) -> list[Row]:
-  """Per (task, draft, temperature), the batch-1 point of highest measured speedup."""
-  batch1 = [r for r in rows if r["batch_size"] == 1]
+  """Per (task, draft, temperature), the batch-1 fixed-gamma point of highest speedup."""
+  batch1 = [r for r in fixed_gamma_rows(rows) if r["batch_size"] == 1]
   return [max(group, key=lambda r: r["speedup_measured"])
           for group in _group(batch1, "task", "draft", "temperature").values()]
 
@@ -125,6 +130,41 @@ def points_table(rows: Sequence[Row]) -> str:
         r["alpha_beta"], r["alpha_empirical"], r["tokens_per_iteration"], f"{r['c']:.3f}",
         r["speedup_predicted_thm38"], r["speedup_predicted_cost_model"], r["speedup_measured"],
         f"{100 * deviation(r):+.0f}%", "**>15%**" if is_flagged(r) else "") for r in ordered])
+
+
+AUTO_TOLERANCE = 0.05  # gamma = 'auto' should be within this of the sweep's best.
+
+
+def auto_table(rows: Sequence[Row]) -> str | None:
+  """gamma = 'auto' against the fixed gammas of the same run, per point.
+
+  Two comparisons: the auto row's own measured speedup over the best fixed row's (two
+  independent measurements: their noise is in it), and the fixed row at the gamma auto
+  chose over the best fixed row (the choice alone, one sweep).
+  """
+  autos = [r for r in rows if r.get("gamma_auto")]
+  if not autos:
+    return None
+  fixed = _group(fixed_gamma_rows(rows), "task", "draft", "temperature", "batch_size")
+  out = []
+  for r in sorted(autos, key=lambda r: (r["task"], r["draft"], r["temperature"],
+                                        r["batch_size"])):
+    group = fixed.get((r["task"], r["draft"], r["temperature"], r["batch_size"]), [])
+    if not group:
+      continue
+    best = max(group, key=lambda x: x["speedup_measured"])
+    same = [x for x in group if x["gamma"] == r["gamma"]]
+    chosen = same[0]["speedup_measured"] / best["speedup_measured"] if same else None
+    own = r["speedup_measured"] / best["speedup_measured"]
+    ok = (chosen if chosen is not None else own) >= 1 - AUTO_TOLERANCE
+    out.append((r["task"], r["draft"], f"{r['temperature']:g}", r["batch_size"], r["gamma"],
+                f"{r['speedup_measured']:.2f}X", best["gamma"],
+                f"{best['speedup_measured']:.2f}X", f"{own:.3f}",
+                "-" if chosen is None else f"{chosen:.3f}",
+                "yes" if ok else f"**no** (>{AUTO_TOLERANCE:.0%})"))
+  return md_table(["task", "draft", "T", "batch", "auto gamma", "auto speedup", "best gamma",
+                   "best speedup", "auto / best", "sweep at auto's gamma / best",
+                   f"within {AUTO_TOLERANCE:.0%}"], out)
 
 
 def crossover_batch(group: Sequence[Row]) -> int | None:
@@ -197,8 +237,10 @@ def _panels(keys: Sequence[tuple]) -> tuple[plt.Figure, list[plt.Axes]]:
 
 
 def fig_speedup_vs_gamma(rows: Sequence[Row], path: str) -> str | None:
-  """Measured (solid), cost-model (dashed) and Thm 3.8 (dotted) speedup vs gamma per draft."""
-  batch1 = [r for r in rows if r["batch_size"] == 1]
+  """Measured (solid), cost-model (dashed) and Thm 3.8 (dotted) speedup vs gamma per draft;
+  gamma = 'auto' points as stars."""
+  autos = [r for r in rows if r.get("gamma_auto") and r["batch_size"] == 1]
+  batch1 = [r for r in fixed_gamma_rows(rows) if r["batch_size"] == 1]
   if len({r["gamma"] for r in batch1}) < 2:
     return None
   panels = _group(batch1, "task", "temperature")
@@ -211,6 +253,9 @@ def fig_speedup_vs_gamma(rows: Sequence[Row], path: str) -> str | None:
       ax.plot(g, [r["speedup_measured"] for r in drows], "o-", color=color, label=draft)
       ax.plot(g, [r["speedup_predicted_cost_model"] for r in drows], "--", color=color)
       ax.plot(g, [r["speedup_predicted_thm38"] for r in drows], ":", color=color)
+      chosen = [r for r in autos if (r["task"], r["temperature"], r["draft"]) == (task, t, draft)]
+      ax.plot([r["gamma"] for r in chosen], [r["speedup_measured"] for r in chosen], "*",
+              color=color, markersize=14, label=f"{draft}, gamma='auto'" if chosen else None)
     ax.axhline(1, color="gray", lw=0.8)
     ax.set(title=f"{task}, T={t:g} (— measured, -- cost model, ·· Thm 3.8)", xlabel="gamma",
            ylabel="speedup over baseline")
@@ -356,6 +401,9 @@ def analyze_dir(results_dir: str) -> str:
            "### Table 2: best gamma per task, draft and temperature (batch 1)\n", table2(rows),
            "### Table 3: alpha per draft\n", table3(rows),
            "### Table 4: expected vs measured speedup\n", table4(rows)]
+  autos = auto_table(rows)
+  if autos:
+    parts += ["### gamma = 'auto' against the sweep\n", autos]
   batches = batch_table(rows)
   if batches:
     parts += ["### Speedup vs batch size\n", batches]

@@ -181,6 +181,19 @@ def test_analyze_writes_tables_figures_and_flags(tmp_path):
     assert "## sweep" in f.read()
 
 
+def test_auto_table_compares_the_choice_with_the_sweep():
+  sweep = [_synthetic_row("small", 0.0, g, 1, s, s) for g, s in ((1, 1.0), (2, 1.2), (3, 1.1))]
+  good = dict(_synthetic_row("small", 0.0, 2, 1, 1.19, 1.2), gamma_auto=True)
+  bad = dict(_synthetic_row("small", 1.0, 1, 1, 0.9, 1.0), gamma_auto=True)
+  sweep += [_synthetic_row("small", 1.0, g, 1, s, s) for g, s in ((1, 1.0), (3, 1.3))]
+  table = analyze.auto_table(sweep + [good, bad])
+  assert "| ende | small | 0 | 1 | 2 | 1.19X | 2 | 1.20X | 0.992 | 1.000 | yes |" in table
+  assert "| ende | small | 1 | 1 | 1 | 0.90X | 3 | 1.30X | 0.692 | 0.769 | **no** (>5%) |" in table
+  # Auto rows are not sweep points: the best fixed gamma stays the sweep's.
+  assert [r["gamma"] for r in analyze.best_rows(sweep + [good, bad])] == [2, 3]
+  assert analyze.auto_table(sweep) is None
+
+
 @pytest.mark.parametrize("flag, value", [
     ("temperatures", ["0", "hot"]), ("temperatures", ["-1"]), ("temperatures", ["nan"]),
     ("temperatures", []),
