@@ -30,7 +30,8 @@ from absl import app, flags
 
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint
-from specdec_jax.decoding.drafts import T5Draft, Warp
+from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.models import T5Model, get_config
 

@@ -71,13 +71,14 @@ import numpy as np
 import sentencepiece as spm
 
 from experiments import prompts
-from specdec_jax import atomic_io, benchmarking, theory
-from specdec_jax.checkpoints import load_hf_checkpoint
+from specdec_jax import atomic_io, benchmarking, checkpoints, theory
 from specdec_jax.data import layout
 from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import T5Draft, Warp
+from specdec_jax.decoding.drafts import Draft, make_draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.models import PreparedParams, T5Config, T5Model
+from specdec_jax.models.shared_encoder import SharedEncoderModel
 
 Array = jax.Array
 
@@ -244,10 +245,11 @@ def load_prompts(settings: Settings) -> tuple[np.ndarray, str]:
   return prompts.tokenize(processor, [x for x, _ in pairs], settings.input_len), source
 
 
-def load_model(models_dir: str, name: str, dtype: str) -> tuple[T5Model, PreparedParams]:
+def load_model(models_dir: str, name: str, dtype: str
+               ) -> tuple[T5Model | SharedEncoderModel, PreparedParams]:
   """A shipped model in `dtype` (weights and compute), its weights prepared on the device."""
-  cfg, params = load_hf_checkpoint(os.path.join(models_dir, name), dtype=dtype, param_dtype=dtype)
-  model = T5Model(cfg)
+  model, params = checkpoints.load_model(os.path.join(models_dir, name), dtype=dtype,
+                                         param_dtype=dtype)
   return model, model.prepare(jax.device_put(params))
 
 
@@ -533,7 +535,7 @@ def decode_row(settings: Settings, point: Point, timings: dict[str, DecoderTimin
 
 
 def measure_point(settings: Settings, point: Point, target: T5Model, params: PreparedParams,
-                  draft: T5Draft, batches: Sequence[Array], t_chunk: dict[int, float]) -> dict:
+                  draft: Draft, batches: Sequence[Array], t_chunk: dict[int, float]) -> dict:
   """Times both decoders over `batches` and the draft's cost; returns the `decode` row.
 
   Args:
@@ -556,7 +558,8 @@ def measure_point(settings: Settings, point: Point, target: T5Model, params: Pre
       draft, batches[0], gamma=settings.gamma, warp=Warp(point.temperature),
       cache_len=settings.max_decode_len + settings.gamma + 1,
       position=settings.max_decode_len // 2, calls=settings.timing_calls,
-      repeats=settings.timing_repeats, seed=SEED)
+      repeats=settings.timing_repeats, seed=SEED,
+      target_encoded=benchmarking.target_encoded_for(draft, target, params, batches[0]))
   return decode_row(settings, point, timings, outputs, draft_cost, t_chunk)
 
 
@@ -598,7 +601,7 @@ def run(settings: Settings, output_dir: str, models_dir: str, mode: str) -> list
     draft_model, draft_params = model(point.draft, point.dtype)
     try:
       row = rec.add(measure_point(settings, point, *model("target", point.dtype),
-                                  T5Draft(draft_model, draft_params), batches[point.batch_size],
+                                  make_draft(draft_model, draft_params), batches[point.batch_size],
                                   t_chunk[(point.dtype, point.batch_size)]))
     except Exception as e:  # One failing point must not cost the others theirs.
       rec.add({"section": "error", **dataclasses.asdict(point), "gamma": settings.gamma,

@@ -22,7 +22,8 @@ from experiments.config import Experiment, Point, draft_name
 from specdec_jax import benchmarking, contention, distributed, theory
 from specdec_jax.decoding import auto_gamma
 from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import Draft, Warp
+from specdec_jax.decoding.drafts import Draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import SpeculativeOutput, speculative_sample
 from specdec_jax.models import T5Model
 
@@ -90,7 +91,7 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
 def sum_stats(outputs: Sequence[SpeculativeOutput]) -> dict[str, np.ndarray]:
   """Speculative counters summed over rows and outputs (already fetched to numpy)."""
   stats = [out.stats for out in outputs]
-  fields = ("iterations", "draft_calls", "tokens", "accepted_histogram", "accepted",
+  fields = ("iterations", "draft_forward_passes", "tokens", "accepted_histogram", "accepted",
             "rejections", "beta_sum", "beta_count", "loop_iterations")
   return {f: np.sum([np.sum(getattr(s, f), axis=0) for s in stats], axis=0) for f in fields}
 
@@ -232,7 +233,7 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
       "beta_count": int(stats["beta_count"]),
       "iterations": int(stats["iterations"]),
       "loop_iterations": int(stats["loop_iterations"]),
-      "draft_calls": int(stats["draft_calls"]),
+      "draft_forward_passes": int(stats["draft_forward_passes"]),
       "tokens_per_iteration": tokens_per_iteration,
       "accepted_histogram": stats["accepted_histogram"].astype(int).tolist(),
       # Costs.

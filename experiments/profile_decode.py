@@ -39,7 +39,8 @@ from absl import app, flags  # noqa: E402
 
 from specdec_jax import atomic_io, benchmarking, contention  # noqa: E402
 from specdec_jax.checkpoints import load_hf_checkpoint  # noqa: E402
-from specdec_jax.decoding.drafts import T5Draft, Warp  # noqa: E402
+from specdec_jax.decoding.drafts import T5Draft  # noqa: E402
+from specdec_jax.decoding.sampling import Warp  # noqa: E402
 from specdec_jax.models import T5Model  # noqa: E402
 
 _MODELS_DIR = flags.DEFINE_string("models_dir", os.path.join("assets", "models"),

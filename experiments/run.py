@@ -35,7 +35,8 @@ from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import layout
 from specdec_jax.data.ngram_stats import load_ngram_stats
 from specdec_jax.decoding import auto_gamma
-from specdec_jax.decoding.drafts import Draft, NgramDraft, PromptLookupDraft, Warp, make_draft
+from specdec_jax.decoding.drafts import Draft, NgramDraft, PromptLookupDraft, make_draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models import T5Model
 
 _OUTPUT_DIR = flags.DEFINE_string(

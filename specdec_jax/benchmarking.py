@@ -21,7 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.decoding.drafts import Draft, Warp
+from specdec_jax.decoding.drafts import Draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models import cached_decoder
 from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
 

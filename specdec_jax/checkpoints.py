@@ -65,7 +65,7 @@ def parameter_names(cfg: T5Config) -> Iterator[tuple[tuple[str, ...], str, bool]
   `[in, out]`, and for the relative bias (`[buckets, heads]` vs `[heads, buckets]`).
   """
   yield ("token_embedder", "embedding"), "shared.weight", False
-  for stack, n_layers in (("encoder", cfg.num_layers), ("decoder", cfg.n_decoder_layers)):
+  for stack, n_layers in (("encoder", cfg.num_layers), ("decoder", cfg.num_decoder_layers)):
     yield ((stack, "relpos_bias", "rel_embedding"),
            f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight", True)
     norm = "encoder_norm" if stack == "encoder" else "decoder_norm"

@@ -284,7 +284,7 @@ def estimate_memory(config: T5Config, mesh: Mesh | tuple[int, int], batch: int, 
           jax.tree_util.tree_leaves(param_logical_axes(abstract),
                                     is_leaf=lambda x: isinstance(x, tuple)), strict=True))
   per_position = (config.num_heads * config.d_kv * config.compute_dtype.itemsize * 2
-                  * config.n_decoder_layers)  # K and V, every decoder layer.
+                  * config.num_decoder_layers)  # K and V, every decoder layer.
   rows = math.ceil(batch / shape[table["batch"]]) if table["batch"] else batch
   per_position //= split(("heads",))
   input_len = max_len if input_len is None else input_len

@@ -110,6 +110,8 @@ def as_real(name: str, value: Any, *, minimum: float | None = None, what: str = 
 def check_sampling(temperature: Any, top_k: Any, top_p: Any) -> tuple[float, int, float]:
   """Checks the sampling settings; returns them as (float, int, float).
 
+  `sampling.Warp`'s constructor calls it, so every `Warp` holds checked settings.
+
   Raises:
     ValueError: temperature < 0, NaN or inf; top_k not an int >= 0; top_p
       outside (0, 1]; any of them bool, a string or an array.
@@ -285,6 +287,10 @@ class DecodeArgs:
     top_k: >= 0.
     top_p: in (0, 1].
     rng: one PRNG key.
+
+  The decoders turn the three settings into their loop's static
+  `sampling.Warp(args.temperature, args.top_k, args.top_p)` (this module stays
+  below `decoding`).
   """
 
   inputs: Array
@@ -308,8 +314,8 @@ def check_decode_args(model: Any, inputs: Any, *, max_decode_len: Any, eos_id: A
     max_decode_len: the most tokens to generate per row.
     eos_id: the end-of-sequence id, or None for the config's.
     temperature: the sampling temperature (0 = greedy).
-    top_k: see `sampling.warp_logits`.
-    top_p: see `sampling.warp_logits`.
+    top_k: see `sampling.Warp`.
+    top_p: see `sampling.Warp`.
     rng: a PRNG key, or None for `PRNGKey(0)`.
     model_name: the model argument's name, for the message ("model", "target").
 

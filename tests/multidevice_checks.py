@@ -26,7 +26,8 @@ from conftest import make_model  # noqa: E402
 from specdec_jax import partitioning  # noqa: E402
 from specdec_jax.decoding import data_parallel  # noqa: E402
 from specdec_jax.decoding.baseline import temperature_sample  # noqa: E402
-from specdec_jax.decoding.drafts import T5Draft, Warp  # noqa: E402
+from specdec_jax.decoding.drafts import PromptLookupDraft, T5Draft  # noqa: E402
+from specdec_jax.decoding.sampling import Warp  # noqa: E402
 from specdec_jax.decoding.speculative import _speculative_sample, speculative_sample  # noqa: E402
 
 MESHES = ((8, 1), (2, 4), (1, 8))
@@ -139,6 +140,25 @@ def main(out_path: str) -> None:
     return _same(out.sequences, want)
 
   check("dp_base_sampled", dp_sampled)
+
+  def dp_draft_inputs():
+    # The draft reads its own rows, split over "data" like the inputs: prompt lookup
+    # in the target's greedy output accepts long runs, in `inputs` hardly any.
+    lookup = PromptLookupDraft(TARGET["vocab_size"])
+    own = np.asarray(ref["spec_greedy"].sequences)  # [BATCH, MAX_LEN]
+    mesh = partitioning.make_mesh(8, 1)
+    want = speculative_sample(target, target_params, lookup, inputs, gamma=GAMMA,
+                              max_decode_len=MAX_LEN, draft_inputs=own)
+    got, without = (data_parallel.speculative_sample(
+        target, target_params, lookup, inputs, mesh=mesh, gamma=GAMMA, max_decode_len=MAX_LEN,
+        draft_inputs=draft_inputs) for draft_inputs in (own, None))
+    ok, detail = _same(got.accepted_mask, want.accepted_mask)
+    accepted = (int(np.sum(got.stats.accepted)), int(np.sum(without.stats.accepted)))
+    ok = (ok and np.array_equal(got.sequences, ref["spec_greedy"].sequences)
+          and accepted[0] > accepted[1])
+    return ok, f"accepted with / without draft_inputs {accepted}; masks {detail}"
+
+  check("dp_spec_draft_inputs", dp_draft_inputs)
   with open(out_path, "w") as f:
     json.dump(results, f, indent=1)
 

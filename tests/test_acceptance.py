@@ -125,7 +125,7 @@ def _accept_all(rng, proposals, q_probs, p_probs):
   next_token = jax.random.categorical(rng, jnp.log(p_probs[:, gamma]), axis=-1)
   return acceptance.VerifyOutput(
       num_accepted=jnp.full((batch,), gamma, jnp.int32), next_token=next_token,
-      accepted_mask=jnp.ones((batch, gamma), bool), beta=jnp.zeros((batch, gamma)))
+      beta=jnp.zeros((batch, gamma)))
 
 
 def _resample_from_p(rng, proposals, q_probs, p_probs):
@@ -247,11 +247,10 @@ def test_greedy_reduces_to_argmax_equality(gamma):
   for seed in range(3):
     out = verify(jax.random.key(seed), proposals, q, p)
     np.testing.assert_array_equal(out.num_accepted, expected_n)
-    np.testing.assert_array_equal(out.accepted_mask, np.cumprod(match, axis=1).astype(bool))
     np.testing.assert_array_equal(out.next_token, target_argmax[np.arange(batch), expected_n])
     np.testing.assert_array_equal(out.beta, match.astype(np.float32))
   greedy = acceptance.verify_greedy(proposals, jnp.asarray(target_logits))
-  for field in ("num_accepted", "next_token", "accepted_mask", "beta"):
+  for field in ("num_accepted", "next_token", "beta"):
     np.testing.assert_array_equal(getattr(greedy, field), getattr(out, field))
 
 
@@ -285,10 +284,8 @@ def test_output_shapes_and_consistency():
   out = jax.jit(acceptance.verify)(jax.random.key(5), proposals, q, p)
   assert out.num_accepted.shape == (batch,) and out.num_accepted.dtype == jnp.int32
   assert out.next_token.shape == (batch,) and out.next_token.dtype == jnp.int32
-  assert out.accepted_mask.shape == (batch, gamma) and out.accepted_mask.dtype == bool
   assert out.beta.shape == (batch, gamma) and out.beta.dtype == jnp.float32
-  np.testing.assert_array_equal(out.accepted_mask.sum(1), out.num_accepted)
-  np.testing.assert_array_equal(out.accepted_mask, np.arange(gamma) < out.num_accepted[:, None])
+  assert np.all((out.num_accepted >= 0) & (out.num_accepted <= gamma))
   np.testing.assert_allclose(out.beta, np.minimum(p[:, :gamma], q).sum(-1), rtol=1e-6)
   assert np.all((out.next_token >= 0) & (out.next_token < vocab))
 

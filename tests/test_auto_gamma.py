@@ -92,7 +92,7 @@ def test_make_choice_says_when_nothing_helps():
 def test_pooled_alpha_pools_rows():
   zeros = np.zeros(2, np.int32)
   stats = SpeculativeStats(
-      iterations=zeros, draft_calls=zeros, tokens=np.array([5, 7]),
+      iterations=zeros, draft_forward_passes=zeros, tokens=np.array([5, 7]),
       accepted_histogram=np.zeros((2, 4), np.int32), accepted=np.array([3, 1]),
       rejections=np.array([1, 3]), beta_sum=np.array([2.0, 1.0], np.float32),
       beta_count=np.array([4, 4]), loop_iterations=np.int32(4))

@@ -57,7 +57,7 @@ def _generation_model(family: str) -> tuple[T5Model, dict]:
   """
   model, params = make_model(family)
   cfg = model.config
-  if cfg.n_decoder_layers == cfg.num_layers:
+  if cfg.num_decoder_layers == cfg.num_layers:
     return model, params
   decoder = {k: v for k, v in params["decoder"].items()
              if not k.startswith("layers_") or int(k.split("_")[1]) < cfg.num_layers}
@@ -99,9 +99,8 @@ def test_hf_save_pretrained_loads_back_identically(pair, tmp_path):
   model, params, hf = pair
   hf.save_pretrained(str(tmp_path))
   cfg, loaded = load_hf_checkpoint(str(tmp_path))
-  # num_decoder_layers comes back explicit (None means "as many as the encoder").
-  assert cfg.n_decoder_layers == model.config.n_decoder_layers
-  assert cfg.replace(num_decoder_layers=model.config.num_decoder_layers) == model.config
+  # The config comes back as it went in (num_decoder_layers explicit, never None).
+  assert cfg == model.config
   flat_ours = jax.tree_util.tree_leaves_with_path(params)
   flat_loaded = dict(jax.tree_util.tree_leaves_with_path(loaded))
   assert len(flat_ours) == len(flat_loaded)

@@ -20,7 +20,8 @@ MESH_TAGS = ("8x1", "2x4", "1x8")
 CHECKS = (
     [f"{kind}_{tag}" for tag in MESH_TAGS for kind in ("param_bytes", "base_greedy",
                                                        "spec_greedy")]
-    + ["base_sampled_2x4", "spec_sampled_2x4", "dp_spec_greedy", "dp_base_sampled"])
+    + ["base_sampled_2x4", "spec_sampled_2x4", "dp_spec_greedy", "dp_base_sampled",
+       "dp_spec_draft_inputs"])
 
 
 @pytest.fixture(scope="module")

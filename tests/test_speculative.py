@@ -13,7 +13,8 @@ from scipy import stats as scipy_stats
 
 from specdec_jax.decoding import acceptance, sampling, speculative
 from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft, T5Draft, Warp
+from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft, T5Draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import speculative_sample
 
 MAX_LEN = 24
@@ -112,7 +113,7 @@ def test_stats_are_consistent(pair):
   s = jax.tree_util.tree_map(np.asarray, out.stats)
   np.testing.assert_array_equal(s.accepted_histogram.sum(1), s.iterations)
   np.testing.assert_array_equal(s.accepted_histogram @ np.arange(gamma + 1), s.accepted)
-  np.testing.assert_array_equal(s.draft_calls, gamma * s.iterations)
+  np.testing.assert_array_equal(s.draft_forward_passes, gamma * s.iterations)
   np.testing.assert_array_equal(s.tokens, out.lengths)
   # Each iteration emits n + 1 tokens, fewer only in the last (EOS / max length).
   assert np.all(s.tokens <= s.accepted + s.iterations)
@@ -227,7 +228,6 @@ def test_accept_everything_sampler_fails_the_same_test(tiny_pair, monkeypatch):
     return acceptance.VerifyOutput(
         num_accepted=jnp.full((batch,), gamma, jnp.int32),
         next_token=jax.random.categorical(rng, jnp.log(p_probs[:, gamma])).astype(jnp.int32),
-        accepted_mask=jnp.ones((batch, gamma), bool),
         beta=jnp.sum(jnp.minimum(p_probs[:, :gamma], q_probs), -1))
 
   monkeypatch.setattr(acceptance, "verify", accept_all)

@@ -25,6 +25,11 @@ def _token_probs(probs: jax.Array, tokens: jax.Array) -> jax.Array:
   return jnp.take_along_axis(probs, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
+def _prefix_length(accept: jax.Array) -> jax.Array:
+  """int32 `[batch]`: how many leading entries of each row of `accept [batch, gamma]` are True."""
+  return jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1, dtype=jnp.int32)
+
+
 def acceptance_probability(p_probs: jax.Array, q_probs: jax.Array,
                            tokens: jax.Array) -> jax.Array:
   """Probability that the rule `u * q(x) < p(x)`, u ~ U[0, 1), accepts x.
@@ -77,7 +82,6 @@ class VerifyOutput:
       prefix of the proposals.
     next_token: `[batch]` int32, the token emitted after the accepted prefix:
       drawn from residual(p[n], q[n]) if n < gamma, else from p[gamma].
-    accepted_mask: `[batch, gamma]` bool, True for positions < num_accepted.
     beta: `[batch, gamma]` float32, sum_x min(p(x), q(x)) at each proposal
       position, the paper's per-token acceptance rate (alpha = E[beta]).
       Position j's context ends with proposals[:j], so positions j > n sit on
@@ -87,7 +91,6 @@ class VerifyOutput:
 
   num_accepted: jax.Array
   next_token: jax.Array
-  accepted_mask: jax.Array
   beta: jax.Array
 
 
@@ -143,8 +146,7 @@ def verify(rng: jax.Array, proposals: jax.Array, q_probs: jax.Array,
   p_head = p_probs[:, :gamma]  # [batch, gamma, vocab]
   u = jax.random.uniform(accept_rng, (batch, gamma), dtype=jnp.float32)  # in [0, 1)
   accept = u * _token_probs(q_probs, proposals) < _token_probs(p_head, proposals)
-  accepted_mask = jnp.cumprod(accept.astype(jnp.int32), axis=1).astype(bool)  # [batch, gamma]
-  num_accepted = jnp.sum(accepted_mask, axis=1, dtype=jnp.int32)  # [batch]
+  num_accepted = _prefix_length(accept)  # [batch]
 
   # Position gamma has no proposal: q = 0 there makes its residual exactly p.
   q_padded = jnp.pad(q_probs, ((0, 0), (0, 1), (0, 0)))  # [batch, gamma + 1, vocab]
@@ -156,7 +158,7 @@ def verify(rng: jax.Array, proposals: jax.Array, q_probs: jax.Array,
 
   beta = jnp.sum(jnp.minimum(p_head, q_probs), axis=-1)  # [batch, gamma]
   return VerifyOutput(num_accepted=num_accepted, next_token=next_token.astype(jnp.int32),
-                      accepted_mask=accepted_mask, beta=beta)
+                      beta=beta)
 
 
 def verify_greedy(proposals: jax.Array, p_logits: jax.Array) -> VerifyOutput:
@@ -178,8 +180,7 @@ def verify_greedy(proposals: jax.Array, p_logits: jax.Array) -> VerifyOutput:
   gamma = proposals.shape[1]
   target = jnp.argmax(p_logits, axis=-1).astype(jnp.int32)  # [batch, gamma + 1]
   match = proposals == target[:, :gamma]  # [batch, gamma]
-  accepted_mask = jnp.cumprod(match.astype(jnp.int32), axis=1).astype(bool)
-  num_accepted = jnp.sum(accepted_mask, axis=1, dtype=jnp.int32)  # [batch]
+  num_accepted = _prefix_length(match)  # [batch]
   next_token = jnp.take_along_axis(target, num_accepted[:, None], axis=1)[:, 0]
   return VerifyOutput(num_accepted=num_accepted, next_token=next_token,
-                      accepted_mask=accepted_mask, beta=match.astype(jnp.float32))
+                      beta=match.astype(jnp.float32))

@@ -46,7 +46,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from specdec_jax import benchmarking, contention, distributed, theory, validation
-from specdec_jax.decoding.drafts import Draft, Warp
+from specdec_jax.decoding.drafts import Draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import SpeculativeStats, speculative_sample
 from specdec_jax.models import T5Model
 
@@ -396,7 +397,7 @@ def choose_gamma(target: T5Model, target_params: dict, draft: Draft, inputs: Arr
         cache_len=cache_len, position=position, calls=calls, repeats=repeats)
     t_draft = benchmarking.draft_token_time(
         draft, draft_inputs, gamma=calibration_gamma,
-        warp=Warp(args.temperature, args.top_k, args.top_p), cache_len=cache_len,
+        warp=Warp.of(args), cache_len=cache_len,
         position=position, calls=calls, repeats=repeats,
         target_encoded=benchmarking.target_encoded_for(draft, target, target_params,
                                                       args.inputs))

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax import validation
-from specdec_jax.decoding import sampling
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models import cached_decoder
 from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
 
@@ -89,16 +89,15 @@ def temperature_sample(model: T5Model, params: dict, inputs: Array, *, max_decod
                                       top_p=top_p, rng=rng)
   prepared = model.prepare(params)  # Once per set of parameters (remembered).
   return _temperature_sample(model, prepared.decoder, model.encode(prepared, args.inputs),
-                             args.rng, max_decode_len=args.max_decode_len,
-                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             args.rng, max_decode_len=args.max_decode_len, warp=Warp.of(args),
                              eos_id=args.eos_id)
 
 
 @functools.partial(cached_decoder.loop_jit, static_argnames=(
-    "model", "max_decode_len", "temperature", "top_k", "top_p", "eos_id"))
+    "model", "max_decode_len", "warp", "eos_id"))
 def _temperature_sample(model: T5Model, weights: DecodeWeights, encoded: EncodedInputs,
-                        rng: Array, *, max_decode_len: int, temperature: float, top_k: int,
-                        top_p: float, eos_id: int) -> DecodeOutput:
+                        rng: Array, *, max_decode_len: int, warp: Warp,
+                        eos_id: int) -> DecodeOutput:
   """The generation loop, given the encoded inputs and the prepared decoder weights."""
   batch = encoded.mask.shape[0]
   pad = model.config.pad_token_id
@@ -114,8 +113,7 @@ def _temperature_sample(model: T5Model, weights: DecodeWeights, encoded: Encoded
     return (state.step < max_decode_len) & ~jnp.all(state.done)
 
   def body(state: SamplingLoopState) -> SamplingLoopState:
-    return _sampling_step(model, weights, encoded, state, temperature=temperature, top_k=top_k,
-                          top_p=top_p, eos_id=eos_id)
+    return _sampling_step(model, weights, encoded, state, warp=warp, eos_id=eos_id)
 
   final = jax.lax.while_loop(cond, body, init)
   lengths = jnp.where(final.done, _first_index(final.sequences, eos_id) + 1, final.step)
@@ -123,13 +121,11 @@ def _temperature_sample(model: T5Model, weights: DecodeWeights, encoded: Encoded
 
 
 def _sampling_step(model: T5Model, weights: DecodeWeights, encoded: EncodedInputs,
-                   state: SamplingLoopState, *, temperature: float, top_k: int, top_p: float,
-                   eos_id: int) -> SamplingLoopState:
+                   state: SamplingLoopState, *, warp: Warp, eos_id: int) -> SamplingLoopState:
   """One cached decoder step for every row; finished rows emit padding."""
   logits, cache = model.decode_chunk(weights, encoded, state.cache, state.last_token[:, None])
   rng, step_rng = jax.random.split(state.rng)
-  token = sampling.sample(step_rng, logits[:, 0], temperature=temperature, top_k=top_k,
-                          top_p=top_p)
+  token = warp.sample(step_rng, logits[:, 0])
   token = jnp.where(state.done, model.config.pad_token_id, token)
   sequences = jax.lax.dynamic_update_slice(state.sequences, token[:, None], (0, state.step))
   return SamplingLoopState(step=state.step + 1, sequences=sequences, last_token=token,

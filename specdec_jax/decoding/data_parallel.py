@@ -25,7 +25,8 @@ from jax.sharding import PartitionSpec as P
 from specdec_jax import validation
 from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.baseline import DecodeOutput
-from specdec_jax.decoding.drafts import Draft, Warp
+from specdec_jax.decoding.drafts import Draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import SpeculativeOutput
 from specdec_jax.models.t5 import T5Model
 
@@ -72,20 +73,20 @@ def temperature_sample(model: T5Model, params: dict, inputs: Array, *, mesh: Mes
                                       top_p=top_p, rng=rng)
   _check(args.inputs, mesh, axis)
   return _dp_temperature_sample(model, params, args.inputs, args.rng, mesh=mesh, axis=axis,
-                                max_decode_len=args.max_decode_len, temperature=args.temperature,
-                                top_k=args.top_k, top_p=args.top_p, eos_id=args.eos_id)
+                                max_decode_len=args.max_decode_len, warp=Warp.of(args),
+                                eos_id=args.eos_id)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "mesh", "axis", "max_decode_len",
-                                             "temperature", "top_k", "top_p", "eos_id"))
+@functools.partial(jax.jit, static_argnames=("model", "mesh", "axis", "max_decode_len", "warp",
+                                             "eos_id"))
 def _dp_temperature_sample(model: T5Model, params: dict, inputs: Array, rng: Array, *,
-                           mesh: Mesh, axis: str, max_decode_len: int, temperature: float,
-                           top_k: int, top_p: float, eos_id: int) -> DecodeOutput:
+                           mesh: Mesh, axis: str, max_decode_len: int, warp: Warp,
+                           eos_id: int) -> DecodeOutput:
   def shard(params: dict, inputs: Array, rng: Array) -> DecodeOutput:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis))
     return baseline.temperature_sample(
-        model, params, inputs, max_decode_len=max_decode_len, temperature=temperature,
-        top_k=top_k, top_p=top_p, eos_id=eos_id, rng=rng)
+        model, params, inputs, max_decode_len=max_decode_len, temperature=warp.temperature,
+        top_k=warp.top_k, top_p=warp.top_p, eos_id=eos_id, rng=rng)
 
   return jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(axis), P()), out_specs=P(axis),
                        check_vma=False)(params, inputs, rng)
@@ -94,8 +95,8 @@ def _dp_temperature_sample(model: T5Model, params: dict, inputs: Array, rng: Arr
 def speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array, *,
                        mesh: Mesh, gamma: int, max_decode_len: int, axis: str = "data",
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                       eos_id: int | None = None, rng: Array | None = None
-                       ) -> SpeculativeOutput:
+                       eos_id: int | None = None, rng: Array | None = None,
+                       draft_inputs: Array | None = None) -> SpeculativeOutput:
   """`speculative.speculative_sample` with rows split over `mesh`'s `axis`.
 
   Args:
@@ -105,6 +106,9 @@ def speculative_sample(target: T5Model, target_params: dict, draft: Draft, input
     mesh: the device mesh; other axes than `axis` hold replicas.
     axis: the mesh axis the rows are split over.
     rng: PRNG key (default `PRNGKey(0)`); shard i uses `fold_in(rng, i)`.
+    draft_inputs: int32 `[batch, draft_input_len]` encoder tokens for the draft
+      if they differ (default `inputs`), one row per row of `inputs`; split
+      over `axis` like them.
 
   Returns:
     `SpeculativeOutput`, sharded over `axis` by rows;
@@ -117,29 +121,30 @@ def speculative_sample(target: T5Model, target_params: dict, draft: Draft, input
                                       eos_id=eos_id, temperature=temperature, top_k=top_k,
                                       top_p=top_p, rng=rng, model_name="target")
   gamma = validation.as_int("gamma", gamma, minimum=1, what="proposals per target call")
-  validation.check_draft(draft, target.config, args.inputs, None)
+  draft_inputs = validation.check_draft(draft, target.config, args.inputs, draft_inputs)
   _check(args.inputs, mesh, axis)
   return _dp_speculative_sample(
-      target, target_params, draft, args.inputs, args.rng, mesh=mesh, axis=axis, gamma=gamma,
-      max_decode_len=args.max_decode_len, warp=Warp(args.temperature, args.top_k, args.top_p),
-      eos_id=args.eos_id)
+      target, target_params, draft, args.inputs, draft_inputs, args.rng, mesh=mesh, axis=axis,
+      gamma=gamma, max_decode_len=args.max_decode_len, warp=Warp.of(args), eos_id=args.eos_id)
 
 
 @functools.partial(jax.jit, static_argnames=("target", "mesh", "axis", "gamma",
                                              "max_decode_len", "warp", "eos_id"))
 def _dp_speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array,
-                           rng: Array, *, mesh: Mesh, axis: str, gamma: int,
-                           max_decode_len: int, warp: Warp, eos_id: int
+                           draft_inputs: Array, rng: Array, *, mesh: Mesh, axis: str,
+                           gamma: int, max_decode_len: int, warp: Warp, eos_id: int
                            ) -> SpeculativeOutput:
-  def shard(target_params: dict, draft: Draft, inputs: Array, rng: Array) -> SpeculativeOutput:
+  def shard(target_params: dict, draft: Draft, inputs: Array, draft_inputs: Array,
+            rng: Array) -> SpeculativeOutput:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis))
     out = speculative.speculative_sample(
         target, target_params, draft, inputs, gamma=gamma, max_decode_len=max_decode_len,
         temperature=warp.temperature, top_k=warp.top_k, top_p=warp.top_p, eos_id=eos_id,
-        rng=rng)
+        rng=rng, draft_inputs=draft_inputs)
     # A scalar per shard cannot leave shard_map unsplit: stack them as [shards].
     return out.replace(stats=out.stats.replace(loop_iterations=out.stats.loop_iterations[None]))
 
-  out = jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(), P(axis), P()), out_specs=P(axis),
-                      check_vma=False)(target_params, draft, inputs, rng)
+  out = jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(), P(axis), P(axis), P()),
+                      out_specs=P(axis), check_vma=False)(target_params, draft, inputs,
+                                                          draft_inputs, rng)
   return out.replace(stats=out.stats.replace(loop_iterations=out.stats.loop_iterations.max()))

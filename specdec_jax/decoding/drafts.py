@@ -2,8 +2,8 @@
 
 A draft proposes `gamma` tokens per row and returns the logits of the
 distribution each was drawn from (`q`, before warping: the sampler warps draft
-and target logits with the same settings, so proposals must be drawn with
-`sampling.sample` under those settings too). Kinds:
+and target logits with the same `sampling.Warp`, so proposals must be drawn
+with `warp.sample` under it too). Kinds:
 
   * `T5Draft`: a smaller T5, with its own encoder pass and KV cache.
   * `SharedEncoderDraft`: a T5 decoder that cross-attends to the *target's*
@@ -35,28 +35,11 @@ import numpy as np
 from flax import struct
 
 from specdec_jax import validation
-from specdec_jax.decoding import sampling
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models.shared_encoder import SharedEncoderModel
 from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
 
 Array = jax.Array
-
-
-@struct.dataclass
-class Warp:
-  """The sampling settings (static): see `sampling.warp_logits`."""
-
-  temperature: float = struct.field(pytree_node=False, default=0.0)
-  top_k: int = struct.field(pytree_node=False, default=0)
-  top_p: float = struct.field(pytree_node=False, default=1.0)
-
-  def sample(self, rng: Array, logits: Array) -> Array:
-    return sampling.sample(rng, logits, temperature=self.temperature, top_k=self.top_k,
-                           top_p=self.top_p)
-
-  def probs(self, logits: Array) -> Array:
-    return sampling.probs_from_logits(logits, temperature=self.temperature, top_k=self.top_k,
-                                      top_p=self.top_p)
 
 
 def _last_tokens(tokens: Array, lengths: Array) -> Array:
@@ -98,6 +81,14 @@ class Draft(abc.ABC):
   def propose(self, state: Any, tokens: Array, lengths: Array, rng: Array, *, gamma: int,
               warp: Warp) -> tuple[Any, Array, Array]:
     """Proposes `gamma` tokens after `tokens[:, :lengths + 1]` per row.
+
+    Args:
+      state: the draft's state (`init_state`, then `commit`).
+      tokens: int32 `[batch, buffer_len]`, the start token and the text so far.
+      lengths: int32 `[batch]`, m = tokens generated; `tokens[:, m]` is the last.
+      rng: the PRNG key of this iteration's proposals.
+      gamma: proposals per row (static).
+      warp: the sampling settings (static) every proposal is drawn with.
 
     Returns:
       The new state, proposals int32 `[batch, gamma]` and the draft logits

@@ -1,9 +1,11 @@
 """Logits -> the distribution we sample from (temperature, top-k, top-p).
 
 This module is the single place where logits become a sampling distribution.
-The baseline decoder and both sides of speculative sampling (draft q and target
-p) call `warp_logits` with the same settings, so "the speculative sampler draws
-from the same distribution as the baseline" holds by construction.
+The settings travel as one value, `Warp`; the baseline decoder and both sides
+of speculative sampling (draft q and target p) call its methods with the same
+value, so "the speculative sampler draws from the same distribution as the
+baseline" holds by construction. `warp_logits`, `probs_from_logits` and
+`sample` are the same as functions of keyword settings.
 
 Order of the transforms follows HuggingFace: temperature, then top-k, then
 top-p. Ties are broken towards the lower token id everywhere (like
@@ -15,17 +17,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from specdec_jax import validation
 
 
-def _validate(logits: jax.Array, temperature: float, top_k: int, top_p: float) -> None:
-  """Raises ValueError for settings outside their domain.
-
-  The settings must be Python (or NumPy) scalars: they select the computation
-  and are static under `jax.jit` (`validation.check_sampling`).
-  """
-  validation.check_sampling(temperature, top_k, top_p)
+def _check_logits(logits: jax.Array) -> None:
+  """Raises ValueError unless `logits` is a floating-point `[..., vocab]` array, vocab >= 1."""
   if logits.ndim < 1 or logits.shape[-1] < 1:
     raise ValueError(f"logits must have shape [..., vocab] with vocab >= 1, got shape "
                      f"{logits.shape}.")
@@ -117,78 +115,115 @@ def _top_k_top_p_mask(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
   return keep.reshape(scaled.shape)
 
 
-def warp_logits(logits: jax.Array, *, temperature: float, top_k: int = 0,
-                top_p: float = 1.0) -> jax.Array:
-  """Log-probabilities of the distribution we sample from.
+@struct.dataclass
+class Warp:
+  """The sampling settings: which distribution logits become, and how a token is drawn.
 
-  Args:
-    logits: `[..., vocab]` float logits.
+  One value carries them through every decoder: the baseline's loop, both sides
+  of speculative sampling and every draft's `propose` receive it (a static
+  argument under `jax.jit`: one compiled program per setting). The public
+  decoders take `temperature`, `top_k` and `top_p` as keywords and build it
+  once from the arguments `validation.check_decode_args` checked (`Warp.of`).
+
+  Attributes:
     temperature: 0 means greedy; otherwise logits are divided by it.
     top_k: keep only the k most likely tokens; 0 means off. Ties at the k-th
       place go to the lower token id, so exactly min(k, vocab) tokens are kept.
     top_p: nucleus sampling; keep the smallest set of most likely tokens (after
       top-k) whose mass is >= top_p, always at least one; 1.0 means off.
 
-  Returns:
-    `[..., vocab]` float32 normalised log-probabilities (`log_softmax`);
-    excluded tokens get -inf. At temperature 0 a one-hot at the first argmax:
-    0.0 there and -inf elsewhere (top-k/top-p cannot change the argmax, so they
-    are not applied).
-
   Raises:
-    ValueError: on settings outside their domain or non-float logits.
+    ValueError: from the constructor, for settings outside their domain or not
+      Python (or NumPy) scalars (`validation.check_sampling`).
   """
-  logits = jnp.asarray(logits)
-  _validate(logits, temperature, top_k, top_p)
-  logits = logits.astype(jnp.float32)
-  vocab = logits.shape[-1]
-  if temperature == 0:
-    argmax = jnp.argmax(logits, axis=-1)  # [...]
-    return jnp.where(jnp.arange(vocab) == argmax[..., None], 0.0, -jnp.inf)
-  scaled = logits / jnp.float32(temperature)  # [..., vocab]
-  if 0 < top_k < vocab or top_p < 1.0:
-    keep = _top_k_top_p_mask(scaled, top_k, top_p)
-    scaled = jnp.where(keep, scaled, -jnp.inf)
-  return jax.nn.log_softmax(scaled, axis=-1)
+
+  temperature: float = struct.field(pytree_node=False, default=0.0)
+  top_k: int = struct.field(pytree_node=False, default=0)
+  top_p: float = struct.field(pytree_node=False, default=1.0)
+
+  def __post_init__(self):
+    settings = validation.check_sampling(self.temperature, self.top_k, self.top_p)
+    for name, value in zip(("temperature", "top_k", "top_p"), settings, strict=True):
+      object.__setattr__(self, name, value)
+
+  @classmethod
+  def of(cls, args: validation.DecodeArgs) -> Warp:
+    """The settings of a decoder call's checked arguments (`validation.check_decode_args`)."""
+    return cls(args.temperature, args.top_k, args.top_p)
+
+  def log_probs(self, logits: jax.Array) -> jax.Array:
+    """Log-probabilities of the distribution we sample from.
+
+    Args:
+      logits: `[..., vocab]` float logits.
+
+    Returns:
+      `[..., vocab]` float32 normalised log-probabilities (`log_softmax`);
+      excluded tokens get -inf. At temperature 0 a one-hot at the first argmax:
+      0.0 there and -inf elsewhere (top-k/top-p cannot change the argmax, so
+      they are not applied).
+
+    Raises:
+      ValueError: on non-float logits or logits without a vocabulary axis.
+    """
+    logits = jnp.asarray(logits)
+    _check_logits(logits)
+    logits = logits.astype(jnp.float32)
+    vocab = logits.shape[-1]
+    if self.temperature == 0:
+      argmax = jnp.argmax(logits, axis=-1)  # [...]
+      return jnp.where(jnp.arange(vocab) == argmax[..., None], 0.0, -jnp.inf)
+    scaled = logits / jnp.float32(self.temperature)  # [..., vocab]
+    if 0 < self.top_k < vocab or self.top_p < 1.0:
+      keep = _top_k_top_p_mask(scaled, self.top_k, self.top_p)
+      scaled = jnp.where(keep, scaled, -jnp.inf)
+    return jax.nn.log_softmax(scaled, axis=-1)
+
+  def probs(self, logits: jax.Array) -> jax.Array:
+    """Probabilities of the distribution we sample from: `exp(log_probs(logits))`.
+
+    Args:
+      logits: `[..., vocab]` float logits.
+
+    Returns:
+      `[..., vocab]` float32 probabilities summing to 1 over the last axis;
+      exactly 0.0 for excluded tokens, and exactly 1.0/0.0 at temperature 0.
+    """
+    return jnp.exp(self.log_probs(logits))
+
+  def sample(self, rng: jax.Array | None, logits: jax.Array) -> jax.Array:
+    """Draws one token per row from the distribution of `probs`.
+
+    Args:
+      rng: a PRNG key; unused at temperature 0 (greedy: `argmax`, ties -> lowest id).
+      logits: `[..., vocab]` float logits.
+
+    Returns:
+      `[...]` int32 token ids.
+    """
+    logits = jnp.asarray(logits)
+    _check_logits(logits)
+    if self.temperature == 0:
+      return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return sample_from_probs(rng, self.probs(logits))
+
+
+def warp_logits(logits: jax.Array, *, temperature: float, top_k: int = 0,
+                top_p: float = 1.0) -> jax.Array:
+  """`Warp(temperature, top_k, top_p).log_probs(logits)`: `[..., vocab]` -> `[..., vocab]`."""
+  return Warp(temperature, top_k, top_p).log_probs(logits)
 
 
 def probs_from_logits(logits: jax.Array, *, temperature: float, top_k: int = 0,
                       top_p: float = 1.0) -> jax.Array:
-  """Probabilities of the distribution we sample from: `exp(warp_logits(...))`.
-
-  Args:
-    logits: `[..., vocab]` float logits.
-    temperature: see `warp_logits`.
-    top_k: see `warp_logits`.
-    top_p: see `warp_logits`.
-
-  Returns:
-    `[..., vocab]` float32 probabilities summing to 1 over the last axis;
-    exactly 0.0 for excluded tokens, and exactly 1.0/0.0 at temperature 0.
-  """
-  return jnp.exp(warp_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p))
+  """`Warp(temperature, top_k, top_p).probs(logits)`: `[..., vocab]` -> `[..., vocab]`."""
+  return Warp(temperature, top_k, top_p).probs(logits)
 
 
-def sample(rng: jax.Array, logits: jax.Array, *, temperature: float, top_k: int = 0,
+def sample(rng: jax.Array | None, logits: jax.Array, *, temperature: float, top_k: int = 0,
            top_p: float = 1.0) -> jax.Array:
-  """Draws one token per row from the warped distribution.
-
-  Args:
-    rng: a PRNG key; unused at temperature 0.
-    logits: `[..., vocab]` float logits.
-    temperature: 0 means greedy (`argmax`, ties -> lowest id).
-    top_k: see `warp_logits`.
-    top_p: see `warp_logits`.
-
-  Returns:
-    `[...]` int32 token ids.
-  """
-  logits = jnp.asarray(logits)
-  _validate(logits, temperature, top_k, top_p)
-  if temperature == 0:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  probs = probs_from_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-  return sample_from_probs(rng, probs)
+  """`Warp(temperature, top_k, top_p).sample(rng, logits)`: `[..., vocab]` -> int32 `[...]`."""
+  return Warp(temperature, top_k, top_p).sample(rng, logits)
 
 
 def sample_from_probs(rng: jax.Array, probs: jax.Array) -> jax.Array:

@@ -24,7 +24,8 @@ from flax import struct
 
 from specdec_jax import validation
 from specdec_jax.decoding import acceptance
-from specdec_jax.decoding.drafts import Draft, Warp
+from specdec_jax.decoding.drafts import Draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models import cached_decoder
 from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
 
@@ -37,8 +38,11 @@ class SpeculativeStats:
 
   Attributes:
     iterations: int32 `[batch]`, target calls while the row was unfinished.
-    draft_calls: int32 `[batch]`, draft forward passes while unfinished.
-    tokens: int32 `[batch]`, tokens emitted (== the output lengths).
+    draft_forward_passes: int32 `[batch]`, the draft model's forward passes
+      while unfinished (gamma per iteration for a T5 draft; 0 for table
+      look-ups: `Draft.forward_passes_per_proposal`).
+    tokens: int32 `[batch]`, tokens emitted (the sum of each iteration's;
+      equals the output lengths).
     accepted_histogram: int32 `[batch, gamma + 1]`, how often n accepted
       proposals were emitted in one iteration, n = 0..gamma.
     accepted: int32 `[batch]`, accepted proposals that are part of the output
@@ -54,7 +58,7 @@ class SpeculativeStats:
   """
 
   iterations: Array
-  draft_calls: Array
+  draft_forward_passes: Array
   tokens: Array
   accepted_histogram: Array
   accepted: Array
@@ -102,7 +106,7 @@ class SpeculativeLoopState:
   Attributes:
     tokens: int32 `[batch, max_decode_len + gamma + 2]`, the decoder start token
       at index 0, then the generated tokens; beyond a row's length: scratch.
-    from_draft: bool, same shape: True where the token is an accepted proposal.
+    accepted_mask: bool, same shape: True where the token is an accepted proposal.
     lengths: int32 `[batch]`, m = tokens generated; `tokens[:, m]` is the last
       token, which neither model has processed.
     done: bool `[batch]`, True once a row emitted EOS or reached max_decode_len.
@@ -113,7 +117,7 @@ class SpeculativeLoopState:
   """
 
   tokens: Array
-  from_draft: Array
+  accepted_mask: Array
   lengths: Array
   done: Array
   target_cache: DecoderCache
@@ -170,8 +174,7 @@ def speculative_sample(target: T5Model, target_params: dict, draft: Draft, input
   return _speculative_sample(target, prepared.decoder, target.encode(prepared, args.inputs),
                              draft, draft_inputs, args.rng, gamma=gamma,
                              max_decode_len=args.max_decode_len,
-                             warp=Warp(args.temperature, args.top_k, args.top_p),
-                             eos_id=args.eos_id)
+                             warp=Warp.of(args), eos_id=args.eos_id)
 
 
 @functools.partial(cached_decoder.loop_jit, static_argnames=(
@@ -186,14 +189,14 @@ def _speculative_sample(target: T5Model, weights: DecodeWeights, encoded: Encode
   buffer = jnp.full((batch, max_decode_len + gamma + 2), target.config.pad_token_id, jnp.int32)
   init = SpeculativeLoopState(
       tokens=buffer.at[:, 0].set(target.config.decoder_start_token_id),
-      from_draft=jnp.zeros(buffer.shape, bool),
+      accepted_mask=jnp.zeros(buffer.shape, bool),
       lengths=zeros,
       done=jnp.zeros((batch,), bool),
       target_cache=target.init_cache(batch, cache_len),
       draft_state=draft.init_state(draft_inputs, cache_len, encoded),
       rng=rng,
       stats=SpeculativeStats(
-          iterations=zeros, draft_calls=zeros, tokens=zeros,
+          iterations=zeros, draft_forward_passes=zeros, tokens=zeros,
           accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32), accepted=zeros,
           rejections=zeros, beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros,
           loop_iterations=jnp.array(0, jnp.int32)))
@@ -208,9 +211,8 @@ def _speculative_sample(target: T5Model, weights: DecodeWeights, encoded: Encode
   final = jax.lax.while_loop(cond, body, init)
   valid = jnp.arange(max_decode_len)[None] < final.lengths[:, None]
   sequences = jnp.where(valid, final.tokens[:, 1:max_decode_len + 1], 0)
-  from_draft = valid & final.from_draft[:, 1:max_decode_len + 1]
-  stats = final.stats.replace(tokens=final.lengths)
-  return SpeculativeOutput(sequences, final.lengths, stats, from_draft)
+  accepted_mask = valid & final.accepted_mask[:, 1:max_decode_len + 1]
+  return SpeculativeOutput(sequences, final.lengths, final.stats, accepted_mask)
 
 
 def _write_rows(buffer: Array, chunk: Array, start: Array) -> Array:
@@ -252,7 +254,7 @@ def _speculative_step(target: T5Model, weights: DecodeWeights, encoded: EncodedI
   # Everything past a row's new length is scratch (finished rows included): the
   # next write starts there, and the output masks it.
   tokens = _write_rows(state.tokens, new, m + 1)
-  from_draft = _write_rows(state.from_draft, j < n[:, None], m + 1)
+  accepted_mask = _write_rows(state.accepted_mask, j < n[:, None], m + 1)
 
   # Statistics count only what the output holds: position j scored new[j],
   # emitted iff j < count (so its context is accepted text before any EOS).
@@ -261,7 +263,9 @@ def _speculative_step(target: T5Model, weights: DecodeWeights, encoded: EncodedI
   emitted_accepted = jnp.minimum(n, count)  # [batch]; 0 for finished rows.
   stats = stats.replace(
       iterations=stats.iterations + active,
-      draft_calls=stats.draft_calls + active * gamma * draft.forward_passes_per_proposal,
+      draft_forward_passes=(stats.draft_forward_passes
+                            + active * gamma * draft.forward_passes_per_proposal),
+      tokens=stats.tokens + count,
       accepted_histogram=stats.accepted_histogram + (
           (jnp.arange(gamma + 1)[None] == emitted_accepted[:, None]) & active[:, None]),
       accepted=stats.accepted + emitted_accepted,
@@ -272,7 +276,7 @@ def _speculative_step(target: T5Model, weights: DecodeWeights, encoded: EncodedI
 
   return SpeculativeLoopState(
       tokens=tokens,
-      from_draft=from_draft,
+      accepted_mask=accepted_mask,
       lengths=new_lengths,
       done=done,
       target_cache=target_cache.rewind(new_lengths),

@@ -63,10 +63,6 @@ class T5Config:
       check_dtype(name, getattr(self, name))
 
   @property
-  def n_decoder_layers(self) -> int:
-    return self.num_decoder_layers
-
-  @property
   def gated(self) -> bool:
     return self.feed_forward_proj == "gated-gelu"
 
@@ -85,7 +81,6 @@ class T5Config:
     """The `config.json` contents HuggingFace's `T5ForConditionalGeneration` reads."""
     d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
          if f.name not in ("dtype", "param_dtype")}
-    d["num_decoder_layers"] = self.n_decoder_layers
     d.update(
         architectures=["T5ForConditionalGeneration"],
         model_type="t5",
