@@ -1,5 +1,6 @@
-"""The committed model family (assets/models): complete files, size cap, model cards, and
-the same logits in our model and in the reference implementation, loaded unchanged."""
+"""The committed model family (assets/models): complete files, size cap, model cards, the
+same logits in our model and in the reference implementation, loaded unchanged, and every
+draft giving the target's greedy tokens through speculative sampling."""
 
 from __future__ import annotations
 
@@ -14,13 +15,17 @@ import torch
 from transformers import T5ForConditionalGeneration
 
 from experiments import export_family, prompts
-from experiments.family import FAMILY
-from specdec_jax.checkpoints import load_hf_checkpoint
+from experiments.family import FAMILY, SHARED_ENCODER
+from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import layout, vocab
+from specdec_jax.decoding.baseline import temperature_sample
+from specdec_jax.decoding.drafts import make_draft
+from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.models import T5Model
 
 MODELS_DIR = os.path.join(layout.ASSETS_DIR, "models")
 SHIPPED = [name for name in FAMILY if os.path.isdir(os.path.join(MODELS_DIR, name))]
+HF_FORMAT = [name for name in SHIPPED if name not in SHARED_ENCODER]
 FILES = ("README.md", "config.json", "model.safetensors", "spiece.model")
 
 
@@ -39,14 +44,15 @@ def test_member_has_its_files_vocabulary_and_measured_card(name):
                      shallow=False)
   with open(os.path.join(path, "README.md"), encoding="utf-8") as f:
     card = f.read()
-  for row in ("| parameters |", "| training steps |", "| validation loss", "| test BLEU",
-              "| test ROUGE-L"):
+  quality = (("| test BLEU / ROUGE-L | none",) if name in SHARED_ENCODER
+             else ("| test BLEU", "| test ROUGE-L"))
+  for row in ("| parameters |", "| training steps |", "| validation loss", *quality):
     assert row in card, row
   if name != "target":
     assert "| task | α (T=0) | α (T=1) |" in card and "Not measured yet" not in card
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("name", HF_FORMAT)
 def test_member_gives_the_same_logits_in_ours_and_in_transformers(name):
   path = os.path.join(MODELS_DIR, name)
   cfg, params = load_hf_checkpoint(path)
@@ -66,3 +72,23 @@ def test_member_gives_the_same_logits_in_ours_and_in_transformers(name):
   np.testing.assert_allclose(ours[mask], theirs[mask], atol=2e-3, rtol=1e-3)
   # The trained model predicts the references far better than chance.
   assert (ours[mask].argmax(-1) == targets[mask]).mean() > 0.2
+
+
+@pytest.fixture(scope="module")
+def target_and_prompts():
+  cfg, params = load_hf_checkpoint(os.path.join(MODELS_DIR, "target"))
+  processor = spm.SentencePieceProcessor(model_file=vocab.default_vocab_path())
+  pairs, _ = prompts.load_examples("ende", "test", 2)
+  inputs = jnp.asarray(prompts.tokenize(processor, [x for x, _ in pairs], 48))
+  target = T5Model(cfg)
+  return target, params, inputs, temperature_sample(target, params, inputs, max_decode_len=24)
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n != "target"])
+def test_draft_gives_the_targets_greedy_tokens(name, target_and_prompts):
+  target, params, inputs, base = target_and_prompts
+  draft = make_draft(*load_model(os.path.join(MODELS_DIR, name)))
+  out = speculative_sample(target, params, draft, inputs, gamma=3, max_decode_len=24)
+  np.testing.assert_array_equal(out.sequences, base.sequences)
+  np.testing.assert_array_equal(out.lengths, base.lengths)
+  assert int(np.sum(out.stats.accepted)) > 0  # A trained draft agrees some of the time.
