@@ -188,18 +188,42 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int = gin.REQ
 
 def _initial_params(model: T5Model | SharedEncoderModel, init_from: str | None,
                     seed: int) -> dict:
-  """A random init, or the parameters of `init_from` (which must fit `model`)."""
+  """A random init, or the parameters of `init_from`.
+
+  A model of the same kind must match in every shape. A shared-encoder student may start
+  from a T5 (e.g. a draft of the same decoder shape): it takes the T5's embedding and every
+  decoder parameter of its own shape; the rest (the cross-attention key / value kernels,
+  which read the target's wider encoder) keep their random init, and are listed.
+  """
   params = model.init_params(jax.random.PRNGKey(seed))
   if not init_from:
     return params
   source, loaded = load_model(init_from, dropout_rate=0.0)
   want = jax.tree.map(lambda x: x.shape, params)
-  got = jax.tree.map(lambda x: x.shape, loaded)
-  if type(source) is not type(model) or want != got:
-    raise ValueError(f"train.init_from={init_from!r} holds a {type(source).__name__} of other "
-                     f"shapes than the configured {type(model).__name__} ({model.config}); "
-                     "use a checkpoint of the same architecture, or no init_from.")
-  return jax.device_put(loaded)
+  if type(source) is type(model):
+    if jax.tree.map(lambda x: x.shape, loaded) != want:
+      raise ValueError(f"train.init_from={init_from!r} holds a {type(source).__name__} of "
+                       f"other shapes than the configured one ({model.config}); use a "
+                       "checkpoint of the same architecture, or no init_from.")
+    return jax.device_put(loaded)
+  if not (isinstance(model, SharedEncoderModel) and isinstance(source, T5Model)):
+    raise ValueError(f"train.init_from={init_from!r} holds a {type(source).__name__}; a "
+                     f"{type(model).__name__} starts only from its own kind"
+                     + (" or a T5" if isinstance(model, SharedEncoderModel) else "") + ".")
+  flat = {path: value for path, value in jax.tree_util.tree_flatten_with_path(loaded)[0]}
+  kept_random = []
+
+  def pick(path, init):
+    value = flat.get(path)
+    if value is None or value.shape != init.shape:
+      kept_random.append(jax.tree_util.keystr(path))
+      return init
+    return jnp.asarray(value, init.dtype)
+
+  params = jax.tree_util.tree_map_with_path(pick, params)
+  print(f"Started from {init_from} except {len(kept_random)} parameters of other shapes "
+        f"(random init): {', '.join(kept_random)}", flush=True)
+  return params
 
 
 def _counter_arrays(counters: dict) -> dict:
