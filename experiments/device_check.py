@@ -83,8 +83,10 @@ from specdec_jax.models.shared_encoder import SharedEncoderModel
 Array = jax.Array
 
 # The shipped drafts (experiments.family.DRAFTS, which imports gin), in the
-# order measured: the quickstart's draft first, the distilled one next.
-DRAFTS = ("draft_small", "draft_distilled", "draft_base", "draft_large")
+# order measured: the quickstart's draft first, the round-2 drafts that agree with the
+# target next (the shared-encoder one, the one distilled on the target's outputs).
+DRAFTS = ("draft_small", "draft_shared_enc", "draft_small_kd", "draft_distilled", "draft_base",
+          "draft_large")
 TASK = "ende"
 SEED = 0
 RESULTS_FILE = "results.jsonl"

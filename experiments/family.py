@@ -18,7 +18,8 @@ from specdec_jax.models import T5Config, T5Model
 from specdec_jax.models.shared_encoder import SharedEncoderModel
 from specdec_jax.training.model_config import model_config
 
-FAMILY = ("target", "draft_small", "draft_base", "draft_large", "draft_distilled")
+FAMILY = ("target", "draft_small", "draft_base", "draft_large", "draft_distilled",
+          "draft_small_kd", "draft_shared_enc")
 DRAFTS = FAMILY[1:]
 # Members that read the target's encoder (`models.shared_encoder`; train.student =
 # "shared_encoder" in their training config).

@@ -13,7 +13,7 @@
 # STEPS="sweep_gamma analyze".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS="${STEPS:-alpha decode_step quickstart sweep_gamma sweep_draft_size paper_table2 trivial_drafts sweep_batch peer loop_overhead analyze}"
+STEPS="${STEPS:-alpha decode_step quickstart sweep_gamma sweep_draft_size paper_table2 distilled_drafts trivial_drafts sweep_batch peer loop_overhead analyze}"
 
 # Refuse to start beside another busy process (it names it); our own registered
 # jobs (distillation data, training) are paused by every timing command instead.

@@ -133,7 +133,7 @@ def test_budget_skips_points():
 
 def test_plan():
   full = device_check.plan(device_check.FULL)
-  assert len(full) == 4 * 2 * 2 * 2 and full[0] == device_check.Point(
+  assert len(full) == len(device_check.DRAFTS) * 2 * 2 * 2 and full[0] == device_check.Point(
       "draft_small", "float32", 1, 0.0)
   assert {(p.batch_size, p.temperature) for p in device_check.plan(SMOKE)} == {(2, 0.0),
                                                                               (1, 1.0)}
