@@ -269,19 +269,8 @@ def load_hf_checkpoint(path: str, **config_overrides) -> tuple[T5Config, dict]:
     want = expected_shapes
     for key in ours:
       want = want[key]
-    if tuple(value.shape) != tuple(want.shape):
-      raise CheckpointError(f"{weights}: parameter {hf_name!r} has shape {tuple(value.shape)}, "
-                            f"but {config_path} implies {tuple(want.shape)} for "
-                            f"{'/'.join(ours)}; the config and the weights are of different "
-                            "models: use the config.json saved with these weights.")
-    if not jnp.issubdtype(value.dtype, jnp.floating):
-      raise CheckpointError(f"{weights}: parameter {hf_name!r} has dtype {value.dtype}; only "
-                            "floating-point weights load (no quantized checkpoints): save "
-                            "the model in float32, float16 or bfloat16.")
-    if not np.all(np.isfinite(value)):
-      raise CheckpointError(f"{weights}: parameter {hf_name!r} holds NaN or infinite values; "
-                            f"the file is corrupt or the model diverged: {_RESAVE} from a "
-                            "good copy.")
+    _check_tensor(weights, hf_name, value, tuple(want.shape), config_path,
+                  ours=" for " + "/".join(ours))
     _set(params, ours, np.ascontiguousarray(value).astype(cfg.parameter_dtype))
     used.add(hf_name)
   tied_copies = set(_TIED_COPIES) | ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
@@ -377,19 +366,21 @@ def _flatten(tree: dict, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], 
 
 
 def _check_tensor(file: str, name: str, value: np.ndarray, want: tuple[int, ...],
-                  config_path: str) -> None:
+                  config_path: str, ours: str = "") -> None:
+  """Raises CheckpointError unless tensor `name` of `file` has shape `want`, a floating
+  dtype and finite values (`ours`: how our tree calls it, for the message)."""
   if tuple(value.shape) != want:
     raise CheckpointError(f"{file}: parameter {name!r} has shape {tuple(value.shape)}, but "
-                          f"{config_path} implies {want}; the config and the weights are of "
-                          "different models: use the config.json saved with these weights.")
+                          f"{config_path} implies {want}{ours}; the config and the weights "
+                          "are of different models: use the config.json saved with these "
+                          "weights.")
   if not jnp.issubdtype(value.dtype, jnp.floating):
     raise CheckpointError(f"{file}: parameter {name!r} has dtype {value.dtype}; only "
-                          "floating-point weights load: save the model in float32, float16 "
-                          "or bfloat16.")
+                          "floating-point weights load (no quantized checkpoints): save "
+                          "the model in float32, float16 or bfloat16.")
   if not np.all(np.isfinite(value)):
-    raise CheckpointError(f"{file}: parameter {name!r} holds NaN or infinite values; the "
-                          "file is corrupt or the model diverged: copy it again from a good "
-                          "copy.")
+    raise CheckpointError(f"{file}: parameter {name!r} holds NaN or infinite values; the file "
+                          f"is corrupt or the model diverged: {_RESAVE} from a good copy.")
 
 
 def load_shared_encoder_checkpoint(path: str, **config_overrides: Any

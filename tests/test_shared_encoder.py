@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import make_model
 from test_speculative import LENGTH, SAMPLES, VOCAB, _chi_square_p_value, _exact_distribution
+from test_training import _batch
 
 from specdec_jax import checkpoints
 from specdec_jax.decoding.baseline import temperature_sample
@@ -144,17 +145,6 @@ def test_checkpoint_round_trip_and_errors(setup, tmp_path):
     json.dump(config, f)
   with pytest.raises(checkpoints.CheckpointError, match="encoder_d_model"):
     checkpoints.load_model(path)
-
-
-def _batch(rng: np.random.Generator, b: int = 4, li: int = 9, lt: int = 8) -> dict:
-  inputs = rng.integers(2, 97, (b, li)).astype(np.int32)
-  targets = rng.integers(2, 97, (b, lt)).astype(np.int32)
-  for i in range(b):
-    inputs[i, li - i:] = 0
-    targets[i, lt - i:] = 0
-  return {"encoder_input_tokens": inputs, "decoder_target_tokens": targets,
-          "decoder_input_tokens": np.pad(targets[:, :-1], ((0, 0), (1, 0))),
-          "decoder_loss_weights": (targets > 0).astype(np.int32)}
 
 
 @pytest.mark.parametrize("divergence", ["forward_kl", "total_variation"])

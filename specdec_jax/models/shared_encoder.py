@@ -38,7 +38,7 @@ from specdec_jax.models.cached_decoder import (
     PreparedParams,
 )
 from specdec_jax.models.config import T5Config
-from specdec_jax.models.t5 import Decoder, T5Model
+from specdec_jax.models.t5 import Decoder, T5Model, token_embedder
 
 Array = jax.Array
 
@@ -50,9 +50,7 @@ class SharedEncoderDecoder(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.token_embedder = nn.Embed(
-        cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.parameter_dtype,
-        embedding_init=nn.initializers.normal(stddev=1.0))
+    self.token_embedder = token_embedder(cfg)
     self.decoder = Decoder(cfg, self.token_embedder)
 
   def encode(self, hidden: Array, mask: Array) -> EncodedInputs:

@@ -182,6 +182,13 @@ class Decoder(nn.Module):
     return self.logits_dense(x)
 
 
+def token_embedder(cfg: T5Config) -> nn.Embed:
+  """The shared `[vocab, d_model]` token embedding (T5X init: N(0, 1))."""
+  return nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
+                  param_dtype=cfg.parameter_dtype,
+                  embedding_init=nn.initializers.normal(stddev=1.0))
+
+
 class Transformer(nn.Module):
   """The T5 encoder-decoder as a Flax module (see `T5Model` for the functional API)."""
 
@@ -189,9 +196,7 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.token_embedder = nn.Embed(
-        cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.parameter_dtype,
-        embedding_init=nn.initializers.normal(stddev=1.0))
+    self.token_embedder = token_embedder(cfg)
     self.encoder = Encoder(cfg, self.token_embedder)
     self.decoder = Decoder(cfg, self.token_embedder)
 
