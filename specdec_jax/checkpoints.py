@@ -61,8 +61,10 @@ def _mlp_names(cfg: T5Config) -> tuple[str, ...]:
 def parameter_names(cfg: T5Config) -> Iterator[tuple[tuple[str, ...], str, bool]]:
   """Yields (our path, HF name, transposed) for every parameter of `cfg`.
 
-  `transposed` is True where HF stores `[out, in]` (torch Linear) and we store
-  `[in, out]`, and for the relative bias (`[buckets, heads]` vs `[heads, buckets]`).
+  Our paths are exactly those `T5Model(cfg).param_info()` declares, each with
+  one HF name (tested). `transposed` is True where HF stores `[out, in]` (torch
+  Linear) and we store `[in, out]`, and for the relative bias (`[buckets, heads]`
+  vs `[heads, buckets]`).
   """
   yield ("token_embedder", "embedding"), "shared.weight", False
   for stack, n_layers in (("encoder", cfg.num_layers), ("decoder", cfg.num_decoder_layers)):

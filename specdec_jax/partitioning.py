@@ -6,19 +6,27 @@ table of rules maps logical names to the axes of a `(data, model)` device mesh.
 With the default rules the batch is split over "data"; attention heads, MLP
 hidden units and the vocabulary over "model"; everything else is replicated.
 
+The logical axes are declared where each parameter is created
+(`models.layers.declare`); `param_shardings` reads them from the model
+(`T5Model.param_info()`) and maps them by the rules, so a parameter without
+declared axes cannot be sharded, and none is matched by its name.
+
 Decoding runs under `jax.jit` with the parameters placed by `shard_params`,
 inside `jax.set_mesh(mesh)` (JAX's successor of `with mesh:`): GSPMD partitions
-the whole generation loop. The KV caches created inside it need no annotation:
-propagation from the sharded q/k/v kernels splits them as `cache_sharding` says
-(the tests check the compiled per-device shapes). Under a mesh the caches keep
-batch and heads apart (`[batch, heads, d_kv, max_len]`, see
+the whole generation loop. A model built with rules (`T5Model(cfg,
+axis_rules=axis_rules())`) constrains the KV caches and cross-attention
+keys/values where it creates them (`cached_decoder.KEY_AXES` / `VALUE_AXES`);
+without, propagation from the sharded kernels splits them the same way (the
+tests check the compiled per-device shapes). Under a mesh the caches keep batch
+and heads apart (`[batch, heads, d_kv, max_len]`, see
 `layers.split_heads_layout`), so both can be split; on one device they are merged
 (`[batch * heads, d_kv, max_len]`, the layout XLA:CPU's dots read without copies).
 
 Example:
 
   mesh = make_mesh(data=2, model=4)
-  params = shard_params(params, mesh)
+  model = T5Model(cfg, axis_rules=axis_rules())
+  params = shard_params(model, params, mesh)
   with jax.set_mesh(mesh):
     out = temperature_sample(model, params, shard_batch(inputs, mesh), max_decode_len=64)
 """
@@ -26,7 +34,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Sequence
 
@@ -35,17 +42,16 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
+from specdec_jax.models.cached_decoder import KEY_AXES
 from specdec_jax.models.config import T5Config
+from specdec_jax.models.layers import LogicalAxes, LogicalRules
+from specdec_jax.models.shared_encoder import SharedEncoderModel
 from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
-LogicalAxes = tuple[str | None, ...]
-LogicalRules = tuple[tuple[str, str | None], ...]
+Model = T5Model | SharedEncoderModel
 
 MESH_AXES = ("data", "model")
-# Logical axes of each cached keys array `[batch, heads, d_kv, max_len]` under a mesh
-# (values: `[batch, heads, max_len, d_kv]`).
-CACHE_AXES = ("batch", "heads", "kv", "length")
 
 
 @gin.configurable
@@ -124,37 +130,6 @@ def logical_to_spec(axes: LogicalAxes, rules: LogicalRules | None = None) -> Par
   return PartitionSpec(*(None if a is None else table[a] for a in axes))
 
 
-def param_logical_axes(params: dict) -> dict:
-  """The logical axes of every parameter of a T5X-named tree (same structure).
-
-  Raises:
-    ValueError: for a parameter path this module does not know.
-  """
-  def axes(path: tuple, x: Array) -> LogicalAxes:
-    names = [getattr(k, "key", str(k)) for k in path]
-    leaf, parent = names[-1], names[-2] if len(names) > 1 else ""
-    if leaf == "embedding":
-      return ("vocab", "embed")
-    if leaf == "rel_embedding":
-      return ("heads", "relpos_buckets")
-    if leaf == "scale":
-      return ("embed",)
-    if leaf == "kernel" and parent in ("query", "key", "value"):
-      return ("embed", "heads")  # [d_model, heads * d_kv], split at head boundaries.
-    if leaf == "kernel" and parent == "out":
-      return ("heads", "embed")
-    if leaf == "kernel" and parent in ("wi", "wi_0", "wi_1"):
-      return ("embed", "mlp")
-    if leaf == "kernel" and parent == "wo":
-      return ("mlp", "embed")
-    if leaf == "kernel" and parent == "logits_dense":
-      return ("embed", "vocab")
-    raise ValueError(f"No logical axes for parameter {'/'.join(names)} (shape {x.shape}); "
-                     "add its path to partitioning.param_logical_axes.")
-
-  return jax.tree_util.tree_map_with_path(axes, params)
-
-
 def _sharding(shape: tuple[int, ...], axes: LogicalAxes, mesh: Mesh | AbstractMesh,
               rules: LogicalRules,
               what: str) -> NamedSharding:
@@ -183,18 +158,26 @@ def check_model_fits(config: T5Config, mesh: Mesh | AbstractMesh,
           f"'{name}'.")
 
 
-def param_shardings(params: dict, mesh: Mesh | AbstractMesh,
+def param_shardings(model: Model, mesh: Mesh | AbstractMesh,
                     rules: LogicalRules | None = None) -> dict:
-  """A `NamedSharding` per parameter (same tree structure as `params`).
+  """A `NamedSharding` per parameter of `model`, from its declared logical axes.
+
+  Args:
+    model: the model (`param_info()` gives each parameter's shape and axes).
+    mesh: the mesh (an `AbstractMesh` suffices).
+    rules: logical axis rules; default `model.axis_rules`, else `axis_rules()`.
+
+  Returns:
+    The parameter tree with a `NamedSharding` per leaf.
 
   Raises:
     ValueError: a split dimension does not divide by its mesh axis; the heads are
       checked through the relative-position tables `[heads, buckets]`.
   """
-  rules = rules or axis_rules()
+  rules = rules or model.axis_rules or axis_rules()
   return jax.tree_util.tree_map_with_path(
-      lambda path, x, axes: _sharding(x.shape, axes, mesh, rules, jax.tree_util.keystr(path)),
-      params, param_logical_axes(params), is_leaf=lambda x: isinstance(x, tuple))
+      lambda path, p: _sharding(p.shape, p.axes, mesh, rules, jax.tree_util.keystr(path)),
+      model.param_info())
 
 
 def batch_sharding(mesh: Mesh, rules: LogicalRules | None = None) -> NamedSharding:
@@ -204,7 +187,7 @@ def batch_sharding(mesh: Mesh, rules: LogicalRules | None = None) -> NamedShardi
 
 def cache_sharding(mesh: Mesh, rules: LogicalRules | None = None) -> NamedSharding:
   """Sharding of each cached keys array `[batch, heads, d_kv, max_len]` (under a mesh)."""
-  return NamedSharding(mesh, logical_to_spec(CACHE_AXES, rules))
+  return NamedSharding(mesh, logical_to_spec(KEY_AXES, rules))
 
 
 def _put(x: Array | np.ndarray, sharding: NamedSharding) -> Array:
@@ -215,9 +198,35 @@ def _put(x: Array | np.ndarray, sharding: NamedSharding) -> Array:
   return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def shard_params(params: dict, mesh: Mesh, rules: LogicalRules | None = None) -> dict:
-  """Places every parameter on `mesh` by the rules (each process passes the full tree)."""
-  return jax.tree_util.tree_map(_put, params, param_shardings(params, mesh, rules))
+def _leaf_names(tree: dict) -> set[str]:
+  return {jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def shard_params(model: Model, params: dict, mesh: Mesh,
+                 rules: LogicalRules | None = None) -> dict:
+  """Places every parameter of `model` on `mesh` by its declared axes and the rules.
+
+  Args:
+    model: the model whose parameters these are.
+    params: its parameter tree (each process passes the full tree).
+    mesh: the device mesh.
+    rules: default `model.axis_rules`, else `axis_rules()`; give the model the
+      rules its parameters are sharded by, so that its caches follow them.
+
+  Returns:
+    The tree of global arrays, one per parameter.
+
+  Raises:
+    ValueError: `params` is not `model`'s tree, or a split dimension does not
+      divide by its mesh axis.
+  """
+  shardings = param_shardings(model, mesh, rules)
+  got, want = (_leaf_names(tree) for tree in (params, shardings))
+  if got != want:
+    raise ValueError(f"shard_params: params are not {type(model).__name__}'s tree: unknown "
+                     f"{sorted(got - want)[:5]}, missing {sorted(want - got)[:5]}; pass the "
+                     "model these parameters belong to.")
+  return jax.tree_util.tree_map(_put, params, shardings)
 
 
 def shard_batch(tokens: Array | np.ndarray, mesh: Mesh,
@@ -226,12 +235,6 @@ def shard_batch(tokens: Array | np.ndarray, mesh: Mesh,
   sharding = batch_sharding(mesh, rules)
   _sharding(tokens.shape, ("batch", "length"), mesh, rules or axis_rules(), "inputs")
   return _put(tokens, sharding)
-
-
-@functools.cache
-def _param_shapes(config: T5Config) -> dict:
-  """The parameter tree of `config` as `jax.ShapeDtypeStruct`s (traced, never allocated)."""
-  return jax.eval_shape(T5Model(config).init_params, jax.random.PRNGKey(0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,12 +280,8 @@ def estimate_memory(config: T5Config, mesh: Mesh | tuple[int, int], batch: int, 
   def split(axes: LogicalAxes) -> int:
     return math.prod(shape[table[a]] for a in axes if a is not None and table.get(a))
 
-  abstract = _param_shapes(config)
-  param_bytes = sum(
-      x.size * x.dtype.itemsize // split(axes) for x, axes in zip(
-          jax.tree_util.tree_leaves(abstract),
-          jax.tree_util.tree_leaves(param_logical_axes(abstract),
-                                    is_leaf=lambda x: isinstance(x, tuple)), strict=True))
+  param_bytes = sum(math.prod(p.shape) * p.dtype.itemsize // split(p.axes)
+                    for p in jax.tree_util.tree_leaves(T5Model(config).param_info()))
   per_position = (config.num_heads * config.d_kv * config.compute_dtype.itemsize * 2
                   * config.num_decoder_layers)  # K and V, every decoder layer.
   rows = math.ceil(batch / shape[table["batch"]]) if table["batch"] else batch

@@ -16,8 +16,10 @@ from specdec_jax.checkpoints import (
   CheckpointError,
   load_hf_checkpoint,
   load_hf_config,
+  parameter_names,
   save_hf_checkpoint,
 )
+from specdec_jax.models import T5Model, get_config
 
 
 @pytest.fixture
@@ -27,6 +29,23 @@ def saved(family, tmp_path):
   path = str(tmp_path / "ckpt")
   save_hf_checkpoint(path, model.config, params)
   return model, params, path
+
+
+@pytest.mark.parametrize("overrides", [{}, {"tie_word_embeddings": False},
+                                       {"num_decoder_layers": 3, "num_layers": 1}])
+def test_hf_names_match_the_declared_parameters(family, overrides):
+  """Every declared parameter has exactly one HF name, and every HF name one parameter."""
+  cfg = get_config(family, **overrides)
+  declared = {path: info for path, info in jax.tree_util.tree_leaves_with_path(
+      T5Model(cfg).param_info())}
+  declared = {tuple(k.key for k in path): info for path, info in declared.items()}
+  names = list(parameter_names(cfg))
+  assert sorted(ours for ours, _, _ in names) == sorted(declared)
+  assert len({hf for _, hf, _ in names}) == len(names)
+  for ours, hf, transposed in names:
+    # HF (torch) stores 2-D weights [out, in] and the bias table [buckets, heads]; only the
+    # embedding keeps our [vocab, d_model].
+    assert transposed == (len(declared[ours].shape) == 2 and ours[-1] != "embedding"), hf
 
 
 def _assert_same_tree(a: dict, b: dict) -> None:

@@ -16,6 +16,10 @@ Decoding scores a *chunk* of k >= 1 new tokens per row against a `DecoderCache`
 whose rows may sit at different lengths; moving a row's length back (rewinding)
 needs no copy, because attention masks every cached position at or beyond it
 and the next chunk overwrites them.
+
+Under a multi-device mesh, caches and cross-attention keys/values are
+constrained where they are created to their logical axes (`KEY_AXES`,
+`VALUE_AXES`) by the model's axis rules; on one device nothing is added.
 """
 
 from __future__ import annotations
@@ -40,6 +44,22 @@ Array = jax.Array
 # Encoders run as their own programs and keep the default (YNNPACK wins at
 # input_len rows).
 COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+# Logical axes of each keys / values array (self-attention caches and the
+# encoder's cross-attention keys/values) under a multi-device mesh, where batch
+# and heads are apart (`layers.split_heads_layout`).
+KEY_AXES = ("batch", "heads", "kv", "length")
+VALUE_AXES = ("batch", "heads", "length", "kv")
+
+
+def constrain_kv(keys: tuple[Array, ...], values: tuple[Array, ...],
+                 rules: layers.LogicalRules | None) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
+  """Per-layer keys and values constrained to `KEY_AXES` / `VALUE_AXES` by `rules`.
+
+  A no-op without rules or a multi-device mesh (`layers.with_logical_constraint`).
+  """
+  return (tuple(layers.with_logical_constraint(k, KEY_AXES, rules) for k in keys),
+          tuple(layers.with_logical_constraint(v, VALUE_AXES, rules) for v in values))
 
 
 def loop_jit(fn: Callable[..., Any], *, static_argnames: tuple[str, ...]) -> Callable[..., Any]:
@@ -100,12 +120,18 @@ class DecoderCache:
     return self.keys[0].shape[-1]
 
   @classmethod
-  def empty(cls, config: T5Config, batch_size: int, max_len: int) -> DecoderCache:
-    """A cache of `max_len` positions per row, all lengths 0."""
+  def empty(cls, config: T5Config, batch_size: int, max_len: int,
+            axis_rules: layers.LogicalRules | None = None) -> DecoderCache:
+    """A cache of `max_len` positions per row, all lengths 0.
+
+    Under a multi-device mesh, keys and values are constrained to `KEY_AXES` /
+    `VALUE_AXES` by `axis_rules` (None: left to sharding propagation).
+    """
     heads, d_kv, n = config.num_heads, config.d_kv, config.num_decoder_layers
     rows = (batch_size, heads) if layers.split_heads_layout() else (batch_size * heads,)
     keys = tuple(jnp.zeros(rows + (d_kv, max_len), config.compute_dtype) for _ in range(n))
     values = tuple(jnp.zeros(rows + (max_len, d_kv), config.compute_dtype) for _ in range(n))
+    keys, values = constrain_kv(keys, values, axis_rules)
     return cls(keys, values, jnp.zeros((batch_size,), jnp.int32))
 
   def rewind(self, lengths: Array) -> DecoderCache:

@@ -14,12 +14,22 @@ transposing copy and no reshape between a cache update and the dot reading it
 Under a device mesh of more than one device (`jax.set_mesh`) they are
 `[batch, heads, d_kv, kv_len]` / `[batch, heads, kv_len, d_kv]` instead, which
 GSPMD can split over both the batch and the heads (`split_heads_layout`).
+
+Every parameter declares its *logical* axes where it is created (`declare`):
+"embed" (d_model), "heads" (attention heads, or heads * d_kv side by side),
+"mlp" (MLP hidden units), "vocab", "relpos_buckets"; activations and caches
+also use "batch", "length" (positions) and "kv" (d_kv). `declared_params`
+reads the declarations back without allocating anything; the parameter tree
+itself holds plain arrays (`unbox`). `specdec_jax.partitioning` maps logical
+axes to mesh axes by its rules.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -29,11 +39,89 @@ import numpy as np
 from specdec_jax.models.config import T5Config
 
 Array = jax.Array
+LogicalAxes = tuple[str | None, ...]
+# Logical axis -> mesh axis (or None: replicated) pairs, T5X's format
+# (`partitioning.axis_rules`).
+LogicalRules = tuple[tuple[str, str | None], ...]
 NEG_INF = -1e10
 
 
-def _kernel_init(scale: float):
-  return nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal")
+@dataclasses.dataclass(frozen=True)
+class ParamInfo:
+  """One parameter as declared where it is created.
+
+  Attributes:
+    shape: its shape.
+    dtype: its dtype (the config's `param_dtype`).
+    axes: one logical axis name per dimension (None: never split).
+  """
+
+  shape: tuple[int, ...]
+  dtype: jnp.dtype
+  axes: LogicalAxes
+
+
+def declare(init: Callable[..., Array], axes: LogicalAxes) -> Callable[..., Any]:
+  """`init` with the logical axes of the parameter it creates attached.
+
+  The module sees the plain array; `init` returns it boxed with `axes`
+  (`unbox` strips the boxes, `declared_params` reads them).
+  """
+  return nn.with_logical_partitioning(init, axes)
+
+
+def _is_declared(x: Any) -> bool:
+  return isinstance(x, nn.LogicallyPartitioned)
+
+
+def unbox(params: dict) -> dict:
+  """A tree returned by `init` (declared parameters boxed) -> the same tree of plain arrays."""
+  return jax.tree.map(lambda x: x.unbox(apply_constraint=False) if _is_declared(x) else x,
+                      params, is_leaf=_is_declared)
+
+
+def declared_params(module: nn.Module, *args: Any) -> dict:
+  """The `ParamInfo` of every parameter `module.init(rng, *args)` creates (traced only).
+
+  Args:
+    module: the Flax module.
+    *args: `init`'s inputs (arrays or `jax.ShapeDtypeStruct`s).
+
+  Returns:
+    The parameter tree (without the outer `{"params": ...}`) with a `ParamInfo` per leaf.
+
+  Raises:
+    ValueError: a parameter was created without `declare`.
+  """
+  boxed = jax.eval_shape(module.init, jax.random.PRNGKey(0), *args)["params"]
+
+  def info(path: tuple, x: Any) -> ParamInfo:
+    if not _is_declared(x):
+      name = "/".join(getattr(k, "key", str(k)) for k in path)
+      raise ValueError(f"Parameter {name} (shape {x.shape}) declares no logical axes; create "
+                       "it with layers.declare(init, axes).")
+    return ParamInfo(tuple(x.value.shape), x.value.dtype, tuple(x.names))
+
+  return jax.tree_util.tree_map_with_path(info, boxed, is_leaf=_is_declared)
+
+
+def with_logical_constraint(x: Array, axes: LogicalAxes, rules: LogicalRules | None) -> Array:
+  """`x` constrained to the mesh axes that `rules` give its logical `axes`.
+
+  A no-op, which traces nothing, without rules, outside a mesh of more than one
+  device (`jax.set_mesh`), and inside `jax.shard_map` (whose manual axes the
+  caller places by hand).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if rules is None or mesh.size <= 1 or mesh.manual_axes:
+    return x
+  table = dict(rules)
+  spec = jax.sharding.PartitionSpec(*(None if a is None else table[a] for a in axes))
+  return jax.lax.with_sharding_constraint(x, spec)
+
+
+def _kernel_init(scale: float, axes: LogicalAxes) -> Callable[..., Any]:
+  return declare(nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal"), axes)
 
 
 def rms_norm(x: Array, scale: Array, epsilon: float, dtype: jnp.dtype) -> Array:
@@ -123,21 +211,30 @@ class RMSNorm(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     cfg = self.config
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), cfg.parameter_dtype)
+    scale = self.param("scale", declare(nn.initializers.ones, ("embed",)), (x.shape[-1],),
+                       cfg.parameter_dtype)
     return rms_norm(x, scale, cfg.layer_norm_epsilon, cfg.compute_dtype)
 
 
 class Dense(nn.Module):
-  """A bias-free linear map with a 2-D `kernel` of shape `[in, features]`."""
+  """A bias-free linear map with a 2-D `kernel` of shape `[in, features]`.
+
+  Attributes:
+    features: the output width.
+    config: the model's config (dtypes).
+    axes: the kernel's logical axes `(in, out)`, e.g. `("embed", "mlp")`.
+    init_scale: variance scale of the truncated-normal fan-in initialiser.
+  """
 
   features: int
   config: T5Config
+  axes: LogicalAxes
   init_scale: float = 1.0
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     cfg = self.config
-    kernel = self.param("kernel", _kernel_init(self.init_scale),
+    kernel = self.param("kernel", _kernel_init(self.init_scale, self.axes),
                         (x.shape[-1], self.features), cfg.parameter_dtype)
     return jnp.dot(x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
 
@@ -151,11 +248,12 @@ class MLP(nn.Module):
   def __call__(self, x: Array, deterministic: bool) -> Array:
     cfg = self.config
     if cfg.gated:
-      h = gated_gelu(Dense(cfg.d_ff, cfg, name="wi_0")(x), Dense(cfg.d_ff, cfg, name="wi_1")(x))
+      h = gated_gelu(Dense(cfg.d_ff, cfg, ("embed", "mlp"), name="wi_0")(x),
+                     Dense(cfg.d_ff, cfg, ("embed", "mlp"), name="wi_1")(x))
     else:
-      h = jax.nn.relu(Dense(cfg.d_ff, cfg, name="wi")(x))
+      h = jax.nn.relu(Dense(cfg.d_ff, cfg, ("embed", "mlp"), name="wi")(x))
     h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
-    return Dense(cfg.d_model, cfg, name="wo")(h)
+    return Dense(cfg.d_model, cfg, ("mlp", "embed"), name="wo")(h)
 
 
 class MultiHeadAttention(nn.Module):
@@ -170,10 +268,11 @@ class MultiHeadAttention(nn.Module):
   def setup(self):
     cfg = self.config
     inner = cfg.num_heads * cfg.d_kv
-    self.query = Dense(inner, cfg, init_scale=1.0 / cfg.d_kv)
-    self.key = Dense(inner, cfg)
-    self.value = Dense(inner, cfg)
-    self.out = Dense(cfg.d_model, cfg)
+    # [d_model, heads * d_kv] (split at head boundaries) and back.
+    self.query = Dense(inner, cfg, ("embed", "heads"), init_scale=1.0 / cfg.d_kv)
+    self.key = Dense(inner, cfg, ("embed", "heads"))
+    self.value = Dense(inner, cfg, ("embed", "heads"))
+    self.out = Dense(cfg.d_model, cfg, ("heads", "embed"))
     self.dropout = nn.Dropout(cfg.dropout_rate)
 
   def project_q(self, x: Array) -> Array:
@@ -248,7 +347,7 @@ class RelativePositionBias(nn.Module):
       `[batch or 1, heads, q_len, k_len]` float32 bias.
     """
     cfg = self.config
-    table = self.param("rel_embedding", _kernel_init(1.0),
+    table = self.param("rel_embedding", _kernel_init(1.0, ("heads", "relpos_buckets")),
                        (cfg.num_heads, cfg.relative_attention_num_buckets),
                        cfg.parameter_dtype)
     return relative_bias(table, q_pos, k_len, bidirectional=self.bidirectional,

@@ -8,14 +8,10 @@ decoder layers per token. Its cross-attention `key` / `value` kernels map the
 target's width to its own heads (`[encoder_d_model, heads * d_kv]`), so a
 d_model 128 decoder reads a d_model 384 encoder directly.
 
-Parameter tree (T5X names, as `t5.Transformer` without `encoder/`):
-
-  token_embedder/embedding                                     [vocab, d_model]
-  decoder/relpos_bias/rel_embedding                            [heads, buckets]
-  decoder/layers_N/encoder_decoder_attention/{key,value}/kernel
-                                                               [encoder_d_model, heads*d_kv]
-  decoder/layers_N/...  (every other decoder parameter as in `t5.py`)
-  decoder/decoder_norm/scale, decoder/logits_dense/kernel
+Parameter tree: `t5.Transformer`'s without `encoder/` (T5X names; every
+parameter with its shape and logical axes: `SharedEncoderModel.param_info()`);
+`decoder/layers_N/encoder_decoder_attention/{key,value}/kernel` are
+`[encoder_d_model, heads * d_kv]`.
 
 Cached generation is the T5 decoder's own (`cached_decoder`): `prepare`,
 `init_cache` and `decode_chunk` are those of a `T5Model` of the same config.
@@ -31,6 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from specdec_jax.models import layers
 from specdec_jax.models.cached_decoder import (
     DecoderCache,
     DecodeWeights,
@@ -38,7 +35,8 @@ from specdec_jax.models.cached_decoder import (
     PreparedParams,
 )
 from specdec_jax.models.config import T5Config
-from specdec_jax.models.t5 import Decoder, T5Model, token_embedder
+from specdec_jax.models.layers import LogicalRules
+from specdec_jax.models.t5 import Decoder, T5Model, constrain_encoded, token_embedder
 
 Array = jax.Array
 
@@ -72,10 +70,12 @@ class SharedEncoderModel:
   Attributes:
     config: the decoder's T5 config (`num_layers` unused).
     encoder_d_model: width of the encoder outputs it reads (the target's d_model).
+    axis_rules: as `T5Model.axis_rules`.
   """
 
   config: T5Config
   encoder_d_model: int
+  axis_rules: LogicalRules | None = None
 
   def __post_init__(self):
     if not isinstance(self.encoder_d_model, int) or self.encoder_d_model < 1:
@@ -89,14 +89,19 @@ class SharedEncoderModel:
   @property
   def _decoder(self) -> T5Model:
     """A T5Model of the same config: its cached decoder is this model's."""
-    return T5Model(self.config)
+    return T5Model(self.config, self.axis_rules)
 
   def init_params(self, rng: Array, input_len: int = 8, target_len: int = 8) -> dict:
-    """Randomly initialised parameters (T5X initialisers)."""
+    """Randomly initialised parameters (T5X initialisers), plain arrays."""
     hidden = jnp.zeros((1, input_len, self.encoder_d_model), self.config.compute_dtype)
     mask = jnp.ones((1, input_len), bool)
     tokens = jnp.ones((1, target_len), jnp.int32)
-    return jax.jit(self.module.init)(rng, hidden, mask, tokens)["params"]
+    return layers.unbox(jax.jit(self.module.init)(rng, hidden, mask, tokens)["params"])
+
+  def param_info(self) -> dict:
+    """Every parameter's `layers.ParamInfo` (shape, dtype, logical axes), as declared
+    where it is created; the tree of `init_params` (nothing is allocated)."""
+    return _declared_params(self.config, self.encoder_d_model)
 
   def encode(self, params: dict | PreparedParams, target_encoded: EncodedInputs
              ) -> EncodedInputs:
@@ -115,8 +120,9 @@ class SharedEncoderModel:
 
   @functools.partial(jax.jit, static_argnums=0)
   def _encode(self, params: dict, hidden: Array, mask: Array) -> EncodedInputs:
-    return self.module.apply({"params": params}, hidden, mask,
-                             method=SharedEncoderDecoder.encode)
+    encoded = self.module.apply({"params": params}, hidden, mask,
+                                method=SharedEncoderDecoder.encode)
+    return constrain_encoded(encoded, self.axis_rules)
 
   def prepare(self, params: dict | PreparedParams) -> PreparedParams:
     """See `T5Model.prepare` (the same decoder weights)."""
@@ -138,3 +144,12 @@ class SharedEncoderModel:
     rngs = None if dropout_rng is None else {"dropout": dropout_rng}
     return self.module.apply({"params": params}, hidden, mask, decoder_input_tokens,
                              deterministic=dropout_rng is None, rngs=rngs)
+
+
+@functools.cache
+def _declared_params(config: T5Config, encoder_d_model: int) -> dict:
+  """`SharedEncoderModel.param_info`, once per (config, encoder width)."""
+  hidden = jax.ShapeDtypeStruct((1, 8, encoder_d_model), config.compute_dtype)
+  mask = jax.ShapeDtypeStruct((1, 8), jnp.bool_)
+  tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+  return layers.declared_params(SharedEncoderDecoder(config), hidden, mask, tokens)

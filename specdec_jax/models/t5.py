@@ -1,21 +1,21 @@
 """A Flax T5 encoder-decoder with T5X parameter names, and its functional API.
 
-Parameter tree (T5X layout):
+Parameter tree (T5X names; `T5Model.param_info()` lists every parameter with
+its shape and logical axes, as `layers.declare` declares them where they are
+created):
 
-  token_embedder/embedding                                   [vocab, d_model]
-  encoder/relpos_bias/rel_embedding                          [heads, buckets]
-  encoder/layers_N/pre_attention_layer_norm/scale            [d_model]
-  encoder/layers_N/attention/{query,key,value}/kernel        [d_model, heads*d_kv]
-  encoder/layers_N/attention/out/kernel                      [heads*d_kv, d_model]
-  encoder/layers_N/pre_mlp_layer_norm/scale                  [d_model]
-  encoder/layers_N/mlp/{wi | wi_0, wi_1}/kernel, mlp/wo/kernel
+  token_embedder/embedding
+  {encoder, decoder}/relpos_bias/rel_embedding
+  encoder/layers_N/{pre_attention_layer_norm, attention, pre_mlp_layer_norm, mlp}/...
   encoder/encoder_norm/scale
-  decoder/relpos_bias/rel_embedding
   decoder/layers_N/{pre_self_attention_layer_norm, self_attention,
                     pre_cross_attention_layer_norm, encoder_decoder_attention,
                     pre_mlp_layer_norm, mlp}/...
   decoder/decoder_norm/scale
-  decoder/logits_dense/kernel                                [d_model, vocab] (T5.1.1)
+  decoder/logits_dense/kernel (T5.1.1; T5 v1.0 ties the logits to the embedding)
+
+where attention is `{query, key, value, out}/kernel` and mlp is
+`{wi | wi_0, wi_1}/kernel, wo/kernel`.
 
 The Flax modules compute the encoder and teacher-forced decoder logits
 (training, parity with the reference implementation); cached generation goes
@@ -33,7 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.models import cached_decoder
+from specdec_jax.models import cached_decoder, layers
 from specdec_jax.models.cached_decoder import (
     DecoderCache,
     DecodeWeights,
@@ -41,7 +41,14 @@ from specdec_jax.models.cached_decoder import (
     PreparedParams,
 )
 from specdec_jax.models.config import T5Config
-from specdec_jax.models.layers import MLP, Dense, MultiHeadAttention, RelativePositionBias, RMSNorm
+from specdec_jax.models.layers import (
+    MLP,
+    Dense,
+    LogicalRules,
+    MultiHeadAttention,
+    RelativePositionBias,
+    RMSNorm,
+)
 
 Array = jax.Array
 
@@ -150,7 +157,7 @@ class Decoder(nn.Module):
     self.decoder_norm = RMSNorm(cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate)
     if not cfg.tie_word_embeddings:
-      self.logits_dense = Dense(cfg.vocab_size, cfg)
+      self.logits_dense = Dense(cfg.vocab_size, cfg, ("embed", "vocab"))
 
   def cross_kv(self, encoder_outputs: Array) -> tuple[tuple[Array, ...], tuple[Array, ...]]:
     """Per-layer cross-attention keys and values, each `[batch, input_len, heads, d_kv]`."""
@@ -182,11 +189,19 @@ class Decoder(nn.Module):
     return self.logits_dense(x)
 
 
+def constrain_encoded(encoded: EncodedInputs, rules: LogicalRules | None) -> EncodedInputs:
+  """`encoded` with its cross-attention keys/values constrained to `rules` (a no-op
+  without rules or a multi-device mesh: `cached_decoder.constrain_kv`)."""
+  keys, values = cached_decoder.constrain_kv(encoded.cross_keys, encoded.cross_values, rules)
+  return encoded.replace(cross_keys=keys, cross_values=values)
+
+
 def token_embedder(cfg: T5Config) -> nn.Embed:
   """The shared `[vocab, d_model]` token embedding (T5X init: N(0, 1))."""
   return nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
                   param_dtype=cfg.parameter_dtype,
-                  embedding_init=nn.initializers.normal(stddev=1.0))
+                  embedding_init=layers.declare(nn.initializers.normal(stddev=1.0),
+                                                ("vocab", "embed")))
 
 
 class Transformer(nn.Module):
@@ -227,22 +242,36 @@ class Transformer(nn.Module):
 class T5Model:
   """Functional API around `Transformer`: pure functions of `params`.
 
-  Hashable (by config), so it can be a static argument of jitted decoders. The
-  methods are jitted themselves (inlined when called inside another jit).
-  `params` is the parameter tree without the outer `{"params": ...}` level.
+  Hashable (by config and rules), so it can be a static argument of jitted
+  decoders. The methods are jitted themselves (inlined when called inside
+  another jit). `params` is the parameter tree without the outer
+  `{"params": ...}` level, of plain arrays.
+
+  Attributes:
+    config: the architecture.
+    axis_rules: logical -> mesh axis rules (`partitioning.axis_rules()`), the
+      ones its parameters are sharded by. Under a multi-device mesh, the
+      keys/values it creates (`init_cache`, `encode`) are constrained by them;
+      None leaves their sharding to propagation. Nothing changes on one device.
   """
 
   config: T5Config
+  axis_rules: LogicalRules | None = None
 
   @property
   def module(self) -> Transformer:
     return Transformer(self.config)
 
   def init_params(self, rng: Array, input_len: int = 8, target_len: int = 8) -> dict:
-    """Randomly initialised parameters (T5X initialisers)."""
+    """Randomly initialised parameters (T5X initialisers), plain arrays."""
     inputs = jnp.ones((1, input_len), jnp.int32)
     targets = jnp.ones((1, target_len), jnp.int32)
-    return jax.jit(self.module.init)(rng, inputs, targets)["params"]
+    return layers.unbox(jax.jit(self.module.init)(rng, inputs, targets)["params"])
+
+  def param_info(self) -> dict:
+    """Every parameter's `layers.ParamInfo` (shape, dtype, logical axes), as declared
+    where it is created; the tree of `init_params` (nothing is allocated)."""
+    return _declared_params(self.config)
 
   def encode(self, params: dict | PreparedParams, inputs: Array) -> EncodedInputs:
     """Runs the encoder once: `[batch, input_len]` -> `EncodedInputs`."""
@@ -252,7 +281,8 @@ class T5Model:
 
   @functools.partial(jax.jit, static_argnums=0)
   def _encode(self, params: dict, inputs: Array) -> EncodedInputs:
-    return self.module.apply({"params": params}, inputs, method=Transformer.encode)
+    encoded = self.module.apply({"params": params}, inputs, method=Transformer.encode)
+    return constrain_encoded(encoded, self.axis_rules)
 
   @functools.partial(jax.jit, static_argnums=0)
   def encoder_outputs(self, params: dict, inputs: Array) -> Array:
@@ -293,8 +323,9 @@ class T5Model:
     return cached_decoder.prepare(self.config, params)
 
   def init_cache(self, batch_size: int, max_len: int) -> DecoderCache:
-    """An empty cache of `max_len` positions per row (all lengths 0)."""
-    return DecoderCache.empty(self.config, batch_size, max_len)
+    """An empty cache of `max_len` positions per row (all lengths 0), constrained to
+    `axis_rules` under a multi-device mesh."""
+    return DecoderCache.empty(self.config, batch_size, max_len, self.axis_rules)
 
   def decode_chunk(self, weights: DecodeWeights | PreparedParams | dict, encoded: EncodedInputs,
                    cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:
@@ -337,3 +368,10 @@ class T5Model:
     rngs = None if dropout_rng is None else {"dropout": dropout_rng}
     return self.module.apply({"params": params}, encoder_input_tokens, decoder_input_tokens,
                              deterministic=dropout_rng is None, rngs=rngs)
+
+
+@functools.cache
+def _declared_params(config: T5Config) -> dict:
+  """`T5Model.param_info`, once per config."""
+  tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+  return layers.declared_params(Transformer(config), tokens, tokens)
