@@ -2,7 +2,7 @@
 
 The decoders (`baseline.temperature_sample`, `speculative.speculative_sample`
 and their `data_parallel` variants), the drafts' constructors, `checkpoints`,
-`experiments.config.validate` and the experiment commands check their
+`specdec_jax.experiment.settings.validate` and the experiment commands check their
 arguments with these functions before anything is loaded or compiled. Every
 failure is a `ValueError` whose message names the argument, what it got and
 what to pass instead.
@@ -254,6 +254,27 @@ def check_model(model: Any, name: str) -> T5Config:
   return check_model_config(model.config, f"{name}.config")
 
 
+def check_shared_encoder_model(model: Any, name: str) -> T5Config:
+  """Checks that `model` is a `SharedEncoderModel` (a T5 decoder over another's encoder).
+
+  Args:
+    model: the model.
+    name: the argument's name, for the message.
+
+  Returns:
+    Its config, checked by `check_model_config`.
+
+  Raises:
+    ValueError: `model` does not read another model's encoder outputs (it has
+      no `encoder_d_model`, e.g. a `T5Model`), or its config is bad.
+  """
+  if not isinstance(getattr(model, "encoder_d_model", None), int):
+    raise ValueError(f"{name} must be a specdec_jax.models.shared_encoder.SharedEncoderModel "
+                     f"(a T5 draft with its own encoder is a T5Draft), got "
+                     f"{type(model).__name__}.")
+  return check_model(model, name)
+
+
 def check_model_config(config: Any, name: str) -> T5Config:
   """Checks that `config` is a `T5Config` whose special token ids are in its vocabulary.
 
@@ -337,6 +358,51 @@ def check_decode_args(model: Any, inputs: Any, *, max_decode_len: Any, eos_id: A
   temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
   inputs = check_token_ids("inputs", inputs, config.vocab_size)
   return DecodeArgs(inputs, max_decode_len, eos_id, temperature, top_k, top_p, check_rng(rng))
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeArgs(DecodeArgs):
+  """The checked arguments of one speculative decoder call, normalised.
+
+  Those of `DecodeArgs`, then:
+
+  Attributes:
+    gamma: proposals per target call (>= 1).
+    draft_inputs: int32 `[batch, draft_input_len]`, the draft's encoder tokens
+      (the target's `inputs` unless the caller gave its own).
+  """
+
+  gamma: int
+  draft_inputs: Array
+
+
+def check_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma: Any,
+                           draft_inputs: Any, max_decode_len: Any, eos_id: Any,
+                           temperature: Any, top_k: Any, top_p: Any, rng: Any
+                           ) -> SpeculativeArgs:
+  """Checks the arguments every speculative decoder takes.
+
+  Args:
+    target: the target model (see `check_decode_args`).
+    draft: the `drafts.Draft` (see `check_draft`).
+    inputs, max_decode_len, eos_id, temperature, top_k, top_p, rng: as in
+      `check_decode_args`.
+    gamma: proposals per target call.
+    draft_inputs: the draft's own encoder tokens, or None to share `inputs`.
+
+  Returns:
+    The normalised `SpeculativeArgs`.
+
+  Raises:
+    ValueError: naming the first bad argument.
+  """
+  args = check_decode_args(target, inputs, max_decode_len=max_decode_len, eos_id=eos_id,
+                           temperature=temperature, top_k=top_k, top_p=top_p, rng=rng,
+                           model_name="target")
+  gamma = as_int("gamma", gamma, minimum=1, what="proposals per target call")
+  draft_inputs = check_draft(draft, target.config, args.inputs, draft_inputs)
+  return SpeculativeArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args)},
+                         gamma=gamma, draft_inputs=draft_inputs)
 
 
 def check_draft(draft: Any, target_config: T5Config, inputs: Array, draft_inputs: Any

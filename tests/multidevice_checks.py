@@ -4,10 +4,15 @@ The device count must be fixed before JAX starts, and the rest of the suite
 runs on one device, so these checks live in their own process. Each check
 records `{"ok": bool, "detail": str, "seconds": float}` under its name in the
 JSON file given as the only argument.
+
+Every sharded run is compared with the same model on one device (no mesh),
+token for token. The sharded models carry their axis rules, so their caches
+and cross-attention keys/values are constrained where they are created.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -19,15 +24,17 @@ os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from conftest import make_model  # noqa: E402
 
 from specdec_jax import partitioning  # noqa: E402
-from specdec_jax.decoding import data_parallel  # noqa: E402
+from specdec_jax.decoding import acceptance, data_parallel  # noqa: E402
 from specdec_jax.decoding.baseline import temperature_sample  # noqa: E402
 from specdec_jax.decoding.drafts import PromptLookupDraft, T5Draft  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
+from specdec_jax.decoding.scorer import T5Scorer  # noqa: E402
 from specdec_jax.decoding.speculative import _speculative_sample, speculative_sample  # noqa: E402
 
 MESHES = ((8, 1), (2, 4), (1, 8))
@@ -59,6 +66,9 @@ def main(out_path: str) -> None:
   target, target_params = make_model("test-v1_1", 0, **TARGET)
   _, noise = make_model("test-v1_1", 1, **TARGET)
   draft_model = target
+  # The same models with their rules: sharded by them, caches constrained by them.
+  sharded_target = dataclasses.replace(target, axis_rules=partitioning.axis_rules())
+  replicated_draft = dataclasses.replace(target, axis_rules=partitioning.draft_axis_rules())
   draft_params = jax.tree.map(lambda p, n: p + DRAFT_NOISE * n, target_params, noise)
   inputs = np.random.RandomState(0).randint(2, 96, (BATCH, INPUT_LEN)).astype(np.int32)
   rng = jax.random.PRNGKey(3)
@@ -76,8 +86,9 @@ def main(out_path: str) -> None:
   for data, model in MESHES:
     mesh = partitioning.make_mesh(data, model)
     tag = f"{data}x{model}"
-    params = partitioning.shard_params(target_params, mesh)
-    sharded_draft = T5Draft(draft_model, partitioning.shard_params(draft_params, mesh))
+    params = partitioning.shard_params(sharded_target, target_params, mesh)
+    sharded_draft = T5Draft(sharded_target,
+                            partitioning.shard_params(sharded_target, draft_params, mesh))
     x = partitioning.shard_batch(inputs, mesh)
 
     def param_bytes(params=params, mesh=mesh):
@@ -90,42 +101,65 @@ def main(out_path: str) -> None:
     check(f"param_bytes_{tag}", param_bytes)
 
     with jax.set_mesh(mesh):
-      def spec_greedy(params=params, sharded_draft=sharded_draft, x=x, data=data, model=model):
-        prepared = target.prepare(params)
-        encoded = target.encode(prepared, x)
+      def spec_greedy(params=params, draft=sharded_draft, x=x, data=data, model=model,
+                      draft_heads=TARGET["num_heads"] // model):
+        scorer = T5Scorer(sharded_target, sharded_target.prepare(params))
+        context = scorer.encode(x)
         compiled = _speculative_sample.lower(
-            target, prepared.decoder, encoded, sharded_draft, x, rng, gamma=GAMMA,
-            max_decode_len=MAX_LEN, warp=Warp(), eos_id=1).compile()
+            scorer, context, draft, x, rng, gamma=GAMMA, max_decode_len=MAX_LEN, warp=Warp(),
+            eos_id=1, verify=acceptance.verify).compile()
         # Per-device caches: keys [b / data, heads / model, d_kv, max_len + gamma + 1],
-        # values [b / data, heads / model, max_len + gamma + 1, d_kv].
-        # The shapes the cache updates write (other arrays, e.g. a position bias
-        # [b, heads, gamma + 1, cache_len], can share the pattern).
+        # values [b / data, heads / model, max_len + gamma + 1, d_kv] (a replicated
+        # draft's: all its heads). The shapes the cache updates write (other arrays,
+        # e.g. a position bias [b, heads, gamma + 1, cache_len], can share the pattern).
         hlo = "\n".join(line for line in compiled.as_text().splitlines()
                         if "dynamic-update-slice" in line or "scatter" in line)
         cache_len = MAX_LEN + GAMMA + 1
         shapes = (set(re.findall(rf"f32\[(\d+),(\d+),4,{cache_len}\]", hlo))
                   | set(re.findall(rf"f32\[(\d+),(\d+),{cache_len},4\]", hlo)))
-        want = {(str(BATCH // data), str(TARGET["num_heads"] // model))}
-        out = compiled(prepared.decoder, encoded, sharded_draft, x, rng)
+        want = {(str(BATCH // data), str(TARGET["num_heads"] // model)),
+                (str(BATCH // data), str(draft_heads))}
+        out = compiled(scorer, context, draft, x, rng)
         ok, detail = _same(out.sequences, ref["spec_greedy"].sequences)
         return ok and shapes == want, f"cache shapes {shapes} (want {want}); {detail}"
 
       check(f"spec_greedy_{tag}", spec_greedy)
       check(f"base_greedy_{tag}", lambda params=params, x=x: _same(
-          temperature_sample(target, params, x, max_decode_len=MAX_LEN).sequences,
+          temperature_sample(sharded_target, params, x, max_decode_len=MAX_LEN).sequences,
           ref["base_greedy"].sequences))
       if (data, model) == (2, 4):
+        # A draft by draft_axis_rules: heads, MLP and vocabulary on every device.
+        replicated = T5Draft(replicated_draft, partitioning.shard_params(
+            replicated_draft, draft_params, mesh))
+
+        def cache_constraint(mesh=mesh):
+          # Caches made from nothing (no input to propagate from) follow their model's rules.
+          got = [jax.jit(lambda m=m: m.init_cache(BATCH, MAX_LEN))() for m in (
+              sharded_target, replicated_draft)]
+          want = [jax.sharding.NamedSharding(mesh, P("data", heads, None, None))
+                  for heads in ("model", None)]
+          ok = all(c.keys[0].sharding.is_equivalent_to(w, 4)
+                   and c.values[0].sharding.is_equivalent_to(w, 4)
+                   for c, w in zip(got, want, strict=True))
+          return ok, f"keys {[c.keys[0].sharding.spec for c in got]} (want {want})"
+
+        check(f"cache_constraint_{tag}", cache_constraint)
+        check(f"spec_greedy_replicated_draft_{tag}",
+              lambda params=params, replicated=replicated, spec_greedy=spec_greedy: spec_greedy(
+                  params, replicated, draft_heads=TARGET["num_heads"]))
         check(f"base_sampled_{tag}", lambda params=params, x=x: _same(
-            temperature_sample(target, params, x, max_decode_len=MAX_LEN, temperature=1.0,
-                               rng=rng).sequences, ref["base_sampled"].sequences))
+            temperature_sample(sharded_target, params, x, max_decode_len=MAX_LEN,
+                               temperature=1.0, rng=rng).sequences, ref["base_sampled"].sequences))
         check(f"spec_sampled_{tag}", lambda params=params, sharded_draft=sharded_draft, x=x: _same(
-            speculative_sample(target, params, sharded_draft, x, gamma=GAMMA,
+            speculative_sample(sharded_target, params, sharded_draft, x, gamma=GAMMA,
                                max_decode_len=MAX_LEN, temperature=1.0, rng=rng).sequences,
             ref["spec_sampled"].sequences))
 
+  # Under shard_map the caches are per-shard: the rules add no constraint there.
   check("dp_spec_greedy", lambda: _same(data_parallel.speculative_sample(
-      target, target_params, draft, inputs, mesh=partitioning.make_mesh(8, 1), gamma=GAMMA,
-      max_decode_len=MAX_LEN).sequences, ref["spec_greedy"].sequences))
+      sharded_target, target_params, T5Draft(sharded_target, draft_params), inputs,
+      mesh=partitioning.make_mesh(8, 1), gamma=GAMMA, max_decode_len=MAX_LEN).sequences,
+      ref["spec_greedy"].sequences))
 
   def dp_sampled():
     # Rows split over "data" (2), replicas over "model" (4); shard i samples with

@@ -15,6 +15,7 @@ from specdec_jax.decoding import acceptance, sampling, speculative
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft, T5Draft
 from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import T5Scorer
 from specdec_jax.decoding.speculative import speculative_sample
 
 MAX_LEN = 24
@@ -218,26 +219,24 @@ def test_output_distribution_is_the_targets(tiny_pair, warp_kwargs):
   assert _chi_square_p_value(out.sequences, out.lengths, dist) > 1e-3
 
 
-def test_accept_everything_sampler_fails_the_same_test(tiny_pair, monkeypatch):
+def accept_all(rng: jax.Array, proposals: jax.Array, q_probs: jax.Array,
+               p_probs: jax.Array) -> acceptance.VerifyOutput:
+  """A wrong rule: every proposal accepted, the next token drawn from p after them."""
+  batch, gamma = proposals.shape
+  return acceptance.VerifyOutput(
+      num_accepted=jnp.full((batch,), gamma, jnp.int32),
+      next_token=jax.random.categorical(rng, jnp.log(p_probs[:, gamma])).astype(jnp.int32),
+      beta=jnp.sum(jnp.minimum(p_probs[:, :gamma], q_probs), -1))
+
+
+def test_accept_everything_sampler_fails_the_same_test(tiny_pair):
   """Negative control: a sampler that accepts every proposal is detected."""
   target, params, draft, inputs = tiny_pair
   dist = _exact_distribution(target, params, inputs[0], dict(temperature=1.0), eos_id=1)
-
-  def accept_all(rng, proposals, q_probs, p_probs):
-    batch, gamma = proposals.shape
-    return acceptance.VerifyOutput(
-        num_accepted=jnp.full((batch,), gamma, jnp.int32),
-        next_token=jax.random.categorical(rng, jnp.log(p_probs[:, gamma])).astype(jnp.int32),
-        beta=jnp.sum(jnp.minimum(p_probs[:, :gamma], q_probs), -1))
-
-  monkeypatch.setattr(acceptance, "verify", accept_all)
-  speculative._speculative_sample.clear_cache()
-  try:
-    out = speculative_sample(target, params, draft, inputs, gamma=2, max_decode_len=LENGTH,
-                             temperature=1.0, rng=jax.random.PRNGKey(0))
-  finally:
-    monkeypatch.undo()
-    speculative._speculative_sample.clear_cache()
+  out = speculative.speculative_decode(
+      T5Scorer(target, params), draft, inputs, jax.random.PRNGKey(0), gamma=2,
+      max_decode_len=LENGTH, warp=Warp(temperature=1.0), eos_id=1, draft_inputs=inputs,
+      verify=accept_all)
   assert _chi_square_p_value(out.sequences, out.lengths, dist) < 1e-6
 
 

@@ -1,1 +1,1 @@
-"""Decoding: the sampling distribution, the rejection rule, the decoders."""
+"""Decoding: the sampling distribution, the rejection rule, the scorers, the decoders."""

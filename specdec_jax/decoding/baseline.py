@@ -5,6 +5,11 @@ built to be strong: the encoder runs once, cross-attention keys/values are
 projected once, the self-attention cache lives in the loop state, the whole
 generation is one compiled program (no host round-trip per token), and compiled
 programs are reused across calls of the same shapes and settings.
+
+The loop is written against a `scorer.Scorer`, like the speculative one: each
+step scores a chunk of k = 1 token (the speculative loop scores k = gamma + 1
+per target call) and samples from its logits with `sampling.Warp`.
+`temperature_sample` is `decode` with a `T5Scorer`.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from flax import struct
 
 from specdec_jax import validation
 from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import Scorer, T5Scorer
 from specdec_jax.models import cached_decoder
-from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
+from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
 
@@ -46,7 +52,7 @@ class SamplingLoopState:
     sequences: int32 `[batch, max_decode_len]`, tokens so far (0 beyond `step`).
     last_token: int32 `[batch]`, the token fed to the next step.
     done: bool `[batch]`, True once a row has emitted EOS.
-    cache: the decoder's self-attention cache, `lengths == step` on every row.
+    scorer_state: the scorer's state; `cached_lengths == step` on every row.
     rng: the PRNG key for the remaining steps.
   """
 
@@ -54,7 +60,7 @@ class SamplingLoopState:
   sequences: Array
   last_token: Array
   done: Array
-  cache: DecoderCache
+  scorer_state: object
   rng: Array
 
 
@@ -87,49 +93,73 @@ def temperature_sample(model: T5Model, params: dict, inputs: Array, *, max_decod
   args = validation.check_decode_args(model, inputs, max_decode_len=max_decode_len,
                                       eos_id=eos_id, temperature=temperature, top_k=top_k,
                                       top_p=top_p, rng=rng)
-  prepared = model.prepare(params)  # Once per set of parameters (remembered).
-  return _temperature_sample(model, prepared.decoder, model.encode(prepared, args.inputs),
-                             args.rng, max_decode_len=args.max_decode_len, warp=Warp.of(args),
-                             eos_id=args.eos_id)
+  # Prepared once per set of parameters (remembered), outside the loop's program.
+  scorer = T5Scorer(model, model.prepare(params))
+  return decode(scorer, args.inputs, args.rng, max_decode_len=args.max_decode_len,
+                warp=Warp.of(args), eos_id=args.eos_id)
 
 
-@functools.partial(cached_decoder.loop_jit, static_argnames=(
-    "model", "max_decode_len", "warp", "eos_id"))
-def _temperature_sample(model: T5Model, weights: DecodeWeights, encoded: EncodedInputs,
-                        rng: Array, *, max_decode_len: int, warp: Warp,
-                        eos_id: int) -> DecodeOutput:
-  """The generation loop, given the encoded inputs and the prepared decoder weights."""
-  batch = encoded.mask.shape[0]
-  pad = model.config.pad_token_id
+def decode(scorer: Scorer, inputs: Array, rng: Array, *, max_decode_len: int, warp: Warp,
+           eos_id: int) -> DecodeOutput:
+  """`temperature_sample` over any `Scorer` (e.g. a decoder-only model, a logits table).
+
+  The arguments are taken as checked (`temperature_sample` checks them for a
+  T5): `inputs` in the scorer's vocabulary, `max_decode_len` >= 1, `eos_id`
+  an int. The scorer's `encode` runs here, as its own program; the loop is one
+  compiled program per scorer kind, shapes and settings.
+
+  Args:
+    scorer: the model side (`scorer.Scorer`).
+    inputs: int32 `[batch, input_len]`, what `scorer.encode` takes.
+    rng: one PRNG key; unused when greedy.
+    max_decode_len: the most tokens to generate per row.
+    warp: the sampling settings.
+    eos_id: the end-of-sequence id.
+
+  Returns:
+    `DecodeOutput` with `[batch, max_decode_len]` sequences and `[batch]` lengths.
+  """
+  return _temperature_sample(scorer, scorer.encode(inputs), rng, max_decode_len=max_decode_len,
+                             warp=warp, eos_id=eos_id)
+
+
+@functools.partial(cached_decoder.loop_jit, static_argnames=("max_decode_len", "warp",
+                                                             "eos_id"))
+def _temperature_sample(scorer: Scorer, context: object, rng: Array, *, max_decode_len: int,
+                        warp: Warp, eos_id: int) -> DecodeOutput:
+  """The generation loop, given the scorer's context (`scorer.encode(inputs)`)."""
+  state = scorer.init_state(context, max_decode_len)
+  batch = scorer.cached_lengths(state).shape[0]
   init = SamplingLoopState(
       step=jnp.array(0, jnp.int32),
-      sequences=jnp.full((batch, max_decode_len), pad, jnp.int32),
-      last_token=jnp.full((batch,), model.config.decoder_start_token_id, jnp.int32),
+      sequences=jnp.full((batch, max_decode_len), scorer.pad_id, jnp.int32),
+      last_token=jnp.full((batch,), scorer.start_token, jnp.int32),
       done=jnp.zeros((batch,), bool),
-      cache=model.init_cache(batch, max_decode_len),
+      scorer_state=state,
       rng=rng)
 
   def cond(state: SamplingLoopState) -> Array:
     return (state.step < max_decode_len) & ~jnp.all(state.done)
 
   def body(state: SamplingLoopState) -> SamplingLoopState:
-    return _sampling_step(model, weights, encoded, state, warp=warp, eos_id=eos_id)
+    return _sampling_step(scorer, state, warp=warp, eos_id=eos_id)
 
   final = jax.lax.while_loop(cond, body, init)
   lengths = jnp.where(final.done, _first_index(final.sequences, eos_id) + 1, final.step)
   return DecodeOutput(final.sequences, lengths)
 
 
-def _sampling_step(model: T5Model, weights: DecodeWeights, encoded: EncodedInputs,
-                   state: SamplingLoopState, *, warp: Warp, eos_id: int) -> SamplingLoopState:
-  """One cached decoder step for every row; finished rows emit padding."""
-  logits, cache = model.decode_chunk(weights, encoded, state.cache, state.last_token[:, None])
+def _sampling_step(scorer: Scorer, state: SamplingLoopState, *, warp: Warp,
+                   eos_id: int) -> SamplingLoopState:
+  """One step for every row: score a chunk of one token, sample; finished rows emit padding."""
+  logits, scorer_state = scorer.score(state.scorer_state, state.last_token[:, None])
   rng, step_rng = jax.random.split(state.rng)
   token = warp.sample(step_rng, logits[:, 0])
-  token = jnp.where(state.done, model.config.pad_token_id, token)
+  token = jnp.where(state.done, scorer.pad_id, token)
   sequences = jax.lax.dynamic_update_slice(state.sequences, token[:, None], (0, state.step))
   return SamplingLoopState(step=state.step + 1, sequences=sequences, last_token=token,
-                           done=state.done | (token == eos_id), cache=cache, rng=rng)
+                           done=state.done | (token == eos_id), scorer_state=scorer_state,
+                           rng=rng)
 
 
 def _first_index(sequences: Array, token: int) -> Array:

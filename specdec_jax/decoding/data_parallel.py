@@ -27,6 +27,7 @@ from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.baseline import DecodeOutput
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import Scorer, T5Scorer
 from specdec_jax.decoding.speculative import SpeculativeOutput
 from specdec_jax.models.t5 import T5Model
 
@@ -36,9 +37,9 @@ Array = jax.Array
 def _check(inputs: Array, mesh: Mesh, axis: str) -> None:
   """Raises ValueError unless `inputs [batch, ...]` can be split over `mesh`'s `axis`.
 
-  The other arguments are checked by `validation` first, on the host; the
-  decoders called on each shard check them again when traced (their token ids
-  then at run time: see `specdec_jax.validation`).
+  The other arguments are checked by `validation` first, once (token ids that
+  are themselves traced, at run time: see `specdec_jax.validation`); each
+  shard runs the decoders' loops on them as checked.
   """
   if axis not in mesh.shape:
     raise ValueError(f"axis={axis!r} is not an axis of the mesh {dict(mesh.shape)}; pass the "
@@ -72,24 +73,22 @@ def temperature_sample(model: T5Model, params: dict, inputs: Array, *, mesh: Mes
                                       eos_id=eos_id, temperature=temperature, top_k=top_k,
                                       top_p=top_p, rng=rng)
   _check(args.inputs, mesh, axis)
-  return _dp_temperature_sample(model, params, args.inputs, args.rng, mesh=mesh, axis=axis,
-                                max_decode_len=args.max_decode_len, warp=Warp.of(args),
-                                eos_id=args.eos_id)
+  # The parameters are prepared on each shard, inside the program.
+  return _dp_temperature_sample(T5Scorer(model, params), args.inputs, args.rng, mesh=mesh,
+                                axis=axis, max_decode_len=args.max_decode_len,
+                                warp=Warp.of(args), eos_id=args.eos_id)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "mesh", "axis", "max_decode_len", "warp",
-                                             "eos_id"))
-def _dp_temperature_sample(model: T5Model, params: dict, inputs: Array, rng: Array, *,
-                           mesh: Mesh, axis: str, max_decode_len: int, warp: Warp,
-                           eos_id: int) -> DecodeOutput:
-  def shard(params: dict, inputs: Array, rng: Array) -> DecodeOutput:
+@functools.partial(jax.jit, static_argnames=("mesh", "axis", "max_decode_len", "warp", "eos_id"))
+def _dp_temperature_sample(scorer: Scorer, inputs: Array, rng: Array, *, mesh: Mesh, axis: str,
+                           max_decode_len: int, warp: Warp, eos_id: int) -> DecodeOutput:
+  def shard(scorer: Scorer, inputs: Array, rng: Array) -> DecodeOutput:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis))
-    return baseline.temperature_sample(
-        model, params, inputs, max_decode_len=max_decode_len, temperature=warp.temperature,
-        top_k=warp.top_k, top_p=warp.top_p, eos_id=eos_id, rng=rng)
+    return baseline.decode(scorer, inputs, rng, max_decode_len=max_decode_len, warp=warp,
+                           eos_id=eos_id)
 
   return jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(axis), P()), out_specs=P(axis),
-                       check_vma=False)(params, inputs, rng)
+                       check_vma=False)(scorer, inputs, rng)
 
 
 def speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array, *,
@@ -117,34 +116,33 @@ def speculative_sample(target: T5Model, target_params: dict, draft: Draft, input
   Raises:
     ValueError: as `speculative.speculative_sample`, or the batch does not split.
   """
-  args = validation.check_decode_args(target, inputs, max_decode_len=max_decode_len,
-                                      eos_id=eos_id, temperature=temperature, top_k=top_k,
-                                      top_p=top_p, rng=rng, model_name="target")
-  gamma = validation.as_int("gamma", gamma, minimum=1, what="proposals per target call")
-  draft_inputs = validation.check_draft(draft, target.config, args.inputs, draft_inputs)
+  args = validation.check_speculative_args(
+      target, draft, inputs, gamma=gamma, draft_inputs=draft_inputs,
+      max_decode_len=max_decode_len, eos_id=eos_id, temperature=temperature, top_k=top_k,
+      top_p=top_p, rng=rng)
   _check(args.inputs, mesh, axis)
+  # The target's parameters are prepared on each shard, inside the program.
   return _dp_speculative_sample(
-      target, target_params, draft, args.inputs, draft_inputs, args.rng, mesh=mesh, axis=axis,
-      gamma=gamma, max_decode_len=args.max_decode_len, warp=Warp.of(args), eos_id=args.eos_id)
+      T5Scorer(target, target_params), draft, args.inputs, args.draft_inputs, args.rng,
+      mesh=mesh, axis=axis, gamma=args.gamma, max_decode_len=args.max_decode_len,
+      warp=Warp.of(args), eos_id=args.eos_id)
 
 
-@functools.partial(jax.jit, static_argnames=("target", "mesh", "axis", "gamma",
-                                             "max_decode_len", "warp", "eos_id"))
-def _dp_speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array,
-                           draft_inputs: Array, rng: Array, *, mesh: Mesh, axis: str,
-                           gamma: int, max_decode_len: int, warp: Warp, eos_id: int
-                           ) -> SpeculativeOutput:
-  def shard(target_params: dict, draft: Draft, inputs: Array, draft_inputs: Array,
+@functools.partial(jax.jit, static_argnames=("mesh", "axis", "gamma", "max_decode_len", "warp",
+                                             "eos_id"))
+def _dp_speculative_sample(target: Scorer, draft: Draft, inputs: Array, draft_inputs: Array,
+                           rng: Array, *, mesh: Mesh, axis: str, gamma: int,
+                           max_decode_len: int, warp: Warp, eos_id: int) -> SpeculativeOutput:
+  def shard(target: Scorer, draft: Draft, inputs: Array, draft_inputs: Array,
             rng: Array) -> SpeculativeOutput:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis))
-    out = speculative.speculative_sample(
-        target, target_params, draft, inputs, gamma=gamma, max_decode_len=max_decode_len,
-        temperature=warp.temperature, top_k=warp.top_k, top_p=warp.top_p, eos_id=eos_id,
-        rng=rng, draft_inputs=draft_inputs)
+    out = speculative.speculative_decode(
+        target, draft, inputs, rng, gamma=gamma, max_decode_len=max_decode_len, warp=warp,
+        eos_id=eos_id, draft_inputs=draft_inputs)
     # A scalar per shard cannot leave shard_map unsplit: stack them as [shards].
     return out.replace(stats=out.stats.replace(loop_iterations=out.stats.loop_iterations[None]))
 
   out = jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(), P(axis), P(axis), P()),
-                      out_specs=P(axis), check_vma=False)(target_params, draft, inputs,
-                                                          draft_inputs, rng)
+                      out_specs=P(axis), check_vma=False)(target, draft, inputs, draft_inputs,
+                                                          rng)
   return out.replace(stats=out.stats.replace(loop_iterations=out.stats.loop_iterations.max()))

@@ -8,6 +8,7 @@ with `warp.sample` under it too). Kinds:
   * `T5Draft`: a smaller T5, with its own encoder pass and KV cache.
   * `SharedEncoderDraft`: a T5 decoder that cross-attends to the *target's*
     encoder outputs (`models.shared_encoder`); no encoder pass of its own.
+    Both are a `scorer.Scorer` plus one proposal rule (`ScorerDraft`).
   * `NgramDraft`: the paper's trivial unigram / bigram drafts (Table 3),
     estimated from token counts of a corpus.
   * `PromptLookupDraft`: proposes the continuation of the longest n-gram of
@@ -27,7 +28,7 @@ which neither model has processed yet.
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -36,8 +37,9 @@ from flax import struct
 
 from specdec_jax import validation
 from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import Scorer, SharedEncoderScorer, T5Scorer
 from specdec_jax.models.shared_encoder import SharedEncoderModel
-from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
+from specdec_jax.models.t5 import EncodedInputs, T5Model
 
 Array = jax.Array
 
@@ -101,127 +103,122 @@ class Draft(abc.ABC):
     return state
 
 
-@struct.dataclass
-class T5DraftState:
-  """State of a T5 draft.
+class ScorerDraft(Draft):
+  """A model as the draft: a `Scorer` plus the proposal rule "sample one token at a time".
 
-  Attributes:
-    weights: the draft decoder's weights, prepared once per generation.
-    encoded: the draft encoder's `EncodedInputs`.
-    cache: its decoder cache; after `commit`, a row's cached length is m or m - 1
-      (the latter when every proposal was accepted: the last one was never fed).
+  Each `propose` scores the text the draft has not seen yet, then samples
+  gamma tokens one by one from its own logits, each fed back as the next
+  chunk; `commit` rewinds the scorer to the accepted text. Subclasses give the
+  `scorer`; the state is the scorer's.
   """
 
-  weights: DecodeWeights
-  encoded: EncodedInputs
-  cache: DecoderCache
+  @property
+  @abc.abstractmethod
+  def scorer(self) -> Scorer:
+    """The draft model's scorer."""
+
+  @property
+  def vocab_size(self) -> int:
+    return self.scorer.vocab_size
+
+  @property
+  def forward_passes_per_proposal(self) -> int:
+    return 1
+
+  @property
+  def reads_target_encoder(self) -> bool:
+    return self.scorer.reads_target_encoder
+
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncodedInputs | None = None) -> Any:
+    scorer = self.scorer
+    return scorer.init_state(scorer.encode(inputs, target_encoded), cache_len)
+
+  def propose(self, state: Any, tokens: Array, lengths: Array, rng: Array, *, gamma: int,
+              warp: Warp) -> tuple[Any, Array, Array]:
+    scorer = self.scorer
+    last = _last_tokens(tokens, lengths)  # [batch]
+    # Rows whose cache ends one token short first feed the token before `last`;
+    # the others feed `last` and a throw-away token that the rewind below drops.
+    catch_up = scorer.cached_lengths(state) < lengths  # [batch]
+    prev = _last_tokens(tokens, jnp.maximum(lengths - 1, 0))  # [batch]
+    pad = jnp.zeros_like(last)
+    chunk = jnp.where(catch_up[:, None], jnp.stack([prev, last], 1),
+                      jnp.stack([last, pad], 1))  # [batch, 2]
+    logits, state = scorer.score(state, chunk)
+    first_logits = jnp.where(catch_up[:, None], logits[:, 1], logits[:, 0])  # [batch, V]
+    state = scorer.rewind(state, lengths + 1)
+    rngs = jax.random.split(rng, gamma)
+    first = warp.sample(rngs[0], first_logits)  # [batch]
+
+    def step(carry, step_rng):
+      state, token = carry
+      logits, state = scorer.score(state, token[:, None])
+      new_token = warp.sample(step_rng, logits[:, 0])
+      return (state, new_token), (new_token, logits[:, 0])
+
+    # Unrolled: gamma - 1 small steps, no loop to run; and GSPMD then keeps the
+    # cache sharded as the caller's (a scan carry lost the heads' sharding).
+    (state, _), (rest, rest_logits) = jax.lax.scan(step, (state, first), rngs[1:], unroll=True)
+    proposals = jnp.concatenate([first[:, None], rest.T], axis=1)  # [batch, gamma]
+    q_logits = jnp.concatenate([first_logits[:, None], jnp.swapaxes(rest_logits, 0, 1)],
+                               axis=1)  # [batch, gamma, V]
+    return state, proposals, q_logits
+
+  def commit(self, state: Any, lengths: Array) -> Any:
+    # After `propose` the cache holds m + gamma positions; the accepted text
+    # needs lengths = m + n + 1 of them, of which only m + gamma exist if n == gamma.
+    scorer = self.scorer
+    return scorer.rewind(state, jnp.minimum(lengths, scorer.cached_lengths(state)))
 
 
 @struct.dataclass
-class T5Draft(Draft):
-  """A smaller T5 model as the draft (the paper's setting).
+class T5Draft(ScorerDraft):
+  """A smaller T5 model as the draft (the paper's setting): a `T5Scorer` proposing.
+
+  Its state is the scorer's `T5ScorerState`; after `commit`, a row's cached
+  length is m or m - 1 (the latter when every proposal was accepted: the last
+  one was never fed). Traced inside the loop's program, a T5X tree is
+  prepared per generation (a draft's few small matrices);
+  `T5Draft(model, model.prepare(params))` avoids it.
+
+  Attributes:
+    model: the draft model (static).
+    params: its parameters.
+    scorer_kind: the `T5Scorer` class its scorer is (a class attribute).
 
   Raises:
     ValueError: from the constructor, if `model` is not a `T5Model` or its
       config's special token ids lie outside its vocabulary.
   """
 
-  model: T5Model = struct.field(pytree_node=False)
+  model: T5Model | SharedEncoderModel = struct.field(pytree_node=False)
   params: dict
+  scorer_kind: ClassVar[type[T5Scorer]] = T5Scorer
 
   def __post_init__(self):
     # Static fields only: pytree unflattening calls this with any leaves.
-    validation.check_model(self.model, "T5Draft's model")
+    self.scorer_kind.check_model(self.model, f"{type(self).__name__}'s model")
 
   @property
-  def vocab_size(self) -> int:
-    return self.model.config.vocab_size
-
-  @property
-  def forward_passes_per_proposal(self) -> int:
-    return 1
-
-  def init_state(self, inputs: Array, cache_len: int,
-                 target_encoded: EncodedInputs | None = None) -> T5DraftState:
-    del target_encoded
-    # Traced inside the loop's program, a T5X tree is prepared per generation (a
-    # draft's few small matrices); `T5Draft(model, model.prepare(params))` avoids it.
-    prepared = self.model.prepare(self.params)
-    return T5DraftState(prepared.decoder, self.model.encode(prepared, inputs),
-                        self.model.init_cache(inputs.shape[0], cache_len))
-
-  def propose(self, state: T5DraftState, tokens: Array, lengths: Array, rng: Array, *,
-              gamma: int, warp: Warp) -> tuple[T5DraftState, Array, Array]:
-    cache = state.cache
-    last = _last_tokens(tokens, lengths)  # [batch]
-    # Rows whose cache ends one token short first feed the token before `last`;
-    # the others feed `last` and a throw-away token that the rewind below drops.
-    catch_up = cache.lengths < lengths  # [batch]
-    prev = _last_tokens(tokens, jnp.maximum(lengths - 1, 0))  # [batch]
-    pad = jnp.zeros_like(last)
-    chunk = jnp.where(catch_up[:, None], jnp.stack([prev, last], 1),
-                      jnp.stack([last, pad], 1))  # [batch, 2]
-    logits, cache = self.model.decode_chunk(state.weights, state.encoded, cache, chunk)
-    first_logits = jnp.where(catch_up[:, None], logits[:, 1], logits[:, 0])  # [batch, V]
-    cache = cache.rewind(lengths + 1)
-    rngs = jax.random.split(rng, gamma)
-    first = warp.sample(rngs[0], first_logits)  # [batch]
-
-    def step(carry, step_rng):
-      cache, token = carry
-      logits, cache = self.model.decode_chunk(state.weights, state.encoded, cache,
-                                              token[:, None])
-      new_token = warp.sample(step_rng, logits[:, 0])
-      return (cache, new_token), (new_token, logits[:, 0])
-
-    # Unrolled: gamma - 1 small steps, no loop to run; and GSPMD then keeps the
-    # cache sharded as the caller's (a scan carry lost the heads' sharding).
-    (cache, _), (rest, rest_logits) = jax.lax.scan(step, (cache, first), rngs[1:], unroll=True)
-    proposals = jnp.concatenate([first[:, None], rest.T], axis=1)  # [batch, gamma]
-    q_logits = jnp.concatenate([first_logits[:, None], jnp.swapaxes(rest_logits, 0, 1)],
-                               axis=1)  # [batch, gamma, V]
-    return state.replace(cache=cache), proposals, q_logits
-
-  def commit(self, state: T5DraftState, lengths: Array) -> T5DraftState:
-    # After `propose` the cache holds m + gamma positions; the accepted text
-    # needs lengths = m + n + 1 of them, of which only m + gamma exist if n == gamma.
-    return state.replace(cache=state.cache.rewind(jnp.minimum(lengths, state.cache.lengths)))
+  def scorer(self) -> T5Scorer:
+    return self.scorer_kind(self.model, self.params)
 
 
 @struct.dataclass
 class SharedEncoderDraft(T5Draft):
   """A T5 decoder that reads the target's encoder outputs (`models.shared_encoder`).
 
-  Proposals and rewinds are `T5Draft`'s; only the state differs: the
-  cross-attention keys/values come from the target's encoder outputs, so the
-  draft's `inputs` are not read (the target's tokens are what it sees).
+  Proposals and rewinds are `T5Draft`'s; only the scorer differs
+  (`SharedEncoderScorer`): the cross-attention keys/values come from the
+  target's encoder outputs, so the draft's `inputs` are not read (the target's
+  tokens are what it sees). `model` is a `SharedEncoderModel`.
 
   Raises:
     ValueError: from the constructor, if `model` is not a `SharedEncoderModel`.
   """
 
-  model: SharedEncoderModel = struct.field(pytree_node=False)
-  params: dict
-
-  def __post_init__(self):
-    if not isinstance(self.model, SharedEncoderModel):
-      raise ValueError("SharedEncoderDraft's model must be a "
-                       "specdec_jax.models.shared_encoder.SharedEncoderModel (a T5 draft with "
-                       f"its own encoder is a T5Draft), got {type(self.model).__name__}.")
-    validation.check_model(self.model, "SharedEncoderDraft's model")
-
-  @property
-  def reads_target_encoder(self) -> bool:
-    return True
-
-  def init_state(self, inputs: Array, cache_len: int,
-                 target_encoded: EncodedInputs | None = None) -> T5DraftState:
-    if target_encoded is None:
-      raise ValueError("SharedEncoderDraft.init_state needs target_encoded (the target's "
-                       "T5Model.encode of the same inputs); speculative_sample passes it.")
-    prepared = self.model.prepare(self.params)
-    return T5DraftState(prepared.decoder, self.model.encode(prepared, target_encoded),
-                        self.model.init_cache(inputs.shape[0], cache_len))
+  scorer_kind: ClassVar[type[T5Scorer]] = SharedEncoderScorer
 
 
 def make_draft(model: T5Model | SharedEncoderModel, params: dict) -> T5Draft:

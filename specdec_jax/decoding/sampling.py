@@ -123,7 +123,10 @@ class Warp:
   of speculative sampling and every draft's `propose` receive it (a static
   argument under `jax.jit`: one compiled program per setting). The public
   decoders take `temperature`, `top_k` and `top_p` as keywords and build it
-  once from the arguments `validation.check_decode_args` checked (`Warp.of`).
+  once from the arguments `validation.check_decode_args` checked (`Warp.of`);
+  from there on (the scorer-level `baseline.decode` and
+  `speculative.speculative_decode`, the data-parallel shards) only the `Warp`
+  travels.
 
   Attributes:
     temperature: 0 means greedy; otherwise logits are divided by it.

@@ -3,7 +3,8 @@
 Each iteration of the `lax.while_loop`:
 
   draft:  gamma proposals per row and their distributions q  (`drafts.Draft`)
-  target: ONE cached forward over [last token, proposals] -> p at gamma + 1 positions
+  target: ONE scored chunk [last token, proposals] -> p at gamma + 1 positions
+          (`scorer.Scorer.score`; the baseline scores a chunk of one token per step)
   accept: n = accepted prefix length per row (`acceptance.verify`); the token after
           it comes from norm(max(0, p - q)) on a rejection, from p[gamma] otherwise
   write:  n + 1 tokens per row (fewer if EOS or max_decode_len falls inside them)
@@ -12,22 +13,28 @@ Each iteration of the `lax.while_loop`:
 Every row advances by its own accepted count; finished rows stop changing
 while the others go on. At temperature 0, p and q are one-hot and the output is
 token for token the target's greedy decoding.
+
+`speculative_sample` is `speculative_decode` with a `T5Scorer` as the target;
+`speculative_decode` takes any `Scorer` (and the acceptance rule, for tests).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-from specdec_jax import validation
+from specdec_jax import stats, validation
 from specdec_jax.decoding import acceptance
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import Scorer, T5Scorer
 from specdec_jax.models import cached_decoder
-from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
+from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
 
@@ -67,17 +74,20 @@ class SpeculativeStats:
   beta_count: Array
   loop_iterations: Array
 
-  def alpha_empirical(self) -> Array:
+  # Per row, on the host (numpy `[batch]`), by the definitions in `specdec_jax.stats`;
+  # `stats.Pooled` gives the same figures over many rows and calls.
+
+  def alpha_empirical(self) -> np.ndarray:
     """`[batch]` acceptance rate S / (S + R): the MLE of alpha under the paper's model."""
-    return self.accepted / jnp.maximum(self.accepted + self.rejections, 1)
+    return stats.alpha_empirical(self.accepted, self.rejections)
 
-  def alpha_beta(self) -> Array:
+  def alpha_beta(self) -> np.ndarray:
     """`[batch]` the paper's estimator: mean beta over the generated text."""
-    return self.beta_sum / jnp.maximum(self.beta_count, 1)
+    return stats.alpha_beta(self.beta_sum, self.beta_count)
 
-  def tokens_per_iteration(self) -> Array:
+  def tokens_per_iteration(self) -> np.ndarray:
     """`[batch]` tokens emitted per target call."""
-    return self.tokens / jnp.maximum(self.iterations, 1)
+    return stats.tokens_per_call(self.tokens, self.iterations)
 
 
 @struct.dataclass
@@ -110,7 +120,8 @@ class SpeculativeLoopState:
     lengths: int32 `[batch]`, m = tokens generated; `tokens[:, m]` is the last
       token, which neither model has processed.
     done: bool `[batch]`, True once a row emitted EOS or reached max_decode_len.
-    target_cache: the target's cache; holds exactly m positions per row.
+    target_state: the target scorer's state; its cache holds exactly m
+      positions per row.
     draft_state: the draft's state (see `drafts.Draft`).
     rng: PRNG key for the remaining iterations.
     stats: running `SpeculativeStats`.
@@ -120,7 +131,7 @@ class SpeculativeLoopState:
   accepted_mask: Array
   lengths: Array
   done: Array
-  target_cache: DecoderCache
+  target_state: object
   draft_state: object
   rng: Array
   stats: SpeculativeStats
@@ -163,37 +174,69 @@ def speculative_sample(target: T5Model, target_params: dict, draft: Draft, input
       the vocabulary fail at run time instead (the same ValueError, or a
       `jax.errors.JaxRuntimeError` carrying its message).
   """
-  args = validation.check_decode_args(target, inputs, max_decode_len=max_decode_len,
-                                      eos_id=eos_id, temperature=temperature, top_k=top_k,
-                                      top_p=top_p, rng=rng, model_name="target")
-  gamma = validation.as_int("gamma", gamma, minimum=1, what="proposals per target call")
-  draft_inputs = validation.check_draft(draft, target.config, args.inputs,
-                                        draft_inputs)
-  prepared = target.prepare(target_params)  # Once per set of parameters (remembered).
-  # The target's encoder runs as its own program (see cached_decoder.COMPILER_OPTIONS).
-  return _speculative_sample(target, prepared.decoder, target.encode(prepared, args.inputs),
-                             draft, draft_inputs, args.rng, gamma=gamma,
-                             max_decode_len=args.max_decode_len,
-                             warp=Warp.of(args), eos_id=args.eos_id)
+  args = validation.check_speculative_args(
+      target, draft, inputs, gamma=gamma, draft_inputs=draft_inputs,
+      max_decode_len=max_decode_len, eos_id=eos_id, temperature=temperature, top_k=top_k,
+      top_p=top_p, rng=rng)
+  # Prepared once per set of parameters (remembered), outside the loop's program.
+  scorer = T5Scorer(target, target.prepare(target_params))
+  return speculative_decode(scorer, draft, args.inputs, args.rng, gamma=args.gamma,
+                            max_decode_len=args.max_decode_len, warp=Warp.of(args),
+                            eos_id=args.eos_id, draft_inputs=args.draft_inputs)
+
+
+def speculative_decode(target: Scorer, draft: Draft, inputs: Array, rng: Array, *, gamma: int,
+                       max_decode_len: int, warp: Warp, eos_id: int, draft_inputs: Array,
+                       verify: Callable[..., acceptance.VerifyOutput] = acceptance.verify
+                       ) -> SpeculativeOutput:
+  """`speculative_sample` with any `Scorer` as the target (e.g. a decoder-only model).
+
+  The arguments are taken as checked (`speculative_sample` checks them for a
+  T5 target): the draft shares the scorer's vocabulary, `inputs` and
+  `draft_inputs` hold ids in it, one row per example each. The target's
+  `encode` runs here, as its own program; the loop is one compiled program per
+  scorer and draft kind, shapes and settings.
+
+  Args:
+    target: the target's `Scorer`.
+    draft: a `drafts.Draft`.
+    inputs: int32 `[batch, input_len]`, what `target.encode` takes.
+    rng: one PRNG key.
+    gamma: proposals per iteration (>= 1).
+    max_decode_len: the most tokens to generate per row.
+    warp: the sampling settings of both p and q.
+    eos_id: the end-of-sequence id.
+    draft_inputs: int32 `[batch, draft_input_len]`, the draft's encoder tokens.
+    verify: the acceptance rule at temperature > 0, with `acceptance.verify`'s
+      signature (the default); tests pass a wrong rule as a negative control.
+      At temperature 0 the rule is `acceptance.verify_greedy`.
+
+  Returns:
+    A `SpeculativeOutput`.
+  """
+  return _speculative_sample(target, target.encode(inputs), draft, draft_inputs, rng,
+                             gamma=gamma, max_decode_len=max_decode_len, warp=warp,
+                             eos_id=eos_id, verify=verify)
 
 
 @functools.partial(cached_decoder.loop_jit, static_argnames=(
-    "target", "gamma", "max_decode_len", "warp", "eos_id"))
-def _speculative_sample(target: T5Model, weights: DecodeWeights, encoded: EncodedInputs,
-                        draft: Draft, draft_inputs: Array, rng: Array, *, gamma: int,
-                        max_decode_len: int, warp: Warp, eos_id: int) -> SpeculativeOutput:
-  """The loop, given the target's prepared weights and encoded inputs."""
-  batch = encoded.mask.shape[0]
+    "gamma", "max_decode_len", "warp", "eos_id", "verify"))
+def _speculative_sample(target: Scorer, context: object, draft: Draft, draft_inputs: Array,
+                        rng: Array, *, gamma: int, max_decode_len: int, warp: Warp, eos_id: int,
+                        verify: Callable[..., acceptance.VerifyOutput]) -> SpeculativeOutput:
+  """The loop, given the target's context (`target.encode(inputs)`)."""
   cache_len = max_decode_len + gamma + 1
+  target_state = target.init_state(context, cache_len)
+  batch = target.cached_lengths(target_state).shape[0]
   zeros = jnp.zeros((batch,), jnp.int32)
-  buffer = jnp.full((batch, max_decode_len + gamma + 2), target.config.pad_token_id, jnp.int32)
+  buffer = jnp.full((batch, max_decode_len + gamma + 2), target.pad_id, jnp.int32)
   init = SpeculativeLoopState(
-      tokens=buffer.at[:, 0].set(target.config.decoder_start_token_id),
+      tokens=buffer.at[:, 0].set(target.start_token),
       accepted_mask=jnp.zeros(buffer.shape, bool),
       lengths=zeros,
       done=jnp.zeros((batch,), bool),
-      target_cache=target.init_cache(batch, cache_len),
-      draft_state=draft.init_state(draft_inputs, cache_len, encoded),
+      target_state=target_state,
+      draft_state=draft.init_state(draft_inputs, cache_len, target.encoder_outputs(context)),
       rng=rng,
       stats=SpeculativeStats(
           iterations=zeros, draft_forward_passes=zeros, tokens=zeros,
@@ -205,8 +248,8 @@ def _speculative_sample(target: T5Model, weights: DecodeWeights, encoded: Encode
     return ~jnp.all(state.done)
 
   def body(state: SpeculativeLoopState) -> SpeculativeLoopState:
-    return _speculative_step(target, weights, encoded, draft, state, gamma=gamma,
-                             max_decode_len=max_decode_len, warp=warp, eos_id=eos_id)
+    return _speculative_step(target, draft, state, gamma=gamma, max_decode_len=max_decode_len,
+                             warp=warp, eos_id=eos_id, verify=verify)
 
   final = jax.lax.while_loop(cond, body, init)
   valid = jnp.arange(max_decode_len)[None] < final.lengths[:, None]
@@ -220,9 +263,9 @@ def _write_rows(buffer: Array, chunk: Array, start: Array) -> Array:
   return jax.vmap(lambda b, c, s: jax.lax.dynamic_update_slice(b, c, (s,)))(buffer, chunk, start)
 
 
-def _speculative_step(target: T5Model, weights: DecodeWeights, encoded: EncodedInputs,
-                      draft: Draft, state: SpeculativeLoopState, *, gamma: int,
-                      max_decode_len: int, warp: Warp, eos_id: int) -> SpeculativeLoopState:
+def _speculative_step(target: Scorer, draft: Draft, state: SpeculativeLoopState, *, gamma: int,
+                      max_decode_len: int, warp: Warp, eos_id: int,
+                      verify: Callable[..., acceptance.VerifyOutput]) -> SpeculativeLoopState:
   """One draft-propose / target-verify / accept / rewind iteration for every row."""
   rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
   m = state.lengths  # [batch]
@@ -232,11 +275,11 @@ def _speculative_step(target: T5Model, weights: DecodeWeights, encoded: EncodedI
       state.draft_state, state.tokens, m, draft_rng, gamma=gamma, warp=warp)
   last = jnp.take_along_axis(state.tokens, m[:, None], axis=1)  # [batch, 1]
   chunk = jnp.concatenate([last, proposals], axis=1)  # [batch, gamma + 1]
-  p_logits, target_cache = target.decode_chunk(weights, encoded, state.target_cache, chunk)
+  p_logits, target_state = target.score(state.target_state, chunk)
   if warp.temperature == 0:
     verdict = acceptance.verify_greedy(proposals, p_logits)
   else:
-    verdict = acceptance.verify(verify_rng, proposals, warp.probs(q_logits), warp.probs(p_logits))
+    verdict = verify(verify_rng, proposals, warp.probs(q_logits), warp.probs(p_logits))
   n = verdict.num_accepted  # [batch]
 
   # The n accepted proposals, then the next token: n + 1 new tokens per row.
@@ -279,7 +322,7 @@ def _speculative_step(target: T5Model, weights: DecodeWeights, encoded: EncodedI
       accepted_mask=accepted_mask,
       lengths=new_lengths,
       done=done,
-      target_cache=target_cache.rewind(new_lengths),
+      target_state=target.rewind(target_state, new_lengths),
       draft_state=draft.commit(draft_state, new_lengths),
       rng=rng,
       stats=stats)

@@ -1,0 +1,244 @@
+"""Scorers: the model side of both decoding loops, behind one small interface.
+
+A scorer turns a chunk of k >= 1 tokens per row into the logits after each of
+them, against a per-row cache (T5X's `tokens_to_logits`, a maxtext engine's
+prefill / generate). The baseline scores a chunk of k = 1 token per step; the
+speculative loop scores k = gamma + 1 tokens per target call with the same
+method; a model draft proposes with its own scorer (`drafts.ScorerDraft`).
+The loops never touch a model: a hand-written scorer (a logits table, in the
+tests) or a decoder-only model fits the same loops.
+
+One generation, as the loops drive it:
+
+  context = scorer.encode(inputs, target_encoded)   # once per input (the encoder pass)
+  state = scorer.init_state(context, cache_len)     # an empty cache of cache_len positions
+  logits, state = scorer.score(state, tokens)       # [batch, k] at positions
+                                                    # cached_lengths(state) ... + k - 1
+  state = scorer.rewind(state, lengths)             # per-row cached lengths set back
+
+Positions count the decoder tokens fed: position 0 holds `start_token`, and
+position m the m-th generated token. Rewinding only sets each row's length:
+entries at or beyond it are masked and overwritten by the next chunk (no copy).
+
+The loops run `encode` for the target before their compiled loop (the target's
+encoder is its own program, with XLA's default options: see
+`cached_decoder.COMPILER_OPTIONS`) and `init_state` inside it (the cache is
+created where it lives). A draft's scorer runs both inside the loop. A
+decoder-only model would keep its prompt in `encode`'s context and prefill it
+in `init_state`, counting positions from the prompt's end.
+
+Scorers are pytrees (`flax.struct.dataclass`): the model is static, its
+parameters are traced leaves, so one compiled loop serves any weights of the
+same shapes.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+from flax import struct
+
+from specdec_jax import validation
+from specdec_jax.models.config import T5Config
+from specdec_jax.models.shared_encoder import SharedEncoderModel
+from specdec_jax.models.t5 import (
+    DecoderCache,
+    DecodeWeights,
+    EncodedInputs,
+    PreparedParams,
+    T5Model,
+)
+
+Array = jax.Array
+
+
+class Scorer(abc.ABC):
+  """What the decoding loops need from a model: score chunks against a rewindable cache."""
+
+  @property
+  @abc.abstractmethod
+  def vocab_size(self) -> int:
+    """Size of the vocabulary the logits range over."""
+
+  @property
+  @abc.abstractmethod
+  def start_token(self) -> int:
+    """The token at position 0, fed before the first generated one."""
+
+  @property
+  @abc.abstractmethod
+  def pad_id(self) -> int:
+    """The padding id the outputs carry after a row's end."""
+
+  @property
+  def reads_target_encoder(self) -> bool:
+    """Whether `encode` needs the target's encoder outputs (`target_encoded`)."""
+    return False
+
+  @abc.abstractmethod
+  def encode(self, inputs: Array, target_encoded: EncodedInputs | None = None) -> Any:
+    """The work done once per input, e.g. the encoder pass.
+
+    Args:
+      inputs: int32 `[batch, input_len]` encoder tokens, 0-padded.
+      target_encoded: the target's encoder outputs of the same examples
+        (`encoder_outputs` of the target's context); required iff
+        `reads_target_encoder`.
+
+    Returns:
+      The context `init_state` starts from (a pytree).
+    """
+
+  @abc.abstractmethod
+  def init_state(self, context: Any, cache_len: int) -> Any:
+    """The state of a generation: `context` and an empty cache of `cache_len` positions."""
+
+  @abc.abstractmethod
+  def score(self, state: Any, tokens: Array) -> tuple[Array, Any]:
+    """Scores `tokens` at each row's next positions.
+
+    Args:
+      state: the generation's state; the caller keeps
+        `cached_lengths(state) + k <= cache_len`.
+      tokens: int32 `[batch, k]`; row b at positions `cached_lengths(state)[b]`
+        ... `+ k - 1`.
+
+    Returns:
+      float32 logits `[batch, k, vocab]` (logits[:, i] predict the token after
+      tokens[:, i]) and the state with every row's cached length advanced by k.
+    """
+
+  @abc.abstractmethod
+  def cached_lengths(self, state: Any) -> Array:
+    """int32 `[batch]`: the positions each row has scored (where its next chunk goes)."""
+
+  @abc.abstractmethod
+  def rewind(self, state: Any, lengths: Array) -> Any:
+    """Sets each row's cached length to `lengths [batch]` (at most its current one)."""
+
+  def encoder_outputs(self, context: Any) -> EncodedInputs | None:
+    """The encoder outputs a draft may read (`Draft.reads_target_encoder`), or None."""
+    del context
+    return None
+
+
+@struct.dataclass
+class T5Context:
+  """What a T5 scorer computes once per generation.
+
+  Attributes:
+    weights: the decoder's weights, prepared for generation (`T5Model.prepare`).
+    encoded: the encoder's `EncodedInputs`: cross-attention keys/values, one
+      `[batch * heads, d_kv, input_len]` / `[batch * heads, input_len, d_kv]`
+      pair per decoder layer, and the mask `[batch, input_len]`.
+  """
+
+  weights: DecodeWeights
+  encoded: EncodedInputs
+
+
+@struct.dataclass
+class T5ScorerState:
+  """State of a T5 scorer in one generation.
+
+  Attributes:
+    context: the `T5Context` (fixed for the generation).
+    cache: the decoder's self-attention `DecoderCache`: keys and values of
+      `cache_len` positions per layer, lengths int32 `[batch]`.
+  """
+
+  context: T5Context
+  cache: DecoderCache
+
+
+@struct.dataclass
+class T5Scorer(Scorer):
+  """A T5 encoder-decoder: its encoder once per input, its cached decoder per chunk.
+
+  Attributes:
+    model: the `T5Model` (static).
+    params: its parameters: a T5X-layout tree, or `model.prepare(params)`
+      (the decoding entry points pass the latter, prepared once per set of
+      parameters; a raw tree is prepared in `encode`, inside a traced loop once
+      per generation).
+    check_model: the check of `model` (`validation.check_model`; a class
+      attribute, which the drafts built on this scorer kind also call).
+
+  Raises:
+    ValueError: from the constructor, if `model` is not a `T5Model` or its
+      config's special token ids lie outside its vocabulary.
+  """
+
+  model: T5Model | SharedEncoderModel = struct.field(pytree_node=False)
+  params: dict | PreparedParams
+  check_model: ClassVar[Callable[[Any, str], T5Config]] = staticmethod(validation.check_model)
+
+  def __post_init__(self):
+    # Static fields only: pytree unflattening calls this with any leaves.
+    self.check_model(self.model, f"{type(self).__name__}'s model")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.config.vocab_size
+
+  @property
+  def start_token(self) -> int:
+    return self.model.config.decoder_start_token_id
+
+  @property
+  def pad_id(self) -> int:
+    return self.model.config.pad_token_id
+
+  def encode(self, inputs: Array, target_encoded: EncodedInputs | None = None) -> T5Context:
+    del target_encoded
+    prepared = self.model.prepare(self.params)
+    return T5Context(prepared.decoder, self.model.encode(prepared, inputs))
+
+  def init_state(self, context: T5Context, cache_len: int) -> T5ScorerState:
+    batch = context.encoded.mask.shape[0]
+    return T5ScorerState(context, self.model.init_cache(batch, cache_len))
+
+  def score(self, state: T5ScorerState, tokens: Array) -> tuple[Array, T5ScorerState]:
+    logits, cache = self.model.decode_chunk(state.context.weights, state.context.encoded,
+                                            state.cache, tokens)
+    return logits, state.replace(cache=cache)
+
+  def cached_lengths(self, state: T5ScorerState) -> Array:
+    return state.cache.lengths
+
+  def rewind(self, state: T5ScorerState, lengths: Array) -> T5ScorerState:
+    return state.replace(cache=state.cache.rewind(lengths))
+
+  def encoder_outputs(self, context: T5Context) -> EncodedInputs:
+    return context.encoded
+
+
+@struct.dataclass
+class SharedEncoderScorer(T5Scorer):
+  """A T5 decoder over the target's encoder outputs (`models.shared_encoder`).
+
+  Scoring and rewinding are `T5Scorer`'s; only `encode` differs: the
+  cross-attention keys/values are projected from `target_encoded`, so the
+  inputs themselves are not read. `model` is a `SharedEncoderModel`.
+
+  Raises:
+    ValueError: from the constructor, if `model` is not a `SharedEncoderModel`.
+  """
+
+  check_model: ClassVar[Callable[[Any, str], T5Config]] = staticmethod(
+      validation.check_shared_encoder_model)
+
+  @property
+  def reads_target_encoder(self) -> bool:
+    return True
+
+  def encode(self, inputs: Array, target_encoded: EncodedInputs | None = None) -> T5Context:
+    del inputs
+    if target_encoded is None:
+      raise ValueError(f"{type(self).__name__} needs target_encoded (the target's "
+                       "T5Model.encode of the same inputs); speculative_sample passes it.")
+    prepared = self.model.prepare(self.params)
+    return T5Context(prepared.decoder, self.model.encode(prepared, target_encoded))
