@@ -8,19 +8,18 @@ the same weights on the same prompts at batch 1. The EOS id is one neither
 emits, so both generate exactly `--new_tokens` tokens, and the tokens must be
 identical. Calls alternate (ours, theirs, theirs, ours, ...) so that load from
 other processes hits both alike; the first call of each (compilation for us,
-warm-up for PyTorch) is reported apart from the medians of the rest.
+warm-up for PyTorch) is reported apart from the medians of the rest
+(`benchmarking.time_interleaved`).
 Appends one row to `--output` (a JSON list, replaced atomically).
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +28,10 @@ import torch
 import transformers
 from absl import app, flags, logging
 
-from specdec_jax import atomic_io, benchmarking, contention
+from specdec_jax import benchmarking, contention
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.decoding.baseline import temperature_sample
+from specdec_jax.experiment import results_io
 from specdec_jax.models import T5Model, get_config
 
 _CONFIG = flags.DEFINE_enum("config", "t5-v1_1-small", ["t5-v1_1-small", "t5-small"],
@@ -50,21 +50,6 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and prompts.", lowe
                              upper_bound=2**32 - 1)
 _OUTPUT = flags.DEFINE_string("output", "results/baseline_benchmark/results.json",
                               "JSON list the result row is appended to.")
-
-
-def _timed(fn: Callable[[], np.ndarray]) -> tuple[float, np.ndarray]:
-  start = time.perf_counter()
-  tokens = fn()
-  return time.perf_counter() - start, tokens
-
-
-def _append_row(path: str, row: dict) -> None:
-  """Appends `row` to the JSON list at `path`, replacing the file atomically."""
-  rows = []
-  if os.path.exists(path):
-    with open(path) as f:
-      rows = json.load(f)
-  atomic_io.write_json(path, rows + [row])
 
 
 def main(argv: list[str]) -> None:
@@ -102,28 +87,23 @@ def main(argv: list[str]) -> None:
                         decoder_start_token_id=0)
     return out.numpy()[:, 1:]
 
-  sides = {"ours": ours, "theirs": theirs}
+  def check(i: int, tokens: dict[str, np.ndarray]) -> None:
+    for name, seq in tokens.items():
+      if seq.shape != (1, n_new) or eos_id in seq:
+        raise RuntimeError(f"{name} did not generate exactly {n_new} tokens: {seq}")
+    if not np.array_equal(tokens["ours"], tokens["theirs"]):
+      first = int(np.argmax(tokens["ours"][0] != tokens["theirs"][0]))
+      raise RuntimeError(f"greedy tokens differ from step {first} on prompt {i}: "
+                         f"ours {tokens['ours'][0, first:first + 5]}, "
+                         f"theirs {tokens['theirs'][0, first:first + 5]}")
+
+  sides = {"ours": lambda i: ours(prompts[i]), "theirs": lambda i: theirs(prompts[i])}
   with contention.quiet("experiments.benchmark_baseline") as guard:
-    first_call_s = {}
-    for name, fn in sides.items():
-      first_call_s[name], _ = _timed(lambda fn=fn: fn(prompts[0]))
-    times = {name: [] for name in sides}
-    for rep in range(_REPEATS.value):
-      for i, prompt in enumerate(prompts):
-        order = ("ours", "theirs") if (rep + i) % 2 == 0 else ("theirs", "ours")
-        tokens = {}
-        for name in order:
-          elapsed, tokens[name] = _timed(lambda fn=sides[name], p=prompt: fn(p))
-          times[name].append(elapsed)
-        for name, seq in tokens.items():
-          if seq.shape != (1, n_new) or eos_id in seq:
-            raise RuntimeError(f"{name} did not generate exactly {n_new} tokens: {seq}")
-        if not np.array_equal(tokens["ours"], tokens["theirs"]):
-          first = int(np.argmax(tokens["ours"][0] != tokens["theirs"][0]))
-          raise RuntimeError(f"greedy tokens differ from step {first} on prompt {i}: "
-                             f"ours {tokens['ours'][0, first:first + 5]}, "
-                             f"theirs {tokens['theirs'][0, first:first + 5]}")
-      logging.info("pass %d/%d done", rep + 1, _REPEATS.value)
+    timings, _ = benchmarking.time_interleaved(sides, len(prompts), _REPEATS.value,
+                                               check=check)
+  first_call_s = {name: t.first_s for name, t in timings.items()}
+  # Every timed call, pass by pass (each generates exactly n_new tokens).
+  times = {name: [s for calls in t.calls_s for s in calls] for name, t in timings.items()}
 
   ms_per_token = {name: 1e3 * statistics.median(t) / n_new for name, t in times.items()}
   ratio = ms_per_token["theirs"] / ms_per_token["ours"]
@@ -151,7 +131,7 @@ def main(argv: list[str]) -> None:
       "torch_threads": torch.get_num_threads(),
       **benchmarking.environment(),
   }
-  _append_row(_OUTPUT.value, row)
+  results_io.append_to_json_list(_OUTPUT.value, row)
 
   print(f"{_CONFIG.value} (vocab {cfg.vocab_size}), batch 1, {_INPUT_LEN.value}-token prompts, "
         f"{n_new} new tokens, {_PROMPTS.value} prompts x {_REPEATS.value} passes; "

@@ -3,7 +3,7 @@ r"""One decoder call of k tokens, round 1's decode path against today's, side by
 For the target and each draft of the shipped family, times T_step (k = 1) and
 T_verify(k) (k = 2..8): the seconds of one cached `decode_chunk` call scoring k
 tokens per row, inside a jitted loop of `--calls` calls (no Python per call),
-halfway into a `--max_decode_len` generation. Two paths:
+halfway into a `Settings.max_decode_len` generation. Two paths:
 
   round1: the model code of git revision `--round1_ref` (the T5X-layout tree
           read by the Flax modules on every call, keys/values `[batch, len,
@@ -18,6 +18,9 @@ apart. The whole measurement runs inside a `contention.Guard`: our registered
 jobs are paused, and nothing is written unless the machine stayed quiet.
 
   python -m experiments.benchmark_decode_step [--output_dir=results/decode_step]
+
+The models directory and the input and generation lengths are the shared
+`Settings` (gin).
 
 Writes `results.jsonl` (a row per model, path, cores and k) and `tables.md`.
 """
@@ -41,23 +44,16 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from experiments import family
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import layout
+from specdec_jax.experiment import family, gin_flags, settings
 from specdec_jax.models import T5Model
 
-_MODELS_DIR = flags.DEFINE_string("models_dir", os.path.join("assets", "models"),
-                                  "The shipped family (target and drafts).")
 _MODELS = flags.DEFINE_list("models", list(family.FAMILY), "Members to time.")
 _ROUND1_REF = flags.DEFINE_string("round1_ref", "c7823d4",
                                   "Git revision whose specdec_jax/models/ is the round-1 path.")
 _MAX_K = flags.DEFINE_integer("max_k", 8, "Largest chunk length timed.", lower_bound=1)
-_INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Encoder positions (as experiments.run).",
-                                  lower_bound=1)
-_MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Generation length; the cache has "
-                                       "max_decode_len + max_k positions, chunks are scored "
-                                       "at max_decode_len // 2.", lower_bound=2)
 _CALLS = flags.DEFINE_integer("calls", 16, "decode_chunk calls per timed loop.", lower_bound=1)
 _REPETITIONS = flags.DEFINE_integer("repetitions", 7, "Timed runs of every loop (median used).",
                                     lower_bound=1)
@@ -114,10 +110,10 @@ def _round1_loop(model, params: dict, encoded, tokens: jax.Array, start: jax.Arr
   return jax.lax.fori_loop(0, calls, body, (cache, jnp.zeros((), jnp.float32)))[1]
 
 
-def _loops(name: str, round1: ModuleType, inputs: jax.Array, cache_len: int, position: int
-           ) -> dict[tuple[str, int], callable]:
+def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int,
+           position: int) -> dict[tuple[str, int], callable]:
   """(path, k) -> a function of no arguments running one timed loop."""
-  cfg, params = load_hf_checkpoint(os.path.join(_MODELS_DIR.value, name))
+  cfg, params = load_hf_checkpoint(model_dir)
   params = jax.device_put(params)
   old_cfg = round1.T5Config(**{k: getattr(cfg, k) for k in round1.T5Config.__dataclass_fields__})
   old = round1.T5Model(old_cfg)
@@ -138,16 +134,23 @@ def _loops(name: str, round1: ModuleType, inputs: jax.Array, cache_len: int, pos
   return loops
 
 
-def measure() -> tuple[list[dict], dict]:
-  """Times every (model, path, cores, k); returns the rows and the guard's record."""
+def measure(shared: settings.Settings) -> tuple[list[dict], dict]:
+  """Times every (model, path, cores, k); returns the rows and the guard's record.
+
+  Args:
+    shared: the models directory, the encoder length and the generation length (the
+      cache has max_decode_len + max_k positions, chunks are scored at
+      max_decode_len // 2).
+  """
   round1 = load_round1_models(_ROUND1_REF.value)
   rng = np.random.RandomState(0)
-  inputs = jnp.asarray(rng.randint(5, 8000, (1, _INPUT_LEN.value)), jnp.int32)
-  cache_len = _MAX_DECODE_LEN.value + _MAX_K.value
-  position = _MAX_DECODE_LEN.value // 2
+  inputs = jnp.asarray(rng.randint(5, 8000, (1, shared.input_len)), jnp.int32)
+  cache_len = shared.max_decode_len + _MAX_K.value
+  position = shared.max_decode_len // 2
   loops = {}
   for name in _MODELS.value:
-    for key, fn in _loops(name, round1, inputs, cache_len, position).items():
+    for key, fn in _loops(shared.checkpoint_dir(name), round1, inputs, cache_len,
+                          position).items():
       loops[(name,) + key] = fn
   times: dict[tuple, list[float]] = {}
   first: dict[tuple, float] = {}
@@ -175,7 +178,7 @@ def measure() -> tuple[list[dict], dict]:
         "seconds": per_call, "ratio_to_step": per_call / step,
         "times_s": ts, "calls": _CALLS.value, "repetitions": _REPETITIONS.value,
         "compile_s": max(first[(name, path, k)] - statistics.median(ts), 0.0),
-        "input_len": _INPUT_LEN.value, "cache_len": cache_len, "position": position,
+        "input_len": shared.input_len, "cache_len": cache_len, "position": position,
         "round1_ref": _ROUND1_REF.value, "idle_check": record, "environment": environment,
         "date": date})
   return rows, record
@@ -205,7 +208,8 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
   start = time.perf_counter()
-  rows, record = measure()
+  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
+  rows, record = measure(shared)
   out = _OUTPUT_DIR.value
   atomic_io.atomic_write_text(os.path.join(out, "results.jsonl"),
                               "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
@@ -223,4 +227,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=gin_flags.parse_flags)

@@ -8,8 +8,10 @@ own inside jitted loops (`benchmarking.draft_token_time`,
 `speculative_sample` (its total minus both encoders, over its loop iterations).
 The remainder is the loop's overhead. Calls are interleaved and medians taken.
 
-  python -m experiments.benchmark_loop_overhead --gammas=3,5 \
+  python -m experiments.benchmark_loop_overhead --gammas=3,5 --gin.Settings.input_len=32 \
       --output=results/loop_overhead/results.json
+
+The generation and input lengths are the shared `Settings` (gin).
 
 Random-init models of the given shapes by default; `--target_dir` / `--draft_dir`
 time HF-format checkpoints instead (e.g. assets/models/target and
@@ -33,6 +35,7 @@ from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.decoding.drafts import T5Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.experiment import gin_flags, settings
 from specdec_jax.models import T5Model, get_config
 
 _TARGET = flags.DEFINE_string("target_config", "t5-v1_1-small", "Named config of the target.")
@@ -48,8 +51,6 @@ _VOCAB = flags.DEFINE_integer("vocab_size", 8192, "Vocabulary of both models (pr
                               ">= 2).", lower_bound=3)
 _GAMMAS = flags.DEFINE_list("gammas", ["3", "5"], "Proposals per iteration to measure.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")
-_MAX_LEN = flags.DEFINE_integer("max_decode_len", 64, "Tokens per generation.", lower_bound=1)
-_INPUT_LEN = flags.DEFINE_integer("input_len", 32, "Encoder tokens.", lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Interleaved timed repetitions.", lower_bound=1)
 flags.register_validator("gammas", lambda gammas: bool(gammas) and all(
     g.isdecimal() and int(g) >= 1 for g in gammas), "--gammas must list ints >= 1, e.g. 3,5.")
@@ -84,10 +85,9 @@ def _models() -> tuple[T5Model, dict, T5Draft]:
 
 
 def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Array,
-                  gamma: int) -> dict:
+                  gamma: int, max_len: int) -> dict:
   """Times one gamma: iteration, its parts, and the remainder (the loop's overhead)."""
   warp = Warp(_TEMPERATURE.value)
-  max_len = _MAX_LEN.value
   cache_len = max_len + gamma + 1
   position = max_len // 2  # Attention spans the cache either way; a typical length.
   # eos_id = pad id 0 is never the argmax of these models in practice (random ones,
@@ -128,13 +128,14 @@ def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Arr
 
 def main(argv: Sequence[str]) -> None:
   del argv
+  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   target, params, draft = _models()
   inputs = jnp.asarray(np.random.RandomState(0).randint(
-      2, target.config.vocab_size, size=(1, _INPUT_LEN.value)), jnp.int32)
+      2, target.config.vocab_size, size=(1, shared.input_len)), jnp.int32)
   rows = []
   for gamma in (int(g) for g in _GAMMAS.value):
     with contention.quiet(f"benchmark_loop_overhead gamma={gamma}") as guard:
-      row = measure_gamma(target, params, draft, inputs, gamma)
+      row = measure_gamma(target, params, draft, inputs, gamma, shared.max_decode_len)
     rows.append({**row, "idle_check": guard.record()})
     print(f"gamma={gamma}: iteration {row['iteration_ms']:.2f} ms = draft "
           f"{row['draft_propose_ms']:.2f} + verify {row['target_verify_ms']:.2f} + loop "
@@ -145,7 +146,7 @@ def main(argv: Sequence[str]) -> None:
       "draft": _DRAFT_DIR.value or {"d_model": _DRAFT_D_MODEL.value,
                                     "layers": _DRAFT_LAYERS.value},
       "vocab_size": target.config.vocab_size, "batch": 1, "temperature": _TEMPERATURE.value,
-      "max_decode_len": _MAX_LEN.value, "input_len": _INPUT_LEN.value,
+      "max_decode_len": shared.max_decode_len, "input_len": shared.input_len,
       "repeats": _REPEATS.value, "rows": rows, "environment": benchmarking.environment(),
   }
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
@@ -154,4 +155,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=gin_flags.parse_flags)

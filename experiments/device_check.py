@@ -9,7 +9,7 @@ flax imports): no gin, seqio, TensorFlow or torch, no network, no install
   bash experiments/device_check.sh OUT_DIR          # the full check, < 8 min on one H200
   PYTHONPATH=. python -m experiments.device_check --output_dir=OUT_DIR [--smoke]
 
-Inputs are the first En-De test prompts (`experiments.prompts`: the committed
+Inputs are the first En-De test prompts (`specdec_jax.experiment.prompts`: the committed
 `assets/prompts/ende_test.jsonl` when `data_cache/` is absent), tokenized with
 the committed SentencePiece model; the models are the shipped family
 (`assets/models/`). Sections, in order, each a kind of row (`section`):
@@ -56,11 +56,10 @@ import datetime
 import functools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import flax
@@ -70,21 +69,21 @@ import jaxlib
 import numpy as np
 import sentencepiece as spm
 
-from experiments import prompts
-from specdec_jax import atomic_io, benchmarking, checkpoints, theory
+from specdec_jax import atomic_io, benchmarking, checkpoints, stats, theory
 from specdec_jax.data import layout
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import Draft, make_draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.experiment import prompts
 from specdec_jax.models import PreparedParams, T5Config, T5Model
 from specdec_jax.models.shared_encoder import SharedEncoderModel
 
 Array = jax.Array
 
-# The shipped drafts (experiments.family.DRAFTS, which imports gin), in the
-# order measured: the quickstart's draft first, the round-2 drafts that agree with the
-# target next (the shared-encoder one, the one distilled on the target's outputs).
+# The shipped drafts (`specdec_jax.experiment.family.DRAFTS`), in the order measured:
+# the quickstart's draft first, the round-2 drafts that agree with the target next (the
+# shared-encoder one, the one distilled on the target's outputs).
 DRAFTS = ("draft_small", "draft_shared_enc", "draft_small_kd", "draft_distilled", "draft_base",
           "draft_large")
 TASK = "ende"
@@ -242,8 +241,7 @@ def environment_row(settings: Settings, mode: str, prompts_source: str, models_d
 def load_prompts(settings: Settings) -> tuple[np.ndarray, str]:
   """int32 `[num_examples, input_len]` tokenized En-De test inputs, and their file."""
   pairs, source = prompts.load_examples(TASK, prompts.PROMPTS_SPLIT, settings.num_examples)
-  vocab = os.path.join(layout.ASSETS_DIR, "vocab", f"{layout.VOCAB_NAME}.model")
-  processor = spm.SentencePieceProcessor(model_file=vocab)
+  processor = spm.SentencePieceProcessor(model_file=prompts.VOCAB_PATH)
   return prompts.tokenize(processor, [x for x, _ in pairs], settings.input_len), source
 
 
@@ -404,64 +402,7 @@ def check_cache_length(rec: Recorder, settings: Settings, target: T5Model,
           f"{1e3 * long_step.seconds:.3f} ms ({ratio:.2f}X; bytes read {bytes_ratio:.2f}X)")
 
 
-# --- Baseline vs speculative ------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class DecoderTiming:
-  """Wall-clock seconds of one decoder over all batches.
-
-  Attributes:
-    first_s: the first call (batch 0; includes compilation).
-    totals_s: per repetition, the total over all batches.
-    batch0_s: per repetition, the call of batch 0.
-  """
-
-  first_s: float
-  totals_s: tuple[float, ...]
-  batch0_s: tuple[float, ...]
-
-  @property
-  def median_s(self) -> float:
-    return statistics.median(self.totals_s)
-
-  @property
-  def compile_s(self) -> float:
-    return max(self.first_s - statistics.median(self.batch0_s), 0.0)
-
-
-def time_decoders(decoders: dict[str, Callable[[int], Any]], num_batches: int,
-                  repetitions: int) -> tuple[dict[str, DecoderTiming], dict[str, list]]:
-  """Runs every decoder over every batch, interleaved (order alternating per batch and pass).
-
-  Args:
-    decoders: name -> function of a batch index returning the decoder's output.
-    num_batches: batches per pass.
-    repetitions: timed passes.
-
-  Returns:
-    The timings, and the first pass's outputs (fetched to the host) per decoder.
-  """
-  first = {name: benchmarking.timed(lambda fn=fn: fn(0))[0] for name, fn in decoders.items()}
-  totals: dict[str, list[float]] = {name: [] for name in decoders}
-  batch0: dict[str, list[float]] = {name: [] for name in decoders}
-  outputs: dict[str, list] = {name: [] for name in decoders}
-  for rep in range(repetitions):
-    rep_s = dict.fromkeys(decoders, 0.0)
-    for i in range(num_batches):
-      order = list(decoders) if (rep + i) % 2 == 0 else list(decoders)[::-1]
-      for name in order:
-        seconds, out = benchmarking.timed(lambda fn=decoders[name], i=i: fn(i))
-        rep_s[name] += seconds
-        if i == 0:
-          batch0[name].append(seconds)
-        if rep == 0:
-          outputs[name].append(jax.device_get(out))
-    for name in decoders:
-      totals[name].append(rep_s[name])
-  timings = {name: DecoderTiming(first[name], tuple(totals[name]), tuple(batch0[name]))
-             for name in decoders}
-  return timings, outputs
+# --- Baseline vs speculative (`benchmarking.time_interleaved`) ------------------------------
 
 
 def greedy_mismatches(baseline: Sequence[Any],
@@ -485,27 +426,18 @@ def greedy_mismatches(baseline: Sequence[Any],
   return count, first
 
 
-def speculative_counts(outputs: Sequence[Any]) -> dict[str, np.ndarray]:
-  """The speculative counters of fetched outputs, summed over rows and batches."""
-  fields = ("iterations", "tokens", "accepted_histogram", "accepted", "rejections", "beta_sum",
-            "beta_count")
-  return {f: np.sum([np.sum(getattr(o.stats, f), axis=0) for o in outputs], axis=0)
-          for f in fields}
-
-
-def decode_row(settings: Settings, point: Point, timings: dict[str, DecoderTiming],
+def decode_row(settings: Settings, point: Point, timings: dict[str, benchmarking.DecoderTiming],
                outputs: dict[str, list], draft_cost: benchmarking.StepTimes,
                t_chunk: dict[int, float]) -> dict:
   """The `decode` row of one point from its measurements."""
   tokens = {name: int(sum(int(np.sum(o.lengths)) for o in outs))
             for name, outs in outputs.items()}
   ms_per_token = {name: 1e3 * timings[name].median_s / max(tokens[name], 1) for name in timings}
-  counts = speculative_counts(outputs["speculative"])
-  accepted, rejections = int(counts["accepted"]), int(counts["rejections"])
-  alpha_beta = float(np.clip(counts["beta_sum"] / max(int(counts["beta_count"]), 1), 0.0, 1.0))
+  pooled = stats.Pooled.of(outputs["speculative"])
+  alpha_beta = pooled.alpha_beta()
   t_step = t_chunk[1]
   cost_model = theory.CostModel(t_step, draft_cost.seconds, t_chunk)
-  c = draft_cost.seconds / t_step
+  c = stats.draft_cost(draft_cost.seconds, t_step)
   greedy = point.temperature == 0
   mismatched, first_difference = greedy_mismatches(outputs["baseline"], outputs["speculative"])
   return {
@@ -520,11 +452,11 @@ def decode_row(settings: Settings, point: Point, timings: dict[str, DecoderTimin
       **{f"{name}_ms_per_token": ms for name, ms in ms_per_token.items()},
       "speedup_measured": ms_per_token["baseline"] / ms_per_token["speculative"],
       "speedup_walltime_ratio": timings["baseline"].median_s / timings["speculative"].median_s,
-      "alpha_empirical": accepted / max(accepted + rejections, 1),
-      "alpha_beta": alpha_beta, "accepted": accepted, "rejections": rejections,
-      "iterations": int(counts["iterations"]),
-      "tokens_per_iteration": int(counts["tokens"]) / max(int(counts["iterations"]), 1),
-      "accepted_histogram": counts["accepted_histogram"].astype(int).tolist(),
+      "alpha_empirical": pooled.alpha_empirical(),
+      "alpha_beta": alpha_beta, "accepted": int(pooled["accepted"]),
+      "rejections": int(pooled["rejections"]), "iterations": int(pooled["iterations"]),
+      "tokens_per_iteration": pooled.tokens_per_call(),
+      "accepted_histogram": pooled["accepted_histogram"].astype(int).tolist(),
       "t_target_step_s": t_step, "t_draft_token_s": draft_cost.seconds, "c": c,
       "draft_timing_compile_s": draft_cost.compile_s,
       "speedup_predicted_thm38": float(theory.walltime_improvement(alpha_beta, settings.gamma, c)),
@@ -555,7 +487,7 @@ def measure_point(settings: Settings, point: Point, target: T5Model, params: Pre
       "baseline": lambda i: temperature_sample(target, params, batches[i], rng=rngs[i], **kwargs),
       "speculative": lambda i: speculative_sample(target, params, draft, batches[i],
                                                   gamma=settings.gamma, rng=rngs[i], **kwargs)}
-  timings, outputs = time_decoders(decoders, len(batches), settings.repetitions)
+  timings, outputs = benchmarking.time_interleaved(decoders, len(batches), settings.repetitions)
   draft_cost = benchmarking.draft_token_time(
       draft, batches[0], gamma=settings.gamma, warp=Warp(point.temperature),
       cache_len=settings.max_decode_len + settings.gamma + 1,

@@ -41,15 +41,15 @@ import sentencepiece as spm
 import tqdm
 from absl import app, flags, logging
 
-from experiments import prompts
 from specdec_jax import atomic_io, contention
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import corpora, distill, layout
 from specdec_jax.decoding.baseline import temperature_sample
+from specdec_jax.experiment import prompts
 from specdec_jax.models import T5Config, T5Model
 
 DEFAULT_TEACHER = os.path.join(layout.ASSETS_DIR, "models", "target")
-DEFAULT_VOCAB = layout.vocab_file(os.path.join(layout.ASSETS_DIR, "vocab"))
+DEFAULT_VOCAB = prompts.VOCAB_PATH
 LOCK = ".distill.lock"
 
 # The command's flags live in their own namespace: its names (tasks, seed, data_dir, ...)

@@ -20,17 +20,20 @@ import numpy as np
 from absl import app, flags
 from safetensors.numpy import load_file, save_file
 
-from experiments import family
 from specdec_jax.data import layout
+from specdec_jax.experiment import family
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoints_dir", os.path.join(layout.REPO_ROOT, "checkpoints"),
-                    "Where experiments/train_family.sh trained the family.")
-flags.DEFINE_string("out_dir", os.path.join(layout.ASSETS_DIR, "models"), "Output root.")
-flags.DEFINE_string("alpha_json", None, "Measured alphas vs the target (optional).")
+_CHECKPOINTS_DIR = flags.DEFINE_string(
+    "checkpoints_dir", os.path.join(layout.REPO_ROOT, "checkpoints"),
+    "Where experiments/train_family.sh trained the family.")
+_OUT_DIR = flags.DEFINE_string("out_dir", os.path.join(layout.ASSETS_DIR, "models"),
+                               "Output root.")
+_ALPHA_JSON = flags.DEFINE_string("alpha_json", None,
+                                  "Measured alphas vs the target (optional).")
 MAX_TOTAL_MB = 128.0  # The issues' cap on the committed folder (MB = 10^6 bytes).
-flags.DEFINE_list("names", list(family.FAMILY), "Runs to export.")
-flags.DEFINE_float("max_total_mb", MAX_TOTAL_MB, "Fail if the shipped family is larger.")
+_NAMES = flags.DEFINE_list("names", list(family.FAMILY), "Runs to export.")
+_MAX_TOTAL_MB = flags.DEFINE_float("max_total_mb", MAX_TOTAL_MB,
+                                   "Fail if the shipped family is larger.")
 
 ROLES = {
     "target": "the target model (the large model whose outputs speculative decoding "
@@ -213,10 +216,10 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   alphas = None
-  if FLAGS.alpha_json:
-    with open(FLAGS.alpha_json) as f:
+  if _ALPHA_JSON.value:
+    with open(_ALPHA_JSON.value) as f:
       alphas = json.load(f)
-  export_family(FLAGS.checkpoints_dir, FLAGS.out_dir, FLAGS.names, alphas, FLAGS.max_total_mb)
+  export_family(_CHECKPOINTS_DIR.value, _OUT_DIR.value, _NAMES.value, alphas, _MAX_TOTAL_MB.value)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
 """Acceptance rates of the shipped drafts against the target on a whole test split.
 
-  python -m experiments.measure_alpha [--models_dir=assets/models] [--num_examples=N]
+  python -m experiments.measure_alpha [--num_examples=N] [--gin.Settings.gamma=3]
 
 For each draft, task and temperature this runs speculative sampling (no timing,
 no baseline) over the task's test examples in batches and pools the loop's
 counters: alpha as the mean of beta = sum_x min(p(x), q(x)) over verified
 positions (the paper's definition, section 3.1) and as the empirical S / (S + R),
-plus tokens per target call. The JSON it writes (atomically) is what
+plus tokens per target call (`specdec_jax.stats`). The shared settings (models
+directory, target, input and output lengths, gamma, seed) are `Settings`, bound
+in gin (`--gin_file`, `--gin.Settings.FIELD=VALUE`). The JSON it writes (atomically) is what
 `experiments.export_family --alpha_json` puts in the model cards:
 `{"<draft>": {"<task>": {"T=0": alpha, "T=1": alpha}}, "_details": {"<draft>": {...}}}`,
 with how each draft was measured (examples, gamma, lengths, environment, date)
@@ -21,13 +23,11 @@ import json
 import math
 import os
 
-import jax
 import numpy as np
 import sentencepiece as spm
 import tqdm
 from absl import app, flags
 
-from experiments import family, measure, prompts
 from specdec_jax import atomic_io, benchmarking
 from specdec_jax.checkpoints import (
     load_hf_checkpoint,
@@ -36,26 +36,17 @@ from specdec_jax.checkpoints import (
     load_model_config,
 )
 from specdec_jax.data import layout
-from specdec_jax.decoding.drafts import Draft, make_draft
-from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.decoding.drafts import make_draft
+from specdec_jax.experiment import family, gin_flags, measure, prompts, settings
 from specdec_jax.models import T5Model
 
-_MODELS_DIR = flags.DEFINE_string("models_dir", os.path.join(layout.ASSETS_DIR, "models"),
-                                  "Folder of HF-format models, one sub-folder per name.")
-_TARGET = flags.DEFINE_string("target", "target", "The target's sub-folder.")
 _DRAFTS = flags.DEFINE_list("drafts", list(family.DRAFTS), "The drafts' sub-folders.")
 _TASKS = flags.DEFINE_list("tasks", ["ende", "mansum"], "Tasks (their test splits).")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Sampling temperatures.")
-_GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per iteration.", lower_bound=1)
 _NUM_EXAMPLES = flags.DEFINE_integer(
     "num_examples", None, "Test examples per task at most, evenly spaced through the split "
     "(default: the whole split).", lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows decoded together.", lower_bound=1)
-_INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Encoder length (longer inputs are cut; "
-                                  "a token and EOS at least).", lower_bound=2)
-_MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Generated tokens at most.",
-                                       lower_bound=1)
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _OUTPUT = flags.DEFINE_string(
     "output", os.path.join(layout.REPO_ROOT, "results", "alpha", "alpha.json"),
     "The JSON written; drafts already in it and not measured now are kept.")
@@ -75,28 +66,6 @@ flags.register_validator("temperatures", _are_temperatures,
 flags.register_validator("tasks", lambda tasks: bool(tasks) and set(tasks) <= set(layout.CORPORA),
                          f"--tasks must list some of {sorted(layout.CORPORA)}.")
 flags.register_validator("drafts", bool, "--drafts must name at least one draft.")
-
-
-def pooled_alpha(target: T5Model, target_params: dict, draft: Draft, batches: list[np.ndarray],
-                 *, temperature: float, gamma: int, max_decode_len: int, seed: int
-                 ) -> dict[str, float]:
-  """Speculative sampling over `batches` (int32 `[b, input_len]` each); pooled counters.
-
-  Returns:
-    {"alpha_beta", "alpha_empirical", "tokens_per_iteration", "tokens"}.
-  """
-  outputs = [jax.device_get(speculative_sample(
-      target, target_params, draft, batch, gamma=gamma, max_decode_len=max_decode_len,
-      temperature=temperature, rng=jax.random.fold_in(jax.random.PRNGKey(seed), i)))
-      for i, batch in enumerate(batches)]
-  totals = {k: float(v) for k, v in measure.sum_stats(outputs).items()
-            if k != "accepted_histogram"}
-  return {
-      "alpha_beta": totals["beta_sum"] / max(totals["beta_count"], 1.0),
-      "alpha_empirical": totals["accepted"] / max(totals["accepted"] + totals["rejections"], 1.0),
-      "tokens_per_iteration": totals["tokens"] / max(totals["iterations"], 1.0),
-      "tokens": int(totals["tokens"]),
-  }
 
 
 def spread(items: list, count: int | None) -> list:
@@ -129,34 +98,35 @@ def merge_alphas(old: dict, new: dict) -> dict:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
+  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   temperatures = [float(t) for t in _TEMPERATURES.value]
   # Every config is checked before any weights load.
-  target_vocab = load_hf_config(os.path.join(_MODELS_DIR.value, _TARGET.value)).vocab_size
+  target_vocab = load_hf_config(shared.checkpoint_dir(shared.target)).vocab_size
   for name in _DRAFTS.value:
-    vocab = load_model_config(os.path.join(_MODELS_DIR.value, name)).vocab_size
+    vocab = load_model_config(shared.checkpoint_dir(name)).vocab_size
     if vocab != target_vocab:
       raise app.UsageError(f"--drafts: {name} has vocab_size {vocab}, the target "
                            f"{target_vocab}; a draft must share the target's vocabulary.")
-  target_cfg, target_params = load_hf_checkpoint(os.path.join(_MODELS_DIR.value, _TARGET.value))
+  target_cfg, target_params = load_hf_checkpoint(shared.checkpoint_dir(shared.target))
   target = T5Model(target_cfg)
   processor = spm.SentencePieceProcessor(
-      model_file=os.path.join(_MODELS_DIR.value, _TARGET.value, "spiece.model"))
+      model_file=os.path.join(shared.checkpoint_dir(shared.target), "spiece.model"))
   examples, split_sizes = {}, {}
   for task in _TASKS.value:
     pairs = prompts.load_examples(task, "test", None)[0]
     split_sizes[task] = len(pairs)
     pairs = spread(pairs, _NUM_EXAMPLES.value)
     examples[task] = _batches(prompts.tokenize(processor, [x for x, _ in pairs],
-                                               _INPUT_LEN.value), _BATCH_SIZE.value)
+                                               shared.input_len), _BATCH_SIZE.value)
   alphas, by_run = {}, {}
   jobs = [(d, t, temp) for d in _DRAFTS.value for t in _TASKS.value for temp in temperatures]
   drafts = {}
   for name, task, temperature in tqdm.tqdm(jobs, unit="run"):
     if name not in drafts:
-      drafts[name] = make_draft(*load_model(os.path.join(_MODELS_DIR.value, name)))
-    got = pooled_alpha(target, target_params, drafts[name], examples[task],
-                       temperature=temperature, gamma=_GAMMA.value,
-                       max_decode_len=_MAX_DECODE_LEN.value, seed=_SEED.value)
+      drafts[name] = make_draft(*load_model(shared.checkpoint_dir(name)))
+    got = measure.pooled_alpha(target, target_params, drafts[name], examples[task],
+                       temperature=temperature, gamma=shared.gamma,
+                       max_decode_len=shared.max_decode_len, seed=shared.seed)
     key = f"T={temperature:g}"
     alphas.setdefault(name, {}).setdefault(task, {})[key] = round(got["alpha_beta"], 4)
     by_run.setdefault(name, {}).setdefault(task, {})[key] = got
@@ -165,11 +135,11 @@ def main(argv: list[str]) -> None:
                     "tokens/call")
   how = {
       "estimator": "mean beta over verified positions (paper, section 3.1)",
-      "gamma": _GAMMA.value, "batch_size": _BATCH_SIZE.value, "seed": _SEED.value,
+      "gamma": shared.gamma, "batch_size": _BATCH_SIZE.value, "seed": shared.seed,
       "examples": {t: int(sum(len(b) for b in examples[t])) for t in examples},
       "split_examples": split_sizes,
-      "input_len": _INPUT_LEN.value, "max_decode_len": _MAX_DECODE_LEN.value,
-      "models_dir": os.path.relpath(_MODELS_DIR.value, layout.REPO_ROOT),
+      "input_len": shared.input_len, "max_decode_len": shared.max_decode_len,
+      "models_dir": os.path.relpath(shared.models_dir, layout.REPO_ROOT),
       "environment": benchmarking.environment(),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
   }
@@ -182,4 +152,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=gin_flags.parse_flags)

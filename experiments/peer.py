@@ -1,7 +1,7 @@
 """Our decoders side by side with HuggingFace transformers, on the same weights and prompts.
 
-  python -m experiments.peer [--models_dir=assets/models] [--target=target] \
-      [--draft=draft_small] [--task=ende] [--gamma=3] [--num_examples=4]
+  python -m experiments.peer [--draft=draft_small] [--task=ende] [--num_examples=4] \
+      [--gin.Settings.gamma=3] [--gin.Settings.models_dir="'assets/models'"]
 
 At batch 1 and temperature 0, four decoders generate for the same prompts:
 our `temperature_sample` and `speculative_sample`, and transformers' greedy
@@ -9,7 +9,9 @@ our `temperature_sample` and `speculative_sample`, and transformers' greedy
 `num_assistant_tokens=gamma`, no confidence cut-off, so it always drafts gamma
 tokens like ours). All four must produce identical tokens (reported, and the
 run fails if not). Calls rotate their order per prompt and repetition; first
-calls (compilation / warm-up) are reported apart. Writes
+calls (compilation / warm-up) are reported apart (`benchmarking.time_interleaved`).
+The models directory, target, lengths and gamma are the shared `Settings`
+(gin). Writes
 `<output_dir>/peer_<target>_<draft>_<task>_g<gamma>.json` atomically.
 """
 
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import statistics
 from collections.abc import Callable
 
 import jax
@@ -28,34 +29,24 @@ import torch
 import transformers
 from absl import app, flags
 
-from experiments import prompts
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
 from specdec_jax.data import layout
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import T5Draft
 from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.experiment import gin_flags, prompts, settings
 from specdec_jax.models import T5Model
 
-_MODELS_DIR = flags.DEFINE_string("models_dir", os.path.join("assets", "models"),
-                                  "Directory of the HF-format checkpoints.")
-_TARGET = flags.DEFINE_string("target", "target", "Target checkpoint (in --models_dir).")
-_DRAFT = flags.DEFINE_string("draft", "draft_small", "Draft checkpoint (in --models_dir).")
+_DRAFT = flags.DEFINE_string("draft", "draft_small", "Draft checkpoint (in Settings.models_dir).")
 _TASK = flags.DEFINE_enum("task", "ende", sorted(layout.CORPORA), "Corpus of the prompts.")
 _NUM = flags.DEFINE_integer("num_examples", 4, "Prompts (the split's first ones).",
                             lower_bound=1)
-_GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per target call, for both sides.",
-                              lower_bound=1)
-_MAX_LEN = flags.DEFINE_integer("max_decode_len", 64, "Most new tokens per prompt.",
-                                lower_bound=1)
-_INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Prompts are cut / padded to this length "
-                                  "(a token and EOS at least).", lower_bound=2)
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed passes over the prompts.", lower_bound=1)
 _THREADS = flags.DEFINE_integer("threads", os.cpu_count(), "torch.set_num_threads.",
                                 lower_bound=1)
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", os.path.join("results", "peer"),
                                   "Where the JSON goes.")
-_VOCAB = os.path.join(layout.ASSETS_DIR, "vocab", f"{layout.VOCAB_NAME}.model")
 
 Decoder = Callable[[np.ndarray], list[int]]
 
@@ -107,52 +98,42 @@ def _decoders(target_dir: str, draft_dir: str, gamma: int, max_len: int) -> dict
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
+  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   torch.set_num_threads(_THREADS.value)
-  target_dir = os.path.join(_MODELS_DIR.value, _TARGET.value)
-  draft_dir = os.path.join(_MODELS_DIR.value, _DRAFT.value)
+  target_dir, draft_dir = shared.checkpoint_dir(shared.target), shared.checkpoint_dir(_DRAFT.value)
   # Both configs are checked before any weights load.
   target_vocab, draft_vocab = (load_hf_config(d).vocab_size for d in (target_dir, draft_dir))
   if draft_vocab != target_vocab:
     raise app.UsageError(f"--draft={_DRAFT.value} has a vocabulary of {draft_vocab}, "
-                         f"--target={_TARGET.value} of {target_vocab}; pick a draft that "
-                         "shares the target's vocabulary.")
-  decoders = _decoders(target_dir, draft_dir, _GAMMA.value, _MAX_LEN.value)
+                         f"Settings.target={shared.target} of {target_vocab}; pick a draft "
+                         "that shares the target's vocabulary.")
+  decoders = _decoders(target_dir, draft_dir, shared.gamma, shared.max_decode_len)
   pairs, source = prompts.load_examples(_TASK.value, "test", _NUM.value)
-  processor = spm.SentencePieceProcessor(model_file=_VOCAB)
-  inputs = prompts.tokenize(processor, [x for x, _ in pairs], _INPUT_LEN.value)[:, None]
+  processor = spm.SentencePieceProcessor(model_file=shared.vocab_path)
+  inputs = prompts.tokenize(processor, [x for x, _ in pairs], shared.input_len)[:, None]
 
   names = list(decoders)
   with contention.quiet("experiments.peer") as guard:
-    first_s = {n: benchmarking.timed(lambda fn=decoders[n]: fn(inputs[0]))[0] for n in names}
-    totals = {n: [] for n in names}
-    outputs: dict[str, list[list[int]]] = {n: [] for n in names}
-    for rep in range(_REPEATS.value):
-      rep_s = dict.fromkeys(names, 0.0)
-      for i, x in enumerate(inputs):
-        shift = (rep * len(inputs) + i) % len(names)
-        for n in names[shift:] + names[:shift]:
-          seconds, out = benchmarking.timed(lambda fn=decoders[n], x=x: fn(x))
-          rep_s[n] += seconds
-          if rep == 0:
-            outputs[n].append(out)
-      for n in names:
-        totals[n].append(rep_s[n])
+    timings, outputs = benchmarking.time_interleaved(
+        {n: lambda i, fn=decoders[n]: fn(inputs[i]) for n in names}, len(inputs),
+        _REPEATS.value, fetch=lambda out: out)
 
   reference = outputs["ours_baseline"]
   mismatches = [{"prompt": i, **{n: outputs[n][i] for n in names}}
                 for i in range(len(inputs)) if any(outputs[n][i] != reference[i] for n in names)]
   tokens = sum(len(t) for t in reference)
-  tokens_per_s = {n: tokens / statistics.median(totals[n]) for n in names}
+  tokens_per_s = {n: tokens / timings[n].median_s for n in names}
+  first_s = {n: timings[n].first_s for n in names}
   result = {
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "target": target_dir, "draft": draft_dir, "task": _TASK.value, "prompts_file": source,
-      "num_examples": len(inputs), "gamma": _GAMMA.value, "max_decode_len": _MAX_LEN.value,
-      "input_len": _INPUT_LEN.value, "batch_size": 1, "repeats": _REPEATS.value,
+      "num_examples": len(inputs), "gamma": shared.gamma, "max_decode_len": shared.max_decode_len,
+      "input_len": shared.input_len, "batch_size": 1, "repeats": _REPEATS.value,
       "tokens": tokens,
       "identical": not mismatches,
       "mismatches": mismatches,
       "tokens_per_s": tokens_per_s,
-      "seconds": totals,
+      "seconds": {n: list(timings[n].totals_s) for n in names},
       "first_call_s": first_s,
       "ratio_ours_over_theirs": {
           "greedy": tokens_per_s["ours_baseline"] / tokens_per_s["hf_greedy"],
@@ -165,8 +146,8 @@ def main(argv: list[str]) -> None:
       "environment": benchmarking.environment(),
       "idle_check": guard.record(),
   }
-  path = os.path.join(_OUTPUT_DIR.value, f"peer_{_TARGET.value}_{_DRAFT.value}_{_TASK.value}"
-                                         f"_g{_GAMMA.value}.json")
+  path = os.path.join(_OUTPUT_DIR.value, f"peer_{shared.target}_{_DRAFT.value}_{_TASK.value}"
+                                         f"_g{shared.gamma}.json")
   atomic_io.write_json(path, result)
   for n in names:
     print(f"{n:<18}{tokens_per_s[n]:>10.1f} tokens/s   first call {first_s[n]:.1f} s")
@@ -179,4 +160,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=gin_flags.parse_flags)

@@ -9,9 +9,11 @@ their output shape, attention dots, cache updates, ...) and reported in
 microseconds per call. The profiler's own per-op cost inflates small ops, so the
 table gives shares as well as the untraced per-call time measured beside it.
 Also times the per-example work outside the loop: both encoders at input lengths
-16..128 (inputs are padded to `--input_len`).
+16..128 (inputs are padded to `Settings.input_len`).
 
   python -m experiments.profile_decode [--output_dir=results/profile]
+
+The models directory, gamma and the lengths are the shared `Settings` (gin).
 
 Writes `profile.json` and `profile.md`.
 """
@@ -41,15 +43,12 @@ from specdec_jax import atomic_io, benchmarking, contention  # noqa: E402
 from specdec_jax.checkpoints import load_hf_checkpoint  # noqa: E402
 from specdec_jax.decoding.drafts import T5Draft  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
+from specdec_jax.experiment import gin_flags, settings  # noqa: E402
 from specdec_jax.models import T5Model  # noqa: E402
 
-_MODELS_DIR = flags.DEFINE_string("models_dir", os.path.join("assets", "models"),
-                                  "The shipped family.")
 _DRAFT = flags.DEFINE_string("draft", "draft_small", "The draft whose proposals are profiled.")
-_GAMMA = flags.DEFINE_integer("gamma", 3, "Proposals per iteration.", lower_bound=1)
 _CALLS = flags.DEFINE_integer("calls", 32, "Calls per jitted loop.", lower_bound=1)
-_INPUT_LEN = flags.DEFINE_integer("input_len", 128, "Encoder positions.", lower_bound=16)
-_MAX_LEN = flags.DEFINE_integer("max_decode_len", 64, "Generation length.", lower_bound=2)
+ENCODER_LENGTHS = (16, 32, 64, 128)  # Encoders timed at these input lengths (cut to input_len).
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", os.path.join("results", "profile"),
                                   "Where profile.json and profile.md go.")
 
@@ -106,16 +105,21 @@ def _untraced_us(fn, calls: int, repeats: int = 7) -> float:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
-  cfg, params = load_hf_checkpoint(os.path.join(_MODELS_DIR.value, "target"))
+  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
+  if shared.input_len < ENCODER_LENGTHS[0] or shared.max_decode_len < 2:
+    raise app.UsageError(f"Settings.input_len={shared.input_len} must be >= "
+                         f"{ENCODER_LENGTHS[0]} and Settings.max_decode_len="
+                         f"{shared.max_decode_len} >= 2.")
+  cfg, params = load_hf_checkpoint(shared.checkpoint_dir(shared.target))
   target = T5Model(cfg)
   prepared = target.prepare(jax.device_put(params))
-  dcfg, dparams = load_hf_checkpoint(os.path.join(_MODELS_DIR.value, _DRAFT.value))
+  dcfg, dparams = load_hf_checkpoint(shared.checkpoint_dir(_DRAFT.value))
   draft_model = T5Model(dcfg)
   draft = T5Draft(draft_model, draft_model.prepare(jax.device_put(dparams)))
   rng = np.random.RandomState(0)
-  inputs = jnp.asarray(rng.randint(5, 8000, (1, _INPUT_LEN.value)), jnp.int32)
-  gamma, calls = _GAMMA.value, _CALLS.value
-  cache_len, position = _MAX_LEN.value + gamma + 1, _MAX_LEN.value // 2
+  inputs = jnp.asarray(rng.randint(5, 8000, (1, shared.input_len)), jnp.int32)
+  gamma, calls = shared.gamma, _CALLS.value
+  cache_len, position = shared.max_decode_len + gamma + 1, shared.max_decode_len // 2
   encoded = target.encode(prepared, inputs)
   start = jnp.full((1,), position, jnp.int32)
   programs = {}
@@ -138,14 +142,14 @@ def main(argv: list[str]) -> None:
   ).compile().as_text()
   programs[f"{_DRAFT.value}, {gamma} proposals per call"] = (fn, hlo, calls)
 
-  result = {"gamma": gamma, "input_len": _INPUT_LEN.value, "programs": {}, "encoders_ms": {}}
+  result = {"gamma": gamma, "input_len": shared.input_len, "programs": {}, "encoders_ms": {}}
   with contention.quiet("experiments.profile_decode") as guard:
     for name, (fn, hlo, n) in programs.items():
       untraced = _untraced_us(fn, n)
       categories = _trace(fn, n, hlo)
       result["programs"][name] = {"untraced_us_per_call": untraced,
                                   "traced_us_per_call_by_category": categories}
-    for length in (16, 32, 64, 128):
+    for length in ENCODER_LENGTHS:
       x = inputs[:, :length]
       for model_name, model, p in (("target", target, prepared),
                                    (_DRAFT.value, draft_model, draft.params)):
@@ -167,7 +171,7 @@ def main(argv: list[str]) -> None:
     lines += [f"| {c} | {us:.0f} | {100 * us / traced:.0f}% |"
               for c, us in prog["traced_us_per_call_by_category"].items() if us >= 0.5]
   lines += ["\n## Encoders, once per example (ms), by input length\n",
-            "| model | " + " | ".join(str(n) for n in (16, 32, 64, 128)) + " |",
+            "| model | " + " | ".join(str(n) for n in ENCODER_LENGTHS) + " |",
             "|---|---|---|---|---|"]
   for model_name, by_len in result["encoders_ms"].items():
     lines.append(f"| {model_name} | " + " | ".join(f"{v:.2f}" for v in by_len.values()) + " |")
@@ -178,4 +182,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=gin_flags.parse_flags)

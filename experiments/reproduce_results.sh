@@ -26,11 +26,11 @@ for step in $STEPS; do
     decode_step) python -m experiments.benchmark_decode_step ;;
     peer)
       for gamma in 3 1; do
-        python -m experiments.peer --num_examples=8 --repeats=3 --gamma="$gamma"
+        python -m experiments.peer --num_examples=8 --repeats=3 --gin.Settings.gamma="$gamma"
       done ;;
     loop_overhead)
       python -m experiments.benchmark_loop_overhead --target_dir=assets/models/target \
-        --draft_dir=assets/models/draft_small --gammas=1,3,5 --input_len=128 \
+        --draft_dir=assets/models/draft_small --gammas=1,3,5 \
         --output=results/loop_overhead/family.json ;;
     analyze) python -m experiments.analyze ;;
     *) python -m experiments.run --gin_file="gin_configs/$step.gin" --output_dir="results/$step" ;;

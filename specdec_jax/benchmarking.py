@@ -1,9 +1,14 @@
-"""Timing utilities: wall-clock medians, per-call step times, and the environment record.
+"""The timing harness: compared decoders interleaved, per-call step times, the environment.
 
-Step times feed `theory.CostModel`. Each is measured as the per-call time of a
-jitted `lax.fori_loop` over `calls` calls, so Python dispatch and host
-round-trips are excluded, as they are inside the decoders' while loops. The
-first call of every compiled program is timed apart (compilation).
+Every timing in the project goes through here. Decoders that are compared
+(baseline against speculative, ours against transformers') are timed by
+`time_interleaved`: the first call of each is timed apart (compilation), then
+every pass calls all of them on every batch in an order rotated per batch and
+pass, so background load hits all alike, and medians over passes are taken.
+Step times feed `theory.CostModel`; each is the per-call time of a jitted
+`lax.fori_loop` over `calls` calls, so Python dispatch and host round-trips are
+excluded, as they are inside the decoders' while loops. The machine must be
+quiet meanwhile: callers wrap timings in `specdec_jax.contention.quiet`.
 No TensorFlow.
 """
 
@@ -72,6 +77,89 @@ def time_calls(fn: Callable[[], Any], repeats: int) -> Timing:
     raise ValueError(f"repeats must be >= 1 (timed calls after the first), got {repeats}.")
   first_s, _ = timed(fn)
   return Timing(first_s, tuple(timed(fn)[0] for _ in range(repeats)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderTiming:
+  """Wall-clock times of one decoder in `time_interleaved`.
+
+  Attributes:
+    first_s: its first call, on batch 0 (compilation included).
+    calls_s: `[pass][batch]` seconds of every later call.
+  """
+
+  first_s: float
+  calls_s: tuple[tuple[float, ...], ...]
+
+  @property
+  def totals_s(self) -> tuple[float, ...]:
+    """Per pass, the seconds of all its batches."""
+    return tuple(sum(calls) for calls in self.calls_s)
+
+  @property
+  def median_s(self) -> float:
+    """The median over passes of the total over all batches."""
+    return statistics.median(self.totals_s)
+
+  @property
+  def compile_s(self) -> float:
+    """First call minus the median later call on the same batch (batch 0)."""
+    return max(self.first_s - statistics.median(calls[0] for calls in self.calls_s), 0.0)
+
+
+def rotated(names: Sequence[str], shift: int) -> list[str]:
+  """`names` rotated left by `shift` (two names: reversed every other shift)."""
+  shift %= len(names)
+  return list(names[shift:]) + list(names[:shift])
+
+
+def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int,
+                     passes: int, *, fetch: Callable[[Any], Any] = jax.device_get,
+                     check: Callable[[int, dict[str, Any]], None] | None = None
+                     ) -> tuple[dict[str, DecoderTiming], dict[str, list]]:
+  """Times decoders against each other over the same batches.
+
+  Each decoder's first call (on batch 0) is timed apart. Then, in each of
+  `passes` passes, every batch is decoded by every decoder, in the order of
+  `decoders` rotated by pass + batch (so each decoder goes first equally often
+  on every batch over passes). Outputs are fetched after their call's timing.
+
+  Args:
+    decoders: name -> function of a batch index returning the decoder's output
+      (any pytree; timed until ready).
+    num_batches: batches per pass.
+    passes: timed passes, >= 1.
+    fetch: brings one output to the host (default `jax.device_get`).
+    check: called after each batch of each pass with the batch index and
+      {name: fetched output}; raise in it to stop (e.g. greedy outputs that differ).
+
+  Returns:
+    {name: DecoderTiming}, and the first pass's fetched outputs per decoder (a
+    list over batches).
+  """
+  if passes < 1:
+    raise ValueError(f"passes must be >= 1, got {passes}.")
+  names = list(decoders)
+  first = {name: timed(lambda fn=fn: fn(0))[0] for name, fn in decoders.items()}
+  calls_s: dict[str, list[list[float]]] = {name: [] for name in names}
+  outputs: dict[str, list] = {name: [] for name in names}
+  for rep in range(passes):
+    for name in names:
+      calls_s[name].append([0.0] * num_batches)
+    for i in range(num_batches):
+      batch_out = {}
+      for name in rotated(names, rep + i):
+        seconds, out = timed(lambda fn=decoders[name], i=i: fn(i))
+        calls_s[name][rep][i] = seconds
+        batch_out[name] = fetch(out)
+      if rep == 0:
+        for name in names:
+          outputs[name].append(batch_out[name])
+      if check is not None:
+        check(i, batch_out)
+  timings = {name: DecoderTiming(first[name], tuple(tuple(c) for c in calls_s[name]))
+             for name in names}
+  return timings, outputs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,13 +56,13 @@ def main(coordinator: str, num_processes: int, process_id: int, out_path: str,
   distributed.maybe_initialize(coordinator, num_processes, process_id, timeout_s=60)
   assert jax.process_count() == num_processes and jax.device_count() == 2 * num_processes
   if gin_file:
-    from experiments import run as runner
+    from specdec_jax.experiment import runner
     runner.run(runner.load_experiment([gin_file], []), out_path)
     return
   model, params = make_model("test-v1_1", 0, **CONFIG)
   mesh = partitioning.make_mesh(num_processes, 2)
   with jax.set_mesh(mesh):
-    outputs = decode_all(model, partitioning.shard_params(params, mesh),
+    outputs = decode_all(model, partitioning.shard_params(model, params, mesh),
                          partitioning.shard_batch(inputs_for_test(), mesh))
   gathered = {k: multihost_utils.process_allgather(v, tiled=True).tolist()
               for k, v in outputs.items()}

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from conftest import make_model
 
-from experiments import config, measure, results_io
-from experiments import run as runner
-from specdec_jax import benchmarking, theory
+from specdec_jax import auto_gamma, benchmarking, theory
 from specdec_jax.checkpoints import save_hf_checkpoint
-from specdec_jax.decoding import auto_gamma
 from specdec_jax.decoding.drafts import T5Draft
 from specdec_jax.decoding.speculative import SpeculativeStats
+from specdec_jax.experiment import measure, results_io, runner, settings
+
+# The module-scoped fixtures run once: every test of this file on one worker.
+pytestmark = pytest.mark.xdist_group("auto_gamma")
 
 VOCAB = 8192  # The committed SentencePiece model's size (the gin run tokenises with it).
 FLAT = {k: 1.0 for k in range(1, 12)}  # Free verification: the paper's Theorem 3.8.
@@ -216,11 +217,11 @@ def _gin(tmp_path, models_dir: str, gammas: str) -> str:
 
 def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, models_dir):
   exp = runner.load_experiment([_gin(tmp_path, models_dir, "['auto', 3]")], [])
-  points = config.plan(exp)
+  points = settings.plan(exp)
   assert [p.gamma for p in points] == ["auto", 3]
   assert points[0].key == ("ende", "draft", 0.0, "auto", 1)
-  assert config.largest_gamma(exp, points) == 3
-  assert config.largest_gamma(exp, points[:1]) == exp.auto_max_gamma == 2
+  assert settings.largest_gamma(exp, points) == 3
+  assert settings.largest_gamma(exp, points[:1]) == exp.auto_max_gamma == 2
   for bad in ("'Auto'", "'best'", "'3'"):
     with pytest.raises(ValueError, match=r"Experiment\.gammas\[0\]=.* is not a gamma: use an "
                                          r"int >= 1 .* or 'auto'"):

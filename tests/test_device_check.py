@@ -11,8 +11,12 @@ import textwrap
 
 import pytest
 
-from experiments import device_check, family
+from experiments import device_check
 from specdec_jax.data import layout
+from specdec_jax.experiment import family
+
+# The module-scoped fixtures run once: every test of this file on one worker.
+pytestmark = pytest.mark.xdist_group("device_check")
 
 SMOKE = device_check.SMOKE
 # What the device machine lacks: importing any of them must not be needed.

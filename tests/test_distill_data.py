@@ -23,6 +23,9 @@ from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 from specdec_jax.data import corpora, distill, layout
 from specdec_jax.models import T5Model
 
+# The module-scoped fixtures run once: every test of this file on one worker.
+pytestmark = pytest.mark.xdist_group("distill_data")
+
 # Lengths with the prefix: 10 to ~40 pieces, so both buckets are used and one input is cut.
 _SOURCES = {
     "ende": ["Choose Tools - Options.", "Resize the overview.", "Press Ctrl + F.",

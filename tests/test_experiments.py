@@ -1,4 +1,5 @@
-"""experiments.run / analyze: rows, restarts, early errors, tables and figures."""
+"""experiments.run / analyze and their library: settings, rows, restarts, early errors,
+tables and figures."""
 
 from __future__ import annotations
 
@@ -13,11 +14,19 @@ from absl import flags
 from absl.testing import flagsaver
 from conftest import make_model
 
-from experiments import analyze, config, gin_flags, measure, measure_alpha, results_io
-from experiments import run as runner
+from experiments import measure_alpha
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.experiment import (
+  gin_flags,
+  measure,
+  report,
+  results_io,
+  runner,
+  settings,
+  tables,
+)
 
 VOCAB = 8192  # The committed SentencePiece model's size.
 ROW_FIELDS = (
@@ -128,7 +137,7 @@ def test_plan_uses_best_gamma(tmp_path, models_dir):
   exp = runner.load_experiment([_gin(tmp_path, models_dir, gammas="[5]",
                                      temperatures="[0.0, 1.0]",
                                      best_gamma_from=repr(str(sweep)))], [])
-  assert [(p.temperature, p.gamma) for p in config.plan(exp)] == [(0.0, 2), (1.0, 5)]
+  assert [(p.temperature, p.gamma) for p in settings.plan(exp)] == [(0.0, 2), (1.0, 5)]
 
 
 def test_committed_prompts_exist():
@@ -161,22 +170,22 @@ def test_analyze_writes_tables_figures_and_flags(tmp_path):
   exp_dir.mkdir()
   (exp_dir / results_io.RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-  section = analyze.analyze([str(exp_dir)], str(tmp_path))
-  tables = (exp_dir / analyze.TABLES_FILE).read_text()
+  section = report.analyze([str(exp_dir)], str(tmp_path))
+  text = (exp_dir / report.TABLES_FILE).read_text()
   for title in ("Table 2", "Table 3", "Table 4", "Speedup vs batch size", "All points",
                 "Verification cost"):
-    assert title in tables
-  assert "| ende | 1 | 10.00 | 1.00 | 1.20 |" in tables  # Median over the batch-1 rows.
-  assert "| ende | 2 | 20.00 | 1.00 | 1.30 |" in tables
-  assert "| ende | small | 0 | 3 | 0.70 | 1.30X |" in tables  # Best gamma per (task, draft, T).
-  assert "| ende | small | 0 | 3 | 1.30 | 1.00 | 0.50 | 4 |" in tables  # Crossover at batch 4.
-  assert analyze.is_flagged(off) and not analyze.is_flagged(rows[0])
-  assert "1 flagged" in tables and tables.count("**>15%**") == 2  # Table 4 and all points.
+    assert title in text
+  assert "| ende | 1 | 10.00 | 1.00 | 1.20 |" in text  # Median over the batch-1 rows.
+  assert "| ende | 2 | 20.00 | 1.00 | 1.30 |" in text
+  assert "| ende | small | 0 | 3 | 0.70 | 1.30X |" in text  # Best gamma per (task, draft, T).
+  assert "| ende | small | 0 | 3 | 1.30 | 1.00 | 0.50 | 4 |" in text  # Crossover at batch 4.
+  assert tables.is_flagged(off) and not tables.is_flagged(rows[0])
+  assert "1 flagged" in text and text.count("**>15%**") == 2  # Table 4 and all points.
   for png in ("speedup_vs_gamma", "measured_vs_predicted", "speedup_vs_batch",
               "speedup_vs_alpha", "verify_cost", "fig1_example"):
     assert (exp_dir / f"{png}.png").stat().st_size > 0
   for png in ("fig2_expected_tokens", "fig3_optimal_gamma"):
-    assert (tmp_path / analyze.THEORY_DIR / f"{png}.png").stat().st_size > 0
+    assert (tmp_path / report.THEORY_DIR / f"{png}.png").stat().st_size > 0
   with open(section) as f:
     assert "## sweep" in f.read()
 
@@ -186,23 +195,56 @@ def test_auto_table_compares_the_choice_with_the_sweep():
   good = dict(_synthetic_row("small", 0.0, 2, 1, 1.19, 1.2), gamma_auto=True)
   bad = dict(_synthetic_row("small", 1.0, 1, 1, 0.9, 1.0), gamma_auto=True)
   sweep += [_synthetic_row("small", 1.0, g, 1, s, s) for g, s in ((1, 1.0), (3, 1.3))]
-  table = analyze.auto_table(sweep + [good, bad])
+  table = tables.auto_table(sweep + [good, bad])
   assert "| ende | small | 0 | 1 | 2 | 1.19X | 2 | 1.20X | 0.992 | 1.000 | yes |" in table
   assert "| ende | small | 1 | 1 | 1 | 0.90X | 3 | 1.30X | 0.692 | 0.769 | **no** (>5%) |" in table
   # Auto rows are not sweep points: the best fixed gamma stays the sweep's.
-  assert [r["gamma"] for r in analyze.best_rows(sweep + [good, bad])] == [2, 3]
-  assert analyze.auto_table(sweep) is None
+  assert [r["gamma"] for r in results_io.best_rows(sweep + [good, bad])] == [2, 3]
+  assert tables.auto_table(sweep) is None
 
 
 @pytest.mark.parametrize("flag, value", [
     ("temperatures", ["0", "hot"]), ("temperatures", ["-1"]), ("temperatures", ["nan"]),
     ("temperatures", []),
-    ("tasks", ["klingon"]), ("drafts", []), ("gamma", 0), ("batch_size", 0),
-    ("num_examples", 0), ("input_len", 1), ("max_decode_len", 0),
+    ("tasks", ["klingon"]), ("drafts", []), ("batch_size", 0), ("num_examples", 0),
 ])
 def test_measure_alpha_flags_are_checked_when_parsed(flag, value):
   with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match=flag):
     setattr(flags.FLAGS, flag, value)
+
+
+@pytest.mark.parametrize("binding, match", [
+    ("Settings.gamma = 0", r"Settings\.gamma must be an int >= 1"),
+    ("Settings.input_len = 1", r"Settings\.input_len must be an int >= 2"),
+    ("Settings.max_decode_len = 0", r"Settings\.max_decode_len must be an int >= 1"),
+    ("Settings.dtype = 'float33'", r"Settings\.dtype='float33' is not a dtype"),
+    ("Settings.no_such_field = 1", "gin"),
+])
+def test_bad_settings_fail_when_loaded(binding, match):
+  try:
+    with pytest.raises(ValueError, match=match):
+      settings.load_settings([], [binding])
+  finally:
+    gin.clear_config()
+
+
+def test_settings_are_shared_and_a_run_may_override_them(tmp_path, models_dir):
+  try:
+    shared = settings.load_settings([], ["Settings.input_len = 32", "Settings.gamma = 5"])
+    assert (shared.input_len, shared.gamma, shared.max_decode_len) == (32, 5, 64)
+    # An Experiment takes what it leaves unbound from Settings; its own bindings win.
+    gin_file = _gin(tmp_path, models_dir)
+    exp = runner.load_experiment([gin_file], ["Settings.input_len = 32", "Settings.seed = 7",
+                                              "Settings.gamma = 4"])
+    assert (exp.input_len, exp.seed, exp.gammas) == (16, 7, [2])
+    unbound_gammas = tmp_path / "no_gammas.gin"
+    lines = (tmp_path / "tiny.gin").read_text().splitlines()
+    unbound_gammas.write_text("".join(line + "\n" for line in lines
+                                      if not line.startswith("Experiment.gammas")))
+    exp = runner.load_experiment([str(unbound_gammas)], ["Settings.gamma = 4"])
+    assert exp.gammas == (4,) and exp.gamma == 4
+  finally:
+    gin.clear_config()
 
 
 def test_spread_takes_evenly_spaced_examples():
@@ -228,12 +270,12 @@ def test_pooled_alpha_is_one_for_the_target_as_its_own_draft():
   rows = np.random.RandomState(0).randint(2, 97, (5, 6)).astype(np.int32)
   batches = measure_alpha._batches(rows, 3)
   assert [len(b) for b in batches] == [3, 2]
-  got = measure_alpha.pooled_alpha(model, params, draft, batches, temperature=1.0, gamma=2,
+  got = measure.pooled_alpha(model, params, draft, batches, temperature=1.0, gamma=2,
                                    max_decode_len=6, seed=0)
   np.testing.assert_allclose([got["alpha_beta"], got["alpha_empirical"]], [1.0, 1.0], atol=1e-5)
   # gamma + 1 tokens per call, except where EOS or the length limit cut the last call.
   assert 2.0 < got["tokens_per_iteration"] <= 3.0 and 5 <= got["tokens"] <= 5 * 6
-  worse = measure_alpha.pooled_alpha(model, params, T5Draft(model, jax.tree.map(
+  worse = measure.pooled_alpha(model, params, T5Draft(model, jax.tree.map(
       lambda x: x * 1.5, params)), batches, temperature=1.0, gamma=2, max_decode_len=6, seed=0)
   assert worse["alpha_beta"] < 0.99
 
@@ -249,9 +291,9 @@ def test_shipped_experiment_configs_parse_and_plan(name, points):
         [os.path.join(layout.REPO_ROOT, "gin_configs", f"{name}.gin")],
         ["Experiment.best_gamma_from = None"],  # Plan every gamma, whatever results exist.
         finalize_config=False)
-    exp = config.Experiment()
+    exp = settings.Experiment()
   finally:
     gin.clear_config()
   assert exp.name == name
-  assert len(config.plan(exp)) == points
+  assert len(settings.plan(exp)) == points
   assert all(exp.num_examples % b == 0 for b in exp.batch_sizes)

@@ -14,13 +14,14 @@ import sentencepiece as spm
 import torch
 from transformers import T5ForConditionalGeneration
 
-from experiments import export_family, prompts
-from experiments.family import FAMILY, SHARED_ENCODER
+from experiments import export_family
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import layout, vocab
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import make_draft
 from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.experiment import prompts
+from specdec_jax.experiment.family import FAMILY, SHARED_ENCODER
 from specdec_jax.models import T5Model
 
 MODELS_DIR = os.path.join(layout.ASSETS_DIR, "models")

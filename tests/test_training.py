@@ -202,7 +202,7 @@ def test_stop_flag_catches_sigterm():
 
 
 def test_gin_configs_parse():
-  train_mod = pytest.importorskip("experiments.train")
+  train_mod = pytest.importorskip("specdec_jax.experiment.train")
   files = sorted(glob.glob(os.path.join(REPO, "gin_configs", "train", "*.gin")))
   assert {"target", "draft_small", "draft_base", "draft_large", "draft_distilled"} <= {
       os.path.basename(f)[:-4] for f in files}

@@ -1,4 +1,4 @@
-"""The model family's members and random-init stand-ins of them (no flags).
+"""Random-init stand-ins of the model family's members (no flags).
 
 Stand-ins have the architecture of each member's training config
 (`gin_configs/train/<name>.gin`), so runs on them exercise the same shapes and
@@ -14,16 +14,11 @@ import jax
 
 from specdec_jax.checkpoints import save_hf_checkpoint, save_shared_encoder_checkpoint
 from specdec_jax.data import layout
+from specdec_jax.experiment.family import FAMILY, SHARED_ENCODER
 from specdec_jax.models import T5Config, T5Model
 from specdec_jax.models.shared_encoder import SharedEncoderModel
 from specdec_jax.training.model_config import model_config
 
-FAMILY = ("target", "draft_small", "draft_base", "draft_large", "draft_distilled",
-          "draft_small_kd", "draft_shared_enc")
-DRAFTS = FAMILY[1:]
-# Members that read the target's encoder (`models.shared_encoder`; train.student =
-# "shared_encoder" in their training config).
-SHARED_ENCODER = ("draft_shared_enc",)
 TRAIN_CONFIGS = os.path.join(layout.REPO_ROOT, "gin_configs", "train")
 
 

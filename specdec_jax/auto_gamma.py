@@ -50,6 +50,7 @@ from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import SpeculativeStats, speculative_sample
 from specdec_jax.models import T5Model
+from specdec_jax.stats import Pooled
 
 Array = jax.Array
 
@@ -278,15 +279,13 @@ def pooled_alpha(stats: SpeculativeStats, gamma: int) -> AlphaEstimate:
     ValueError: the output holds no verified position (every row ended at once).
   """
   stats = distributed.fetch(stats)
-  beta_count = int(np.sum(stats.beta_count))
-  if beta_count == 0:
+  pooled = Pooled.of([stats])  # The estimators are `specdec_jax.stats`'.
+  if int(pooled["beta_count"]) == 0:
     raise ValueError("The calibration generated no verified token (every row ended at its "
                      "first token); calibrate on other inputs or pass alpha.")
-  accepted, rejections = int(np.sum(stats.accepted)), int(np.sum(stats.rejections))
   return AlphaEstimate(
-      beta=float(np.clip(np.sum(stats.beta_sum) / beta_count, 0.0, 1.0)),
-      empirical=accepted / max(accepted + rejections, 1),
-      examples=int(stats.tokens.shape[0]), gamma=gamma, tokens=int(np.sum(stats.tokens)))
+      beta=pooled.alpha_beta(), empirical=pooled.alpha_empirical(),
+      examples=int(stats.tokens.shape[0]), gamma=gamma, tokens=int(pooled["tokens"]))
 
 
 def measure_alpha(target: T5Model, target_params: dict, draft: Draft, inputs: Array, *,

@@ -1,30 +1,30 @@
 """One measured point: baseline vs speculative sampling on the same examples, one row.
 
-The two decoders run interleaved over the same fixed-length batches (the order
-alternates per batch and repetition, so background load hits both alike). The
-first call of each compiles and is reported apart; times are medians over
-repetitions of the total over all batches. The row holds the measured speedup,
-alpha by both estimators, the measured step costs, and the speedups predicted
-by Theorem 3.8 and by the refined `CostModel`.
+The two decoders run interleaved over the same fixed-length batches
+(`benchmarking.time_interleaved`: the order alternates per batch and repetition,
+so background load hits both alike; the first call of each compiles and is
+reported apart; times are medians over repetitions of the total over all
+batches). The row holds the measured speedup, alpha by both estimators, tokens
+per call and c (`specdec_jax.stats`), the measured step costs, and the speedups
+predicted by Theorem 3.8 and by the refined `CostModel`. `pooled_alpha` measures
+acceptance alone (no timing) for `experiments.measure_alpha`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import statistics
 from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 
-from experiments.config import Experiment, Point, draft_name
-from specdec_jax import benchmarking, contention, distributed, theory
-from specdec_jax.decoding import auto_gamma
+from specdec_jax import auto_gamma, benchmarking, contention, distributed, stats, theory
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.speculative import SpeculativeOutput, speculative_sample
+from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.experiment.settings import Experiment, Point, draft_name
 from specdec_jax.models import T5Model
 
 Array = jax.Array
@@ -88,49 +88,36 @@ def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
           f"{b[row, col:col + 5].tolist()}")
 
 
-def sum_stats(outputs: Sequence[SpeculativeOutput]) -> dict[str, np.ndarray]:
-  """Speculative counters summed over rows and outputs (already fetched to numpy)."""
-  stats = [out.stats for out in outputs]
-  fields = ("iterations", "draft_forward_passes", "tokens", "accepted_histogram", "accepted",
-            "rejections", "beta_sum", "beta_count", "loop_iterations")
-  return {f: np.sum([np.sum(getattr(s, f), axis=0) for s in stats], axis=0) for f in fields}
+def _greedy_check(point: Point) -> Callable[[int, dict], None]:
+  """`time_interleaved`'s check at temperature 0: speculative tokens equal the baseline's."""
+
+  def check(i: int, outputs: dict) -> None:
+    base, spec = outputs["baseline"], outputs["speculative"]
+    if not (np.array_equal(base.sequences, spec.sequences)
+            and np.array_equal(base.lengths, spec.lengths)):
+      raise RuntimeError(
+          f"Greedy speculative output differs from the baseline ({point}, batch {i}, "
+          f"{_first_difference(np.asarray(base.sequences), np.asarray(spec.sequences))}); "
+          "speculative sampling at temperature 0 must reproduce the target's greedy tokens.")
+
+  return check
 
 
-def _time_decoders(decoders: dict[str, Callable], num_batches: int, repetitions: int,
-                   greedy: bool, point: Point) -> tuple[dict, dict, dict, dict]:
-  """Runs both decoders over every batch, interleaved; checks greedy equality.
+def pooled_alpha(target: T5Model, target_params: dict, draft: Draft, batches: list[np.ndarray],
+                 *, temperature: float, gamma: int, max_decode_len: int, seed: int
+                 ) -> dict[str, float]:
+  """Speculative sampling over `batches` (int32 `[b, input_len]` each), no timing; the
+  counters pooled over all of them (`stats.Pooled`).
 
   Returns:
-    (first call seconds, per-repetition totals, batch-0 seconds, the outputs of
-    the first repetition), each keyed by decoder name.
+    {"alpha_beta", "alpha_empirical", "tokens_per_iteration", "tokens"}.
   """
-  first_s = {name: benchmarking.timed(lambda fn=fn: fn(0))[0] for name, fn in decoders.items()}
-  totals = {name: [] for name in decoders}
-  batch0 = {name: [] for name in decoders}
-  outputs: dict[str, list] = {}
-  for rep in range(repetitions):
-    rep_s = dict.fromkeys(decoders, 0.0)
-    rep_out: dict[str, list] = {name: [] for name in decoders}
-    for i in range(num_batches):
-      order = list(decoders) if (rep + i) % 2 == 0 else list(decoders)[::-1]
-      for name in order:
-        seconds, out = benchmarking.timed(lambda fn=decoders[name], i=i: fn(i))
-        rep_s[name] += seconds
-        rep_out[name].append(distributed.fetch(out))
-        if i == 0:
-          batch0[name].append(seconds)
-      if greedy:
-        base, spec = rep_out["baseline"][i], rep_out["speculative"][i]
-        if not (np.array_equal(base.sequences, spec.sequences)
-                and np.array_equal(base.lengths, spec.lengths)):
-          raise RuntimeError(
-              f"Greedy speculative output differs from the baseline ({point}, batch {i}, "
-              f"{_first_difference(np.asarray(base.sequences), np.asarray(spec.sequences))}); "
-              "speculative sampling at temperature 0 must reproduce the target's greedy tokens.")
-    for name in decoders:
-      totals[name].append(rep_s[name])
-    outputs = outputs or rep_out
-  return first_s, totals, batch0, outputs
+  pooled = stats.Pooled.of([jax.device_get(speculative_sample(
+      target, target_params, draft, batch, gamma=gamma, max_decode_len=max_decode_len,
+      temperature=temperature, rng=jax.random.fold_in(jax.random.PRNGKey(seed), i)))
+      for i, batch in enumerate(batches)])
+  return {"alpha_beta": pooled.alpha_beta(), "alpha_empirical": pooled.alpha_empirical(),
+          "tokens_per_iteration": pooled.tokens_per_call(), "tokens": int(pooled["tokens"])}
 
 
 def measure_point(exp: Experiment, point: Point, target: T5Model, target_params: dict,
@@ -171,21 +158,20 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
   decoders = {"baseline": baseline, "speculative": speculative}
   warp = Warp(point.temperature)
   with contention.quiet(str(point)) as guard:
-    first_s, totals, batch0, outputs = _time_decoders(decoders, len(batches), exp.repetitions,
-                                                      greedy, point)
+    timings, outputs = benchmarking.time_interleaved(
+        decoders, len(batches), exp.repetitions, fetch=distributed.fetch,
+        check=_greedy_check(point) if greedy else None)
     draft_cost = measure_draft_cost(exp, draft, batches[0], point.gamma, warp, max_gamma,
                                     target=target, target_params=target_params)
 
-  median = {name: statistics.median(t) for name, t in totals.items()}
+  median = {name: t.median_s for name, t in timings.items()}
   tokens = {name: int(sum(int(np.sum(o.lengths)) for o in outs)) for name, outs in outputs.items()}
-  stats = sum_stats(outputs["speculative"])
-  accepted, rejections = int(stats["accepted"]), int(stats["rejections"])
-  alpha_empirical = accepted / max(accepted + rejections, 1)
-  alpha_beta = float(np.clip(stats["beta_sum"] / max(int(stats["beta_count"]), 1), 0.0, 1.0))
-  tokens_per_iteration = int(stats["tokens"]) / max(int(stats["iterations"]), 1)
+  pooled = stats.Pooled.of(outputs["speculative"])
+  alpha_beta = pooled.alpha_beta()
+  tokens_per_iteration = pooled.tokens_per_call()
 
   t_step = target_costs.t_step
-  c = draft_cost.seconds / t_step
+  c = stats.draft_cost(draft_cost.seconds, t_step)
   cost_model = theory.CostModel(t_step, draft_cost.seconds, target_costs.t_chunk)
   iteration_s = cost_model.iteration_time(point.gamma)
 
@@ -211,13 +197,12 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
       "repetitions": exp.repetitions,
       "seed": exp.seed,
       # Times.
-      "baseline_s": totals["baseline"],
-      "speculative_s": totals["speculative"],
+      "baseline_s": list(timings["baseline"].totals_s),
+      "speculative_s": list(timings["speculative"].totals_s),
       "baseline_median_s": median["baseline"],
       "speculative_median_s": median["speculative"],
-      "baseline_compile_s": max(first_s["baseline"] - statistics.median(batch0["baseline"]), 0.0),
-      "speculative_compile_s": max(
-          first_s["speculative"] - statistics.median(batch0["speculative"]), 0.0),
+      "baseline_compile_s": timings["baseline"].compile_s,
+      "speculative_compile_s": timings["speculative"].compile_s,
       "baseline_tokens": tokens["baseline"],
       "speculative_tokens": tokens["speculative"],
       "baseline_ms_per_token": ms_per_token["baseline"],
@@ -225,17 +210,17 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
       "speedup_measured": ms_per_token["baseline"] / ms_per_token["speculative"],
       "speedup_walltime_ratio": median["baseline"] / median["speculative"],
       # Acceptance.
-      "alpha_empirical": alpha_empirical,
+      "alpha_empirical": pooled.alpha_empirical(),
       "alpha_beta": alpha_beta,
-      "accepted": accepted,
-      "rejections": rejections,
-      "beta_sum": float(stats["beta_sum"]),
-      "beta_count": int(stats["beta_count"]),
-      "iterations": int(stats["iterations"]),
-      "loop_iterations": int(stats["loop_iterations"]),
-      "draft_forward_passes": int(stats["draft_forward_passes"]),
+      "accepted": int(pooled["accepted"]),
+      "rejections": int(pooled["rejections"]),
+      "beta_sum": float(pooled["beta_sum"]),
+      "beta_count": int(pooled["beta_count"]),
+      "iterations": int(pooled["iterations"]),
+      "loop_iterations": int(pooled["loop_iterations"]),
+      "draft_forward_passes": int(pooled["draft_forward_passes"]),
       "tokens_per_iteration": tokens_per_iteration,
-      "accepted_histogram": stats["accepted_histogram"].astype(int).tolist(),
+      "accepted_histogram": pooled["accepted_histogram"].astype(int).tolist(),
       # Costs.
       "t_target_step_s": t_step,
       "t_verify_s": {str(k): t for k, t in target_costs.t_chunk.items()},

@@ -1,17 +1,21 @@
-"""What one measurement run does: the gin-configurable `Experiment` and its checks.
+"""The settings every command reads, and what one measurement run does.
 
-Every setting of `python -m experiments.run` is a field here, bound in a gin
-file (`gin_configs/*.gin`) or by `--gin.Experiment.FIELD=VALUE`. `validate`
-checks everything that can be checked without loading weights, so a bad run
-fails in seconds, before any measurement.
+`Settings` holds what the commands share (where the models are, how prompts are
+cut, how long outputs are, gamma, the seed, dtypes), declared once and bound in
+gin: `--gin.Settings.FIELD=VALUE` (or a `--gin_file`) sets it for any command.
+`Experiment`, the run of `python -m experiments.run`, is a `Settings` plus the
+grid it measures; `Experiment.FIELD` bindings (`gin_configs/*.gin`) set a run's
+own values, and a shared field it leaves unbound takes the `Settings` binding.
+`validate` checks everything that can be checked without loading weights, so a
+bad run fails in seconds, before any measurement.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import gin
 
@@ -19,23 +23,117 @@ from specdec_jax import validation
 from specdec_jax.checkpoints import load_model_config
 from specdec_jax.data import layout
 from specdec_jax.data.ngram_stats import load_ngram_stats
+from specdec_jax.experiment import prompts, results_io
 from specdec_jax.models.config import check_dtype
 
 TRIVIAL_DRAFTS = ("unigram", "bigram", "prompt_lookup")
-AUTO = "auto"  # In Experiment.gammas: chosen per point by `auto_gamma` after a calibration.
+AUTO = results_io.AUTO
 NGRAM_ORDER = {"unigram": 1, "bigram": 2}
 
 
+def _shared(name: str, default: Any) -> Any:
+  """A field whose default is the `Settings.<name>` gin binding, else `default`."""
+
+  def factory() -> Any:
+    try:
+      return gin.query_parameter(f"Settings.{name}")
+    except ValueError:  # Not bound.
+      return default
+
+  return dataclasses.field(default_factory=factory)
+
+
 @gin.configurable
-@dataclasses.dataclass(frozen=True)
-class Experiment:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+  """What every command shares (bound as `Settings.FIELD` in gin).
+
+  Attributes:
+    models_dir: directory that checkpoint names (`target`, drafts) are resolved
+      in (absolute paths are used as they are).
+    target: HF-format checkpoint directory of the target.
+    vocab_path: SentencePiece model the prompts are tokenised with.
+    input_len: every input is cut / 0-padded to this many tokens (EOS
+      included), so nothing recompiles between batches.
+    max_decode_len: most tokens generated per example.
+    gamma: draft proposals per target call (a run lists its own in
+      `Experiment.gammas`, by default this one).
+    seed: seed of the sampling PRNG keys.
+    dtype: compute dtype of the models ("float32" on CPU, "bfloat16" on TPU/GPU).
+    param_dtype: dtype the parameters are held in.
+  """
+
+  models_dir: str = _shared("models_dir", os.path.join("assets", "models"))
+  target: str = _shared("target", "target")
+  vocab_path: str = _shared("vocab_path", prompts.VOCAB_PATH)
+  input_len: int = _shared("input_len", 128)
+  max_decode_len: int = _shared("max_decode_len", 64)
+  gamma: int = _shared("gamma", 3)
+  seed: int = _shared("seed", 0)
+  dtype: str = _shared("dtype", "float32")
+  param_dtype: str = _shared("param_dtype", "float32")
+
+  def checkpoint_dir(self, spec: str) -> str:
+    """The directory of a target or T5-draft spec (`models_dir`-relative or absolute)."""
+    return os.path.join(self.models_dir, spec)
+
+
+def validate_settings(settings: Settings, owner: str = "Settings") -> None:
+  """Raises ValueError, naming the field and the fix, for a bad shared setting.
+
+  Args:
+    settings: the settings (or an `Experiment`).
+    owner: the configurable named in messages.
+  """
+  for field in ("models_dir", "target", "vocab_path", "dtype", "param_dtype"):
+    _require(isinstance(getattr(settings, field), str),
+             f"{owner}.{field} must be a string, got {getattr(settings, field)!r}.")
+  for field in ("dtype", "param_dtype"):
+    check_dtype(f"{owner}.{field}", getattr(settings, field))
+  validation.as_int(f"{owner}.max_decode_len", settings.max_decode_len, minimum=1)
+  validation.as_int(f"{owner}.input_len", settings.input_len, minimum=2,
+                    what="a token and EOS")
+  validation.as_int(f"{owner}.gamma", settings.gamma, minimum=1,
+                    what="gamma: draft tokens per target call")
+  validation.as_int(f"{owner}.seed", settings.seed)
+
+
+def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
+  """Parses gin files (repo-relative includes work from any folder) and bindings afresh.
+
+  Raises:
+    ValueError: a bad file or binding (the message says where to look).
+  """
+  gin.clear_config()
+  gin.add_config_file_search_path(layout.REPO_ROOT)
+  try:
+    # Not finalized: a locked config would refuse the configurables that modules
+    # imported later in the same process define (the training driver in the tests).
+    gin.parse_config_files_and_bindings(gin_files, bindings, finalize_config=False)
+  except (ValueError, KeyError, SyntaxError) as e:
+    raise ValueError(f"Bad gin configuration ({e}). Check the names against "
+                     "specdec_jax/experiment/settings.py (Settings, Experiment) and the files "
+                     "in gin_configs/.") from e
+
+
+def load_settings(gin_files: Sequence[str], bindings: Sequence[str]) -> Settings:
+  """The validated `Settings` of gin files and bindings (`--gin.Settings.FIELD=VALUE`)."""
+  parse_gin(gin_files, bindings)
+  shared = Settings()
+  validate_settings(shared)
+  return shared
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Experiment(Settings):
   """One measurement run: the cross product of tasks, batch sizes, drafts, T and gamma.
+
+  The shared fields (`Settings`) say where the models are, how prompts are cut
+  and how long outputs are; these say what is measured.
 
   Attributes:
     name: experiment name; the default output directory is `results/<name>`.
-    models_dir: directory that checkpoint names in `target` / `drafts` are
-      resolved in (absolute paths are used as they are).
-    target: HF-format checkpoint directory of the target.
     drafts: draft specs: a checkpoint directory of a T5 draft, or one of
       "unigram", "bigram" (the corpus's n-gram statistics) or "prompt_lookup".
     tasks: corpora, "ende" and/or "mansum".
@@ -45,9 +143,10 @@ class Experiment:
     batch_sizes: decoder batch sizes.
     temperatures: sampling temperatures (0 = greedy).
     gammas: draft proposals per iteration, each an int >= 1 or 'auto': the
-      gamma in 1..auto_max_gamma that `specdec_jax.decoding.auto_gamma`
+      gamma in 1..auto_max_gamma that `specdec_jax.auto_gamma`
       predicts to be fastest, chosen per (task, batch size, draft,
       temperature) before that point is measured (its row says which and why).
+      None (the default): `[gamma]`.
     best_gamma_from: a results.jsonl of an earlier run (e.g. the gamma sweep);
       when it exists, each (task, draft, temperature) runs only at its gamma of
       highest measured speedup at batch size 1 there, falling back to `gammas`
@@ -56,16 +155,9 @@ class Experiment:
     auto_calibration_examples: examples of the split after the measured ones
       (held out from timing) on which gamma = 'auto' measures alpha, once per
       (task, draft, temperature).
-    max_decode_len: most tokens generated per example.
-    input_len: every input is cut / 0-padded to this many tokens (EOS
-      included), so nothing recompiles between batches.
     repetitions: timed passes over the examples per decoder.
-    seed: seed of the sampling PRNG keys.
     timing_calls: calls per jitted loop when timing step costs.
     timing_repeats: timed runs of each such loop (median used).
-    vocab_path: SentencePiece model the prompts are tokenised with.
-    dtype: compute dtype of both models ("float32" on CPU, "bfloat16" on TPU/GPU).
-    param_dtype: dtype the parameters are held in.
     stand_ins_when_missing: if the target is missing from `models_dir` (the
       trained family is not shipped yet), measure random-init stand-ins of the
       family's shapes instead, written once to `<data_dir>/random_models`; a
@@ -74,31 +166,23 @@ class Experiment:
 
   name: str
   drafts: Sequence[str]
-  models_dir: str = os.path.join("assets", "models")
-  target: str = "target"
   tasks: Sequence[str] = ("ende",)
   split: str = "test"
   num_examples: int = 8
   batch_sizes: Sequence[int] = (1,)
   temperatures: Sequence[float] = (0.0, 1.0)
-  gammas: Sequence[int | str] = (3,)
+  gammas: Sequence[int | str] | None = None
   best_gamma_from: str | None = None
   auto_max_gamma: int = 8
   auto_calibration_examples: int = 4
-  max_decode_len: int = 64
-  input_len: int = 128
   repetitions: int = 2
-  seed: int = 0
   timing_calls: int = 8
   timing_repeats: int = 3
-  vocab_path: str = os.path.join(layout.ASSETS_DIR, "vocab", f"{layout.VOCAB_NAME}.model")
-  dtype: str = "float32"
-  param_dtype: str = "float32"
   stand_ins_when_missing: bool = False
 
-  def checkpoint_dir(self, spec: str) -> str:
-    """The directory of a target or T5-draft spec (`models_dir`-relative or absolute)."""
-    return os.path.join(self.models_dir, spec)
+  def __post_init__(self):
+    if self.gammas is None:
+      object.__setattr__(self, "gammas", (self.gamma,))
 
   def is_t5_draft(self, spec: str) -> bool:
     return spec not in TRIVIAL_DRAFTS
@@ -121,15 +205,8 @@ class Point:
 
   @property
   def key(self) -> tuple:
-    return point_key(self.task, draft_name(self.draft), self.temperature, self.gamma,
+    return results_io.point_key(self.task, draft_name(self.draft), self.temperature, self.gamma,
                      self.batch_size)
-
-
-def point_key(task: str, draft: str, temperature: float, gamma: int | str,
-              batch_size: int) -> tuple:
-  """The identity of a point: (task, draft name, temperature, gamma or AUTO, batch size)."""
-  return (task, draft, float(temperature), gamma if gamma == AUTO else int(gamma),
-          int(batch_size))
 
 
 def _require(ok: bool, message: str) -> None:
@@ -174,7 +251,8 @@ def validate(exp: Experiment) -> None:
   shares the target's vocabulary. Reads config.json files and n-gram
   statistics only, no weights.
   """
-  for field in ("name", "models_dir", "target", "split", "vocab_path", "dtype", "param_dtype"):
+  validate_settings(exp, "Experiment")
+  for field in ("name", "split"):
     _require(isinstance(getattr(exp, field), str),
              f"Experiment.{field} must be a string, got {getattr(exp, field)!r}.")
   _require(exp.best_gamma_from is None or isinstance(exp.best_gamma_from, str),
@@ -182,13 +260,9 @@ def validate(exp: Experiment) -> None:
   _require(isinstance(exp.stand_ins_when_missing, bool),
            f"Experiment.stand_ins_when_missing must be True or False, got "
            f"{exp.stand_ins_when_missing!r}.")
-  for field in ("dtype", "param_dtype"):
-    check_dtype(f"Experiment.{field}", getattr(exp, field))
-  for field in ("num_examples", "max_decode_len", "repetitions", "timing_calls",
-                "timing_repeats", "auto_max_gamma", "auto_calibration_examples"):
+  for field in ("num_examples", "repetitions", "timing_calls", "timing_repeats",
+                "auto_max_gamma", "auto_calibration_examples"):
     validation.as_int(f"Experiment.{field}", getattr(exp, field), minimum=1)
-  validation.as_int("Experiment.input_len", exp.input_len, minimum=2, what="a token and EOS")
-  validation.as_int("Experiment.seed", exp.seed)
   for field in ("drafts", "tasks", "batch_sizes", "temperatures", "gammas"):
     value = getattr(exp, field)
     _require(isinstance(value, (list, tuple)),
@@ -243,19 +317,10 @@ def validate(exp: Experiment) -> None:
 
 
 def best_gammas(path: str) -> dict[tuple[str, str, float], int]:
-  """{(task, draft, temperature): gamma of highest measured speedup at batch size 1}."""
-  best: dict[tuple[str, str, float], tuple[float, int]] = {}
-  with open(path) as f:
-    for line in f:
-      if not line.strip():
-        continue
-      row = json.loads(line)
-      if row["batch_size"] != 1:
-        continue
-      key = (row["task"], row["draft"], float(row["temperature"]))
-      if key not in best or row["speedup_measured"] > best[key][0]:
-        best[key] = (row["speedup_measured"], int(row["gamma"]))
-  return {key: gamma for key, (_, gamma) in best.items()}
+  """{(task, draft, temperature): gamma of highest measured speedup at batch size 1}
+  among the fixed-gamma rows of a results file (`results_io.best_rows`)."""
+  return {(r["task"], r["draft"], float(r["temperature"])): int(r["gamma"])
+          for r in results_io.best_rows(results_io.read_rows(path))}
 
 
 def plan(exp: Experiment) -> list[Point]:

@@ -1,0 +1,161 @@
+"""The paper's tables (2, 3, 4) and ours, in Markdown, from results rows alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from specdec_jax.experiment import results_io
+from specdec_jax.experiment.results_io import Row
+
+FLAG_TOLERANCE = 0.15  # |measured / predicted - 1| above this is flagged.
+AUTO_TOLERANCE = 0.05  # gamma = 'auto' should be within this of the sweep's best.
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+  """A GitHub Markdown table; floats with 2 decimals."""
+  fmt = lambda v: f"{v:.2f}" if isinstance(v, float) else str(v)
+  lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+  lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+  return "\n".join(lines) + "\n"
+
+
+def deviation(row: Row) -> float:
+  """Measured / refined-predicted speedup - 1."""
+  return row["speedup_measured"] / row["speedup_predicted_cost_model"] - 1
+
+
+def is_flagged(row: Row) -> bool:
+  """Whether the measured speedup is more than FLAG_TOLERANCE from the refined prediction."""
+  return abs(deviation(row)) > FLAG_TOLERANCE
+
+
+def table2(rows: Sequence[Row]) -> str:
+  """The paper's Table 2: task, draft, T, best gamma, alpha, speedup."""
+  return md_table(["task", "draft", "T", "gamma", "alpha", "speedup"],
+                  [(r["task"], r["draft"], f"{r['temperature']:g}", r["gamma"], r["alpha_beta"],
+                    f"{r['speedup_measured']:.2f}X") for r in results_io.best_rows(rows)])
+
+
+def table3(rows: Sequence[Row]) -> str:
+  """The paper's Table 3: alpha (mean beta over all of a draft's points) at each T."""
+  temps = sorted({r["temperature"] for r in rows})
+  out = []
+  for (task, draft), group in results_io.group(rows, "task", "draft").items():
+    by_t = results_io.group(group, "temperature")
+    alphas = []
+    for t in temps:
+      g = by_t.get((t,), [])
+      count = sum(r["beta_count"] for r in g)
+      alphas.append(sum(r["beta_sum"] for r in g) / count if count else "-")
+    out.append((task, draft, *alphas))
+  return md_table(["task", "draft", *(f"alpha T={t:g}" for t in temps)], out)
+
+
+def table4(rows: Sequence[Row]) -> str:
+  """The paper's Table 4 (expected vs measured) for the Table 2 points, plus the refined model."""
+  return md_table(
+      ["task", "draft", "T", "gamma", "c", "expected (Thm 3.8)", "expected (cost model)",
+       "measured", "flag"],
+      [(r["task"], r["draft"], f"{r['temperature']:g}", r["gamma"], f"{r['c']:.3f}",
+        r["speedup_predicted_thm38"], r["speedup_predicted_cost_model"], r["speedup_measured"],
+        "**>15%**" if is_flagged(r) else "") for r in results_io.best_rows(rows)])
+
+
+def points_table(rows: Sequence[Row]) -> str:
+  """Every point, with the deviation from the refined prediction and its flag."""
+  ordered = sorted(rows, key=lambda r: (r["task"], r["draft"], r["temperature"], r["batch_size"],
+                                        r["gamma"]))
+  return md_table(
+      ["task", "draft", "T", "batch", "gamma", "alpha (beta)", "alpha (S/(S+R))", "tokens/call",
+       "c", "Thm 3.8", "cost model", "measured", "deviation", "flag"],
+      [(r["task"], r["draft"], f"{r['temperature']:g}", r["batch_size"], r["gamma"],
+        r["alpha_beta"], r["alpha_empirical"], r["tokens_per_iteration"], f"{r['c']:.3f}",
+        r["speedup_predicted_thm38"], r["speedup_predicted_cost_model"], r["speedup_measured"],
+        f"{100 * deviation(r):+.0f}%", "**>15%**" if is_flagged(r) else "") for r in ordered])
+
+
+def auto_table(rows: Sequence[Row]) -> str | None:
+  """gamma = 'auto' against the fixed gammas of the same run, per point.
+
+  Two comparisons: the auto row's own measured speedup over the best fixed row's (two
+  independent measurements: their noise is in it), and the fixed row at the gamma auto
+  chose over the best fixed row (the choice alone, one sweep).
+  """
+  autos = [r for r in rows if r.get("gamma_auto")]
+  if not autos:
+    return None
+  fixed = results_io.group(results_io.fixed_gamma_rows(rows), "task", "draft", "temperature",
+                           "batch_size")
+  out = []
+  for r in sorted(autos, key=lambda r: (r["task"], r["draft"], r["temperature"],
+                                        r["batch_size"])):
+    group = fixed.get((r["task"], r["draft"], r["temperature"], r["batch_size"]), [])
+    if not group:
+      continue
+    best = max(group, key=lambda x: x["speedup_measured"])
+    same = [x for x in group if x["gamma"] == r["gamma"]]
+    chosen = same[0]["speedup_measured"] / best["speedup_measured"] if same else None
+    own = r["speedup_measured"] / best["speedup_measured"]
+    ok = (chosen if chosen is not None else own) >= 1 - AUTO_TOLERANCE
+    out.append((r["task"], r["draft"], f"{r['temperature']:g}", r["batch_size"], r["gamma"],
+                f"{r['speedup_measured']:.2f}X", best["gamma"],
+                f"{best['speedup_measured']:.2f}X", f"{own:.3f}",
+                "-" if chosen is None else f"{chosen:.3f}",
+                "yes" if ok else f"**no** (>{AUTO_TOLERANCE:.0%})"))
+  return md_table(["task", "draft", "T", "batch", "auto gamma", "auto speedup", "best gamma",
+                   "best speedup", "auto / best", "sweep at auto's gamma / best",
+                   f"within {AUTO_TOLERANCE:.0%}"], out)
+
+
+def crossover_batch(group: Sequence[Row]) -> int | None:
+  """The smallest batch size whose measured speedup is below 1 (None: it always pays)."""
+  below = [r["batch_size"] for r in group if r["speedup_measured"] < 1]
+  return min(below) if below else None
+
+
+def batch_table(rows: Sequence[Row]) -> str | None:
+  """Speedup per batch size, per (task, draft, T, gamma) measured at several batch sizes."""
+  batches = sorted({r["batch_size"] for r in rows})
+  if len(batches) < 2:
+    return None
+  out = []
+  for (task, draft, t, gamma), group in results_io.group(rows, "task", "draft", "temperature",
+                                               "gamma").items():
+    by_b = {r["batch_size"]: r["speedup_measured"] for r in group}
+    if len(by_b) < 2:
+      continue
+    cross = crossover_batch(group)
+    out.append((task, draft, f"{t:g}", gamma, *(by_b.get(b, "-") for b in batches),
+                "never" if cross is None else cross))
+  return md_table(["task", "draft", "T", "gamma", *(f"b={b}" for b in batches),
+                   "stops paying at"], out)
+
+
+def _verify_ratios(group: Sequence[Row]) -> dict[int, float]:
+  """{k: median T_verify(k) / T_step over the rows of one (task, batch size)}."""
+  ks = sorted({int(k) for r in group for k in r["verify_ratio"]})
+  return {k: float(np.median([r["verify_ratio"][str(k)] for r in group
+                              if str(k) in r["verify_ratio"]])) for k in ks}
+
+
+def verify_costs(rows: Sequence[Row]) -> dict[tuple, dict[int, float]]:
+  """{(task, batch size): {k: median T_verify(k) / T_step over the rows}}.
+
+  Rows of one run and (task, batch size) share one measurement; medians also
+  pool runs appended to the same file.
+  """
+  return {key: _verify_ratios(group)
+          for key, group in results_io.group(rows, "task", "batch_size").items()}
+
+
+def verify_table(rows: Sequence[Row]) -> str:
+  """T_verify(k) / T_step per task and batch size (Thm 3.8 assumes 1 for every k)."""
+  groups = results_io.group(rows, "task", "batch_size")
+  costs = {key: _verify_ratios(group) for key, group in groups.items()}
+  ks = sorted({k for by_k in costs.values() for k in by_k})
+  return md_table(
+      ["task", "batch", "T_step (ms)", *(f"k={k}" for k in ks)],
+      [(task, b, f"{1e3 * np.median([r['t_target_step_s'] for r in groups[(task, b)]]):.2f}",
+        *(by_k.get(k, "-") for k in ks)) for (task, b), by_k in costs.items()])
