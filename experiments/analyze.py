@@ -2,7 +2,8 @@
 
   python -m experiments.analyze [--results_dir=results/quickstart ...] [--results_root=results]
 
-For each results directory (default: every `<results_root>/*/results.jsonl`)
+For each results directory (default: every `<results_root>/*/results.jsonl` of
+`experiments.run` points)
 writes `tables.md` and PNG figures next to it, the theory figures to
 `<results_root>/theory/`, and `<results_root>/analysis_section.md` for
 results/README.md (`specdec_jax.experiment.report`).
@@ -26,9 +27,12 @@ _RESULTS_ROOT = flags.DEFINE_string("results_root", "results",
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
+  # By default every directory of experiments.run points (benchmarks such as
+  # results/decode_step keep rows of their own kind, with their own tables).
   dirs = _RESULTS_DIR.value or sorted(
       os.path.dirname(p) for p in glob.glob(os.path.join(_RESULTS_ROOT.value, "*",
-                                                         results_io.RESULTS_FILE)))
+                                                         results_io.RESULTS_FILE))
+      if all(results_io.is_point_row(r) for r in results_io.read_rows(p)))
   if not dirs:
     raise app.UsageError(f"No {results_io.RESULTS_FILE} under {_RESULTS_ROOT.value}/*/; run "
                          "python -m experiments.run first or pass --results_dir.")

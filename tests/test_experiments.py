@@ -14,7 +14,7 @@ from absl import flags
 from absl.testing import flagsaver
 from conftest import make_model
 
-from experiments import measure_alpha
+from experiments import analyze, measure_alpha
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.decoding.drafts import T5Draft
@@ -188,6 +188,23 @@ def test_analyze_writes_tables_figures_and_flags(tmp_path):
     assert (tmp_path / report.THEORY_DIR / f"{png}.png").stat().st_size > 0
   with open(section) as f:
     assert "## sweep" in f.read()
+
+
+def test_analyze_by_default_reads_only_run_points(tmp_path):
+  """A benchmark's rows (e.g. results/decode_step) beside run points are left alone."""
+  rows = [_synthetic_row("small", 0.0, g, 1, 1 + g / 10, 1 + g / 10) for g in (1, 2)]
+  for name, lines in (("sweep", rows), ("decode_step", [{"model": "target", "k": 2}])):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / results_io.RESULTS_FILE).write_text(
+        "".join(json.dumps(r) + "\n" for r in lines))
+  assert results_io.is_point_row(rows[0]) and not results_io.is_point_row({"k": 2})
+  flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(results_root=str(tmp_path)):
+    analyze.main(["analyze"])
+  assert (tmp_path / "sweep" / report.TABLES_FILE).exists()
+  assert not (tmp_path / "decode_step" / report.TABLES_FILE).exists()
+  section = (tmp_path / report.SECTION_FILE).read_text()
+  assert "## sweep" in section and "## decode_step" not in section
 
 
 def test_auto_table_compares_the_choice_with_the_sweep():

@@ -35,6 +35,12 @@ def read_rows(path: str) -> list[Row]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+def is_point_row(row: Row) -> bool:
+  """Whether `row` is a point measured by `experiments.run` (what the tables read)."""
+  return all(field in row for field in ("task", "draft", "temperature", "gamma", "batch_size",
+                                          "speedup_measured"))
+
+
 def row_key(row: Row) -> tuple:
   """The point a row measured (see `point_key`); gamma is 'auto' for a row whose
   gamma was chosen automatically (`gamma_auto`)."""
