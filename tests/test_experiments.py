@@ -85,9 +85,13 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   earlier = dict(task="mansum", draft="draft", temperature=1.0, gamma=4, batch_size=1)
   (out / results_io.RESULTS_FILE).write_text(json.dumps(earlier) + "\n")
   exp = runner.load_experiment([_gin(tmp_path, models_dir)], [])
+  cleared = []
+  real_clear = jax.clear_caches
+  monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(1) or real_clear())
   path = runner.run(exp, str(out))
   rows = results_io.read_rows(path)
   assert len(rows) == 2 and rows[0] == earlier  # Appending kept the earlier row.
+  assert len(cleared) == 1  # Compiled programs dropped after the one measured point.
   row = rows[1]
   assert set(ROW_FIELDS) <= set(row)
   assert row["greedy_identical"] is True and row["draft"] == "draft"

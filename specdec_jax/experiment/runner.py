@@ -212,6 +212,11 @@ def run(exp: settings.Experiment, output_dir: str) -> str:
                 f"{row['speedup_predicted_cost_model']:.2f}X), alpha {row['alpha_beta']:.2f}, "
                 f"c {row['c']:.3f}, {row['tokens_per_iteration']:.2f} tokens/call")
       bar.update(1)
+      # Every point compiles programs of its own (the loop at its gamma, step timers), and
+      # XLA:CPU maps memory for each compiled program until it is dropped: a 160-point sweep
+      # in one process ran out of memory maps (vm.max_map_count) at point 45. Drop them; a
+      # program a later point needs again is recompiled (compilation is timed apart).
+      jax.clear_caches()
   bar.close()
   return path
 
