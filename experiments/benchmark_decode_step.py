@@ -9,7 +9,10 @@ halfway into a `Settings.max_decode_len` generation. Two paths:
           read by the Flax modules on every call, keys/values `[batch, len,
           heads, d_kv]`, XLA's default dot libraries), loaded from git;
   new:    `T5Model.prepare` once, then `cached_decoder` (fused projections,
-          dot-friendly cache layouts, `cached_decoder.COMPILER_OPTIONS`).
+          dot-friendly cache layouts, `cached_decoder.COMPILER_OPTIONS`, calls of
+          up to `cached_decoder.ROW_DOTS_MAX_ROWS` rows multiplied row by row);
+  one_product: `new` with every call in one weight product per matrix, for
+          k <= 3 (the programs differ only where `new` goes row by row).
 
 each on both cores and pinned to one (`os.sched_setaffinity` on every thread of
 the process). All combinations are interleaved within each repetition; medians
@@ -48,7 +51,7 @@ from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.experiment import family, gin_flags, settings
-from specdec_jax.models import T5Model
+from specdec_jax.models import T5Model, cached_decoder
 
 _MODELS = flags.DEFINE_list("models", list(family.FAMILY), "Members to time.")
 _ROUND1_REF = flags.DEFINE_string("round1_ref", "c7823d4",
@@ -60,7 +63,8 @@ _REPETITIONS = flags.DEFINE_integer("repetitions", 7, "Timed runs of every loop 
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", os.path.join("results", "decode_step"),
                                   "Where results.jsonl and tables.md go.")
 
-PATHS = ("round1", "new")
+PATHS = ("round1", "new", "one_product")
+ONE_PRODUCT_MAX_K = 3
 CORES = (2, 1)
 
 
@@ -110,6 +114,25 @@ def _round1_loop(model, params: dict, encoded, tokens: jax.Array, start: jax.Arr
   return jax.lax.fori_loop(0, calls, body, (cache, jnp.zeros((), jnp.float32)))[1]
 
 
+def _one_product_loop(model: T5Model, weights, encoded, tokens: jax.Array, start: jax.Array, *,
+                      cache_len: int, calls: int) -> callable:
+  """`benchmarking.chunk_loop` compiled now with `ROW_DOTS_MAX_ROWS` off (one product)."""
+  backend = jax.default_backend()
+  saved = cached_decoder.ROW_DOTS_MAX_ROWS.get(backend)
+  cached_decoder.ROW_DOTS_MAX_ROWS[backend] = 1
+  jax.clear_caches()  # The traces of decode_chunk read the setting.
+  try:
+    compiled = benchmarking.chunk_loop.lower(model, weights, encoded, tokens, start,
+                                             cache_len=cache_len, calls=calls).compile()
+  finally:
+    if saved is None:
+      del cached_decoder.ROW_DOTS_MAX_ROWS[backend]
+    else:
+      cached_decoder.ROW_DOTS_MAX_ROWS[backend] = saved
+    jax.clear_caches()
+  return functools.partial(compiled, weights, encoded, tokens, start)
+
+
 def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int,
            position: int) -> dict[tuple[str, int], callable]:
   """(path, k) -> a function of no arguments running one timed loop."""
@@ -131,6 +154,10 @@ def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int
     loops[("new", k)] = functools.partial(
         benchmarking.chunk_loop, new, prepared.decoder, new_encoded, tokens, start,
         cache_len=cache_len, calls=_CALLS.value)
+    if k <= ONE_PRODUCT_MAX_K:
+      loops[("one_product", k)] = _one_product_loop(
+          new, prepared.decoder, new_encoded, tokens, start, cache_len=cache_len,
+          calls=_CALLS.value)
   return loops
 
 
@@ -199,7 +226,8 @@ def table(rows: list[dict]) -> str:
         speedup = by[(model, "round1", cores, 1)] / by[(model, "new", cores, 1)]
         lines.append(
             f"| {model} | {cores} | {path} | {1e3 * step:.2f} | "
-            + " | ".join(f"{by[(model, path, cores, k)] / step:.2f}" for k in ks[1:])
+            + " | ".join(f"{by[(model, path, cores, k)] / step:.2f}"
+                         if (model, path, cores, k) in by else "-" for k in ks[1:])
             + (f" | **{speedup:.2f}X** |" if path == "new" else " | |"))
   return "\n".join(lines) + "\n"
 
@@ -218,7 +246,8 @@ def main(argv: list[str]) -> None:
   atomic_io.atomic_write_text(os.path.join(out, "tables.md"), (
       f"# One decoder call of k tokens (batch 1, fp32), {env['cpu_model']} x "
       f"{env['cpu_count']}, jax {env['jax']}\n\nT_step in ms; k=2..: T_verify(k) / T_step of "
-      f"the same path and cores. Idle check: other processes {record['other_cores_before']:.2f}"
+      f"the same path and cores (one_product: compiled before timing, so its compile_s is "
+      f"not a compile time). Idle check: other processes {record['other_cores_before']:.2f}"
       f" / {record['other_cores_after']:.2f} cores, calibration "
       f"{record['calibration_ms_before']:.1f} / {record['calibration_ms_after']:.1f} ms "
       f"before / after.\nCommand: python -m experiments.benchmark_decode_step\n\n{text}"))

@@ -19,6 +19,7 @@ import functools
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -302,8 +303,22 @@ def _cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
+def _git_commit() -> str | None:
+  """The commit of the checkout this package runs from, "+changes" if its code differs
+  from it; None outside a git checkout (an installed wheel)."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    changed = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "specdec_jax"],
+                             capture_output=True, text=True, check=True, timeout=10).stdout
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return head + ("+changes" if changed.strip() else "")
+
+
 def environment() -> dict[str, Any]:
-  """Where a measurement ran: versions, devices, CPU, load."""
+  """Where a measurement ran: versions, devices, CPU, load, and the code's git commit."""
   devices = jax.devices()
   env = {
       "jax": jax.__version__,
@@ -316,6 +331,9 @@ def environment() -> dict[str, Any]:
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "load_average": list(os.getloadavg()),
   }
+  commit = _git_commit()
+  if commit:
+    env["git_commit"] = commit
   try:
     import torch  # noqa: PLC0415  (optional: only recorded when installed)
     env["torch"] = torch.__version__

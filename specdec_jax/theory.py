@@ -302,6 +302,34 @@ class CostModel:
     tokens = _expected_tokens(_check_alpha(alpha), g)
     return _as_float_or_array(tokens * self.t_target_step / self.iteration_time(int(g)))
 
+  def alpha_needed(self, speedup: float, gamma: int, tol: float = 1e-9) -> float | None:
+    """The smallest alpha at which `expected_speedup(alpha, gamma)` reaches `speedup`.
+
+    E[tokens] grows monotonically with alpha, so bisection finds it. A perfect
+    draft (alpha = 1) yields gamma + 1 tokens per iteration, so no alpha reaches
+    a speedup above (gamma + 1) * t_target_step / iteration_time(gamma).
+
+    Args:
+      speedup: the wall-time improvement asked for, > 0.
+      gamma: draft proposals per iteration.
+      tol: bisection tolerance on alpha.
+
+    Returns:
+      alpha in [0, 1], or None if even alpha = 1 falls short.
+    """
+    if not (np.isfinite(speedup) and speedup > 0):
+      raise ValueError(f"speedup must be a number > 0, got {speedup!r}.")
+    g = int(_check_gamma(gamma))
+    if self.expected_speedup(1.0, g) < speedup:
+      return None
+    lo, hi = 0.0, 1.0
+    if self.expected_speedup(lo, g) >= speedup:
+      return lo
+    while hi - lo > tol:
+      mid = 0.5 * (lo + hi)
+      lo, hi = (lo, mid) if self.expected_speedup(mid, g) >= speedup else (mid, hi)
+    return hi
+
   def optimal_gamma(self, alpha: float, max_gamma: int | None = None) -> OptimalGamma:
     """The gamma maximising `expected_speedup` among those with measured range.
 

@@ -302,7 +302,7 @@ def test_pooled_alpha_is_one_for_the_target_as_its_own_draft():
 
 
 @pytest.mark.parametrize("name,points", [
-    ("quickstart", 2), ("sweep_gamma", 160), ("sweep_draft_size", 28), ("trivial_drafts", 24),
+    ("quickstart", 2), ("sweep_gamma", 176), ("sweep_draft_size", 28), ("trivial_drafts", 24),
     ("paper_table2", 48), ("sweep_batch", 24)])
 def test_shipped_experiment_configs_parse_and_plan(name, points):
   gin.clear_config()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import make_model
 
-from specdec_jax.models import NAMED_CONFIGS, T5Config, T5Model, get_config
+from specdec_jax.models import NAMED_CONFIGS, T5Config, T5Model, cached_decoder, get_config
 
 
 def _flat_names(params: dict) -> set[str]:
@@ -75,6 +75,34 @@ def test_chunked_equals_one_by_one_and_teacher_forcing(family):
   np.testing.assert_allclose(chunked, one_by_one, atol=1e-5, rtol=0)
   np.testing.assert_allclose(chunked, full, atol=1e-5, rtol=0)
   np.testing.assert_array_equal(cache.lengths, [17, 17, 17])
+
+
+@pytest.mark.parametrize("max_rows", [1, 4])
+def test_row_by_row_weight_products_give_the_same_logits(family, max_rows, monkeypatch):
+  """Calls of batch * k <= ROW_DOTS_MAX_ROWS rows multiply the weights row by row
+  (cheaper on XLA:CPU); the logits are the teacher-forced ones whichever way."""
+  monkeypatch.setitem(cached_decoder.ROW_DOTS_MAX_ROWS, jax.default_backend(), max_rows)
+  jax.clear_caches()  # decode_chunk's trace depends on the setting.
+  model, params = make_model(family)
+  for batch in (1, 2):
+    inputs = _inputs(batch=batch)
+    targets = jnp.asarray(np.random.RandomState(2).randint(2, 97, size=(batch, 7)), jnp.int32)
+    encoded = model.encode(params, inputs)
+    full = model.logits(params, inputs, targets)
+    cache, chunked = model.init_cache(batch, 12), []
+    for start, stop in ((0, 1), (1, 3), (3, 4), (4, 7)):
+      tokens = targets[:, start:stop]
+      lowered = jax.jit(model.decode_chunk).lower(params, encoded, cache, tokens).as_text()
+      by_row = 1 < tokens.size <= max_rows
+      assert cached_decoder.row_dots(tokens.size) == by_row
+      # One product per weight matrix (6 per layer and the logits), or one per row.
+      weight_dots = (6 * model.config.num_decoder_layers + 1) * (tokens.size if by_row else 1)
+      attention_dots = 2 * 2 * model.config.num_decoder_layers
+      assert lowered.count("dot_general") == weight_dots + attention_dots
+      logits, cache = model.decode_chunk(params, encoded, cache, tokens)
+      chunked.append(logits)
+    np.testing.assert_allclose(jnp.concatenate(chunked, axis=1), full, atol=1e-5, rtol=0)
+  jax.clear_caches()
 
 
 def test_rows_at_different_lengths_and_rewind(family):

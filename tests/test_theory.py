@@ -109,6 +109,23 @@ def test_cost_model_interpolates_and_penalises_verification():
     model.optimal_gamma(0.8, max_gamma=20)
 
 
+def test_alpha_needed_inverts_the_cost_model():
+  free = theory.CostModel.from_ratios(0.0, {1: 1.0, 2: 1.0, 4: 1.0})
+  assert free.alpha_needed(1.6, 1) == pytest.approx(0.6, abs=1e-8)  # 1 + alpha = 1.6.
+  assert free.alpha_needed(1.0, 3) == 0.0
+  assert free.alpha_needed(2.01, 1) is None  # Two tokens per iteration at most.
+  model = theory.CostModel.from_ratios(0.05, {1: 1.0, 2: 1.6, 4: 1.8})
+  for gamma in (1, 2, 3):
+    for target in (1.0, 1.15):
+      alpha = model.alpha_needed(target, gamma)
+      assert model.expected_speedup(alpha, gamma) == pytest.approx(target, rel=1e-6)
+      assert model.expected_speedup(alpha - 1e-3, gamma) < target
+  assert model.alpha_needed(1.0, 1) == pytest.approx(0.65, abs=1e-8)  # 1 + a = 1.65.
+  assert model.alpha_needed(4.0 / 1.95 + 1e-6, 3) is None
+  with pytest.raises(ValueError, match="speedup must be"):
+    model.alpha_needed(0.0, 1)
+
+
 def test_cost_model_is_immutable_copy():
   table = {1: 1.0, 4: 2.0}
   model = theory.CostModel(t_target_step=1.0, t_draft_step=0.1, t_verify=table)

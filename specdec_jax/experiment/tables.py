@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from specdec_jax import theory
 from specdec_jax.experiment import results_io
 from specdec_jax.experiment.results_io import Row
 
@@ -159,3 +160,40 @@ def verify_table(rows: Sequence[Row]) -> str:
       ["task", "batch", "T_step (ms)", *(f"k={k}" for k in ks)],
       [(task, b, f"{1e3 * np.median([r['t_target_step_s'] for r in groups[(task, b)]]):.2f}",
         *(by_k.get(k, "-") for k in ks)) for (task, b), by_k in costs.items()])
+
+
+def alpha_needed_table(rows: Sequence[Row], speedups: Sequence[float] = (1.0, 1.6),
+                       max_gamma: int = 6) -> str | None:
+  """The alpha each draft would need for a given speedup, from this run's measured costs.
+
+  Per (task, draft) at batch 1: the cost model (`theory.CostModel.alpha_needed`) with the
+  task's median T_verify(k) / T_step and the draft's median c, inverted at each gamma, beside
+  the draft's measured alpha (T=0 / T=1). "-" where even a perfect draft (alpha = 1) falls
+  short; the last column is that perfect draft's best speedup.
+  """
+  batch1 = [r for r in rows if r["batch_size"] == 1]
+  if not batch1:
+    return None
+  ratios = {task: _verify_ratios(g) for (task,), g in results_io.group(batch1, "task").items()}
+  gammas = range(1, min(max_gamma, min(max(r) for r in ratios.values()) - 1) + 1)
+  if not gammas:
+    return None
+  out = []
+  for (task, draft), group in results_io.group(batch1, "task", "draft").items():
+    model = theory.CostModel.from_ratios(float(np.median([r["c"] for r in group])),
+                                         ratios[task])
+    by_t = results_io.group(group, "temperature")
+    measured = " / ".join(
+        f"{sum(r['beta_sum'] for r in g) / sum(r['beta_count'] for r in g):.2f}"
+        for _, g in sorted(by_t.items()))
+    cells = []
+    for gamma in gammas:
+      needed = [model.alpha_needed(s, gamma) for s in speedups]
+      cells.append(" / ".join("-" if a is None else f"{a:.2f}" for a in needed))
+    ceiling = max(float(model.expected_speedup(1.0, g)) for g in gammas)
+    out.append((task, draft, measured, f"{model.t_draft_step:.3f}", *cells,
+                f"{ceiling:.2f}X"))
+  wanted = " / ".join(f"{s:g}X" for s in speedups)
+  return md_table(["task", "draft", "alpha measured (T=0 / T=1)", "c",
+                   *(f"gamma={g}: alpha for {wanted}" for g in gammas),
+                   "alpha = 1 gives"], out)
