@@ -59,6 +59,9 @@ def analyze_dir(results_dir: str) -> str:
     parts += ["### Speedup vs batch size\n", batches]
   parts += ["### Verification cost: T_verify(k) / T_step (Thm 3.8 assumes 1)\n",
             tables.verify_table(rows)]
+  needed = tables.alpha_needed_table(rows)
+  if needed:
+    parts += ["### The alpha a draft would need, from this run's costs (cost model)\n", needed]
   parts += ["### All points\n", tables.points_table(rows)]
   for title, fig in drawn.items():
     if fig:
