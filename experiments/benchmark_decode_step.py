@@ -53,7 +53,9 @@ from specdec_jax.data import layout
 from specdec_jax.experiment import family, gin_flags, settings
 from specdec_jax.models import T5Model, cached_decoder
 
-_MODELS = flags.DEFINE_list("models", list(family.FAMILY), "Members to time.")
+_MODELS = flags.DEFINE_list(
+    "models", [m for m in family.FAMILY if m not in family.SHARED_ENCODER],
+    "Members to time (T5 encoder-decoders; a shared-encoder draft has no encoder of its own).")
 _ROUND1_REF = flags.DEFINE_string("round1_ref", "c7823d4",
                                   "Git revision whose specdec_jax/models/ is the round-1 path.")
 _MAX_K = flags.DEFINE_integer("max_k", 8, "Largest chunk length timed.", lower_bound=1)
