@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from types import ModuleType
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -119,19 +120,11 @@ def _round1_loop(model, params: dict, encoded, tokens: jax.Array, start: jax.Arr
 def _one_product_loop(model: T5Model, weights, encoded, tokens: jax.Array, start: jax.Array, *,
                       cache_len: int, calls: int) -> callable:
   """`benchmarking.chunk_loop` compiled now with `ROW_DOTS_MAX_ROWS` off (one product)."""
-  backend = jax.default_backend()
-  saved = cached_decoder.ROW_DOTS_MAX_ROWS.get(backend)
-  cached_decoder.ROW_DOTS_MAX_ROWS[backend] = 1
-  jax.clear_caches()  # The traces of decode_chunk read the setting.
-  try:
+  with mock.patch.dict(cached_decoder.ROW_DOTS_MAX_ROWS, {jax.default_backend(): 1}):
+    jax.clear_caches()  # The traces of decode_chunk read the setting.
     compiled = benchmarking.chunk_loop.lower(model, weights, encoded, tokens, start,
                                              cache_len=cache_len, calls=calls).compile()
-  finally:
-    if saved is None:
-      del cached_decoder.ROW_DOTS_MAX_ROWS[backend]
-    else:
-      cached_decoder.ROW_DOTS_MAX_ROWS[backend] = saved
-    jax.clear_caches()
+  jax.clear_caches()
   return functools.partial(compiled, weights, encoded, tokens, start)
 
 

@@ -303,9 +303,11 @@ def _cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
+@functools.cache
 def _git_commit() -> str | None:
   """The commit of the checkout this package runs from, "+changes" if its code differs
-  from it; None outside a git checkout (an installed wheel)."""
+  from it; None outside a git checkout (an installed wheel). Read once per process: the
+  code a process runs is what it imported."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
     head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"],

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from specdec_jax import theory
+from specdec_jax import stats, theory
 from specdec_jax.experiment import results_io
 from specdec_jax.experiment.results_io import Row
 
@@ -39,18 +39,21 @@ def table2(rows: Sequence[Row]) -> str:
                     f"{r['speedup_measured']:.2f}X") for r in results_io.best_rows(rows)])
 
 
+def pooled_alpha(rows: Sequence[Row]) -> float | None:
+  """alpha (mean beta, `stats.alpha_beta`) pooled over the verified positions of `rows`;
+  None if they verified none."""
+  count = sum(r["beta_count"] for r in rows)
+  return float(stats.alpha_beta(sum(r["beta_sum"] for r in rows), count)) if count else None
+
+
 def table3(rows: Sequence[Row]) -> str:
   """The paper's Table 3: alpha (mean beta over all of a draft's points) at each T."""
   temps = sorted({r["temperature"] for r in rows})
   out = []
   for (task, draft), group in results_io.group(rows, "task", "draft").items():
     by_t = results_io.group(group, "temperature")
-    alphas = []
-    for t in temps:
-      g = by_t.get((t,), [])
-      count = sum(r["beta_count"] for r in g)
-      alphas.append(sum(r["beta_sum"] for r in g) / count if count else "-")
-    out.append((task, draft, *alphas))
+    alphas = [pooled_alpha(by_t.get((t,), [])) for t in temps]
+    out.append((task, draft, *("-" if a is None else a for a in alphas)))
   return md_table(["task", "draft", *(f"alpha T={t:g}" for t in temps)], out)
 
 
@@ -182,10 +185,8 @@ def alpha_needed_table(rows: Sequence[Row], speedups: Sequence[float] = (1.0, 1.
   for (task, draft), group in results_io.group(batch1, "task", "draft").items():
     model = theory.CostModel.from_ratios(float(np.median([r["c"] for r in group])),
                                          ratios[task])
-    by_t = results_io.group(group, "temperature")
-    measured = " / ".join(
-        f"{sum(r['beta_sum'] for r in g) / sum(r['beta_count'] for r in g):.2f}"
-        for _, g in sorted(by_t.items()))
+    measured = " / ".join(f"{pooled_alpha(g):.2f}"
+                          for g in results_io.group(group, "temperature").values())
     cells = []
     for gamma in gammas:
       needed = [model.alpha_needed(s, gamma) for s in speedups]

@@ -51,8 +51,9 @@ COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 # products 1.5X: the target's 2-token call (a verification at gamma = 1, a
 # draft's catch-up chunk) drops from 1.83 to 1.52 one-token steps, its batch-2
 # step from 1.9X to 1.6X a batch-1 step; from 3 rows one product wins (2-core
-# Zen 4, results/decode_step). Accelerators read every weight once per product,
-# so they keep one product (no entry: 1).
+# Zen 4, measured side by side; `experiments.benchmark_decode_step` times both
+# ways, its `one_product` path). Accelerators read every weight once per
+# product, so they keep one product (no entry: 1).
 ROW_DOTS_MAX_ROWS = {"cpu": 2}
 
 # Logical axes of each keys / values array (self-attention caches and the
