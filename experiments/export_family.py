@@ -48,6 +48,8 @@ ROLES = {
     "draft_shared_enc": "a draft decoder that reads the target's encoder outputs (no encoder "
                         "of its own), trained on the target's own outputs with a token-level "
                         "term to the target's logits, the target frozen",
+    "draft_shared_enc_long": "draft_shared_enc trained 4000 steps more on the same recipe "
+                             "(its first stage is draft_shared_enc)",
 }
 DISTILL_DATA = ("the target's own outputs on every training input of `specdec_mix` (its "
                 "greedy output and 4 samples at T=1 each; `python -m experiments.distill_data`, "

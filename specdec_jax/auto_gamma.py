@@ -8,10 +8,14 @@ step costs (`theory.CostModel`),
 
 so three things decide gamma: alpha (how often the target accepts a proposal),
 c = T_draft / T_step, and T_verify(k) / T_step, the cost of scoring k tokens in
-one call (1 on the paper's accelerators; 1.1-1.9 on a CPU). `choose_gamma`
+one call (1 on the paper's accelerators; 1.1-2.2 on a CPU). `choose_gamma`
 measures them in a short calibration and returns the gamma in 1..max_gamma of
 highest predicted speedup, with everything the decision used and a one-line
-reason:
+reason. The measured T_verify(k) / T_step are first fitted non-decreasing in k
+(`stats.nondecreasing_fit`): a k-token call costs at least a (k-1)-token one,
+and a short timing that dips at large k would otherwise pick a long gamma on
+noise (a quickstart calibration measured T_verify(7) / T_step = 1.33 below
+T_verify(4) / T_step = 1.90 and chose gamma = 6, slower than gamma = 3):
 
   choice = choose_gamma(target, target_params, draft, inputs, max_decode_len=64,
                         temperature=1.0)
@@ -50,7 +54,7 @@ from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import SpeculativeStats, speculative_sample
 from specdec_jax.models import T5Model
-from specdec_jax.stats import Pooled
+from specdec_jax.stats import Pooled, nondecreasing_fit
 
 Array = jax.Array
 
@@ -91,7 +95,9 @@ class GammaChoice:
     alpha_measured: the calibration's estimates; None when alpha was given.
     c: T_draft / T_step, the draft's cost per proposed token over the
       target's one-token step.
-    verify_ratio: {k: T_verify(k) / T_step} for k = 1..max_gamma + 1.
+    verify_ratio: {k: T_verify(k) / T_step} for k = 1..max_gamma + 1, fitted
+      non-decreasing in k: what the decision used.
+    verify_ratio_measured: the same ratios as timed, before the fit.
     speedup_cost_model: {gamma: speedup predicted by `theory.CostModel`}.
     speedup_thm38: {gamma: `theory.walltime_improvement`} (verification free).
     calibration_s: wall-clock seconds the calibration took (compilation included).
@@ -105,6 +111,7 @@ class GammaChoice:
   alpha_measured: AlphaEstimate | None
   c: float
   verify_ratio: Mapping[int, float]
+  verify_ratio_measured: Mapping[int, float]
   speedup_cost_model: Mapping[int, float]
   speedup_thm38: Mapping[int, float]
   calibration_s: float
@@ -126,6 +133,7 @@ class GammaChoice:
         "alpha_measured": None if measured is None else measured._asdict(),
         "c": self.c,
         "verify_ratio": {str(k): v for k, v in self.verify_ratio.items()},
+        "verify_ratio_measured": {str(k): v for k, v in self.verify_ratio_measured.items()},
         "speedup_cost_model": {str(g): s for g, s in self.speedup_cost_model.items()},
         "speedup_thm38": {str(g): s for g, s in self.speedup_thm38.items()},
         "helps": self.helps,
@@ -174,6 +182,17 @@ def _check_alpha(alpha: Any) -> float:
   return value
 
 
+def fitted_ratios(ratios: Mapping[int, float]) -> dict[int, float]:
+  """{k: T_verify(k) / T_step} fitted non-decreasing in k (`stats.nondecreasing_fit`).
+
+  Args:
+    ratios: {k: T_verify(k) / T_step} as measured (checked, int keys).
+  """
+  ks = sorted(ratios)
+  return dict(zip(ks, map(float, nondecreasing_fit([ratios[k] for k in ks])),
+                  strict=True))
+
+
 def _cost_model(c: Any, ratios: Mapping[int, float]) -> theory.CostModel:
   c = validation.as_real("c", c, minimum=0.0, what="T_draft / T_step")
   return theory.CostModel.from_ratios(c, ratios)
@@ -187,7 +206,8 @@ def decide(alpha: float, c: float, verify_ratio: Mapping[int, float],
     alpha: acceptance rate in [0, 1].
     c: T_draft / T_step, >= 0.
     verify_ratio: {k: T_verify(k) / T_step}, every k = 2..max_gamma + 1 present
-      (1.0 everywhere is the paper's Theorem 3.8).
+      (1.0 everywhere is the paper's Theorem 3.8); fitted non-decreasing in k
+      (`fitted_ratios`) before the decision.
     max_gamma: the largest gamma considered (default: the largest k - 1).
 
   Returns:
@@ -197,7 +217,8 @@ def decide(alpha: float, c: float, verify_ratio: Mapping[int, float],
     ValueError: naming the bad argument.
   """
   ratios, max_gamma = _check_verify_ratio(verify_ratio, max_gamma)
-  return _cost_model(c, ratios).optimal_gamma(_check_alpha(alpha), max_gamma).gamma
+  return _cost_model(c, fitted_ratios(ratios)).optimal_gamma(_check_alpha(alpha),
+                                                             max_gamma).gamma
 
 
 def _fmt(gamma: int, speedups: Mapping[int, float]) -> str:
@@ -249,19 +270,21 @@ def make_choice(alpha: float | AlphaEstimate, t_chunk: Mapping[int, float], t_dr
   if t_step <= 0:
     raise ValueError(f"t_chunk[1] (T_step) must be a time > 0 s, got {t_step}.")
   t_draft = validation.as_real("t_draft", t_draft, minimum=0.0, what="seconds per draft token")
-  ratios, max_gamma = _check_verify_ratio(
+  measured_ratios, max_gamma = _check_verify_ratio(
       {k: validation.as_real(f"t_chunk[{k}]", t, what="seconds") / t_step
        for k, t in t_chunk.items()}, max_gamma, name="t_chunk")
+  ratios = fitted_ratios(measured_ratios)
   c = t_draft / t_step
   model = _cost_model(c, ratios)
   gammas = range(1, max_gamma + 1)
   cost_model = {g: float(model.expected_speedup(alpha, g)) for g in gammas}
   thm38 = {g: float(theory.walltime_improvement(alpha, g, c)) for g in gammas}
   gamma = model.optimal_gamma(alpha, max_gamma).gamma
-  verify_ratio = {k: ratios[k] for k in sorted(ratios) if k <= max_gamma + 1}
+  used = [k for k in sorted(ratios) if k <= max_gamma + 1]
   return GammaChoice(
       gamma=gamma, alpha=alpha, alpha_measured=measured, c=c,
-      verify_ratio=types.MappingProxyType(verify_ratio),
+      verify_ratio=types.MappingProxyType({k: ratios[k] for k in used}),
+      verify_ratio_measured=types.MappingProxyType({k: measured_ratios[k] for k in used}),
       speedup_cost_model=types.MappingProxyType(cost_model),
       speedup_thm38=types.MappingProxyType(thm38), calibration_s=float(calibration_s),
       idle_check=None if idle_check is None else types.MappingProxyType(dict(idle_check)),

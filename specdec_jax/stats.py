@@ -56,6 +56,32 @@ def tokens_per_call(tokens: Any, calls: Any) -> np.ndarray:
   return np.asarray(tokens, np.int64) / np.maximum(np.asarray(calls, np.int64), 1)
 
 
+def nondecreasing_fit(values: Sequence[float]) -> np.ndarray:
+  """The non-decreasing sequence closest to `values` in least squares (pool adjacent violators).
+
+  Scoring k + 1 tokens in one call costs at least what scoring k does, so
+  measured T_verify(k) / T_step that dip as k grows are timing noise: each run
+  of values that breaks the order is replaced by its mean. A sequence already
+  in order is returned as it is.
+
+  Args:
+    values: `[n]` measurements in the order that must not decrease.
+
+  Returns:
+    float64 `[n]`, non-decreasing.
+  """
+  blocks: list[list[float]] = []  # [mean, count] of each pooled run, in order.
+  for value in np.asarray(values, np.float64).ravel():
+    blocks.append([float(value), 1.0])
+    while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+      mean, count = blocks.pop()
+      prev_mean, prev_count = blocks[-1]
+      blocks[-1] = [(prev_mean * prev_count + mean * count) / (prev_count + count),
+                    prev_count + count]
+  return np.concatenate([np.full(int(count), mean) for mean, count in blocks]
+                        ) if blocks else np.zeros(0)
+
+
 def draft_cost(t_draft_token_s: float, t_step_s: float) -> float:
   """c: seconds per proposed draft token over seconds per one-token target step."""
   return t_draft_token_s / t_step_s

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import make_model
 
-from specdec_jax import auto_gamma, benchmarking, theory
+from specdec_jax import auto_gamma, benchmarking, stats, theory
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.decoding.drafts import T5Draft
 from specdec_jax.decoding.speculative import SpeculativeStats
@@ -88,6 +88,43 @@ def test_make_choice_says_when_nothing_helps():
   assert choice.gamma == 1 and not choice.helps and choice.alpha_measured is None
   assert choice.reason.endswith("no gamma is predicted to beat the target alone")
   assert choice.to_json()["alpha_source"] == "given"
+
+
+def _closest_nondecreasing(values: list[float]) -> np.ndarray:
+  """Least-squares non-decreasing fit by brute force: the fit is constant on runs of
+  consecutive values, so try every split into runs and keep the best ordered one."""
+  n, best, best_err = len(values), None, np.inf
+  for cuts in range(2 ** (n - 1)):
+    bounds = [0] + [i + 1 for i in range(n - 1) if cuts >> i & 1] + [n]
+    fit = np.concatenate([np.full(b - a, np.mean(values[a:b]))
+                          for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+    err = np.sum((fit - values) ** 2)
+    if np.all(np.diff(fit) >= -1e-12) and err < best_err:
+      best, best_err = fit, err
+  return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_nondecreasing_fit_is_the_closest_ordered_sequence(seed):
+  values = list(np.random.RandomState(seed).uniform(1.0, 2.5, size=7))
+  np.testing.assert_allclose(stats.nondecreasing_fit(values), _closest_nondecreasing(values))
+  ordered = sorted(values)
+  np.testing.assert_array_equal(stats.nondecreasing_fit(ordered), ordered)
+
+
+def test_choice_smooths_a_dip_in_verification_cost():
+  """The quickstart calibration that chose gamma = 6 on a T_verify(7) timed below T_verify(4)."""
+  measured = {1: 1.0, 2: 1.35, 3: 1.49, 4: 1.90, 5: 1.49, 6: 1.39, 7: 1.33, 8: 1.57, 9: 1.67}
+  choice = auto_gamma.make_choice(0.47, measured, 0.064, max_gamma=8)
+  fitted = list(choice.verify_ratio.values())
+  np.testing.assert_allclose(fitted[3:7], np.mean([1.90, 1.49, 1.39, 1.33]))
+  assert np.all(np.diff(fitted) >= 0) and dict(choice.verify_ratio_measured) == measured
+  np.testing.assert_allclose(list(choice.speedup_cost_model.values()),
+                             _by_hand(0.47, 0.064, choice.verify_ratio, 8))
+  assert choice.gamma == auto_gamma.decide(0.47, 0.064, measured) <= 3
+  # Unfitted, the dip wins: gamma = 6.
+  assert theory.CostModel.from_ratios(0.064, measured).optimal_gamma(0.47, 8).gamma == 6
+  assert json.loads(json.dumps(choice.to_json()))["verify_ratio_measured"]["7"] == 1.33
 
 
 def test_pooled_alpha_pools_rows():
