@@ -10,6 +10,8 @@ setuptools.setup(
         "in JAX/Flax, in the style of T5X."
     ),
     packages=setuptools.find_packages(include=["specdec_jax", "specdec_jax.*", "experiments"]),
+    # The CPU weight-product kernel, compiled on first use (specdec_jax/models/panel_dot.py).
+    package_data={"specdec_jax.models": ["panel_dot.cc"]},
     python_requires=">=3.10",
     install_requires=[
         # jax.set_mesh / jax.shard_map (0.7); results measured on jax 0.10.2.

@@ -3,16 +3,16 @@ r"""One decoder call of k tokens, round 1's decode path against today's, side by
 For the target and each draft of the shipped family, times T_step (k = 1) and
 T_verify(k) (k = 2..8): the seconds of one cached `decode_chunk` call scoring k
 tokens per row, inside a jitted loop of `--calls` calls (no Python per call),
-halfway into a `Settings.max_decode_len` generation. Two paths:
+halfway into a `Settings.max_decode_len` generation. Three paths:
 
-  round1: the model code of git revision `--round1_ref` (the T5X-layout tree
-          read by the Flax modules on every call, keys/values `[batch, len,
-          heads, d_kv]`, XLA's default dot libraries), loaded from git;
-  new:    `T5Model.prepare` once, then `cached_decoder` (fused projections,
-          dot-friendly cache layouts, `cached_decoder.COMPILER_OPTIONS`, calls of
-          up to `cached_decoder.ROW_DOTS_MAX_ROWS` rows multiplied row by row);
-  one_product: `new` with every call in one weight product per matrix, for
-          k <= 3 (the programs differ only where `new` goes row by row).
+  round1:   the model code of git revision `--round1_ref` (the T5X-layout tree
+            read by the Flax modules on every call, keys/values `[batch, len,
+            heads, d_kv]`, XLA's default dot libraries), loaded from git;
+  xla_dots: `T5Model.prepare` once, then `cached_decoder` (fused projections,
+            dot-friendly cache layouts, `cached_decoder.COMPILER_OPTIONS`) with
+            XLA's weight products (`PANEL_DOTS` off; calls of up to
+            `ROW_DOTS_MAX_ROWS` rows multiplied row by row);
+  new:      the same with the weights packed for `panel_dot` (the default).
 
 each on both cores and pinned to one (`os.sched_setaffinity` on every thread of
 the process). All combinations are interleaved within each repetition; medians
@@ -66,8 +66,7 @@ _REPETITIONS = flags.DEFINE_integer("repetitions", 7, "Timed runs of every loop 
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", os.path.join("results", "decode_step"),
                                   "Where results.jsonl and tables.md go.")
 
-PATHS = ("round1", "new", "one_product")
-ONE_PRODUCT_MAX_K = 3
+PATHS = ("round1", "xla_dots", "new")
 CORES = (2, 1)
 
 
@@ -117,15 +116,10 @@ def _round1_loop(model, params: dict, encoded, tokens: jax.Array, start: jax.Arr
   return jax.lax.fori_loop(0, calls, body, (cache, jnp.zeros((), jnp.float32)))[1]
 
 
-def _one_product_loop(model: T5Model, weights, encoded, tokens: jax.Array, start: jax.Array, *,
-                      cache_len: int, calls: int) -> callable:
-  """`benchmarking.chunk_loop` compiled now with `ROW_DOTS_MAX_ROWS` off (one product)."""
-  with mock.patch.dict(cached_decoder.ROW_DOTS_MAX_ROWS, {jax.default_backend(): 1}):
-    jax.clear_caches()  # The traces of decode_chunk read the setting.
-    compiled = benchmarking.chunk_loop.lower(model, weights, encoded, tokens, start,
-                                             cache_len=cache_len, calls=calls).compile()
-  jax.clear_caches()
-  return functools.partial(compiled, weights, encoded, tokens, start)
+def _xla_dots_weights(model: T5Model, params: dict):
+  """`model.prepare(params)` with `PANEL_DOTS` off: `[K, N]` weights for XLA's dots."""
+  with mock.patch.dict(cached_decoder.PANEL_DOTS, {jax.default_backend(): False}):
+    return model.prepare(params)
 
 
 def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int,
@@ -137,8 +131,8 @@ def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int
   old = round1.T5Model(old_cfg)
   old_encoded = old.encode(params, inputs)
   new = T5Model(cfg)
-  prepared = new.prepare(params)
-  new_encoded = new.encode(prepared, inputs)
+  prepared = {"new": new.prepare(params), "xla_dots": _xla_dots_weights(new, params)}
+  new_encoded = new.encode(prepared["new"], inputs)
   start = jnp.full((inputs.shape[0],), position, jnp.int32)
   loops = {}
   for k in range(1, _MAX_K.value + 1):
@@ -146,13 +140,10 @@ def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int
     loops[("round1", k)] = functools.partial(
         _round1_loop, old, params, old_encoded, tokens, start, cache_len=cache_len,
         calls=_CALLS.value)
-    loops[("new", k)] = functools.partial(
-        benchmarking.chunk_loop, new, prepared.decoder, new_encoded, tokens, start,
-        cache_len=cache_len, calls=_CALLS.value)
-    if k <= ONE_PRODUCT_MAX_K:
-      loops[("one_product", k)] = _one_product_loop(
-          new, prepared.decoder, new_encoded, tokens, start, cache_len=cache_len,
-          calls=_CALLS.value)
+    for path, weights in prepared.items():
+      loops[(path, k)] = functools.partial(
+          benchmarking.chunk_loop, new, weights.decoder, new_encoded, tokens, start,
+          cache_len=cache_len, calls=_CALLS.value)
   return loops
 
 
@@ -212,18 +203,17 @@ def table(rows: list[dict]) -> str:
   models = list(dict.fromkeys(r["model"] for r in rows))
   ks = sorted({r["k"] for r in rows})
   head = ("| model | cores | path | T_step ms | " + " | ".join(f"k={k}" for k in ks[1:])
-          + " | new step speedup |")
+          + " | step speedup over round1 |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
   for model in models:
     for cores in CORES:
       for path in PATHS:
         step = by[(model, path, cores, 1)]
-        speedup = by[(model, "round1", cores, 1)] / by[(model, "new", cores, 1)]
+        speedup = by[(model, "round1", cores, 1)] / step
         lines.append(
             f"| {model} | {cores} | {path} | {1e3 * step:.2f} | "
-            + " | ".join(f"{by[(model, path, cores, k)] / step:.2f}"
-                         if (model, path, cores, k) in by else "-" for k in ks[1:])
-            + (f" | **{speedup:.2f}X** |" if path == "new" else " | |"))
+            + " | ".join(f"{by[(model, path, cores, k)] / step:.2f}" for k in ks[1:])
+            + (f" | {speedup:.2f}X |" if path != "round1" else " | |"))
   return "\n".join(lines) + "\n"
 
 
@@ -241,8 +231,8 @@ def main(argv: list[str]) -> None:
   atomic_io.atomic_write_text(os.path.join(out, "tables.md"), (
       f"# One decoder call of k tokens (batch 1, fp32), {env['cpu_model']} x "
       f"{env['cpu_count']}, jax {env['jax']}\n\nT_step in ms; k=2..: T_verify(k) / T_step of "
-      f"the same path and cores (one_product: compiled before timing, so its compile_s is "
-      f"not a compile time). Idle check: other processes {record['other_cores_before']:.2f}"
+      f"the same path and cores. Weight products of `new`: {env['weight_dots']}. Idle "
+      f"check: other processes {record['other_cores_before']:.2f}"
       f" / {record['other_cores_after']:.2f} cores, calibration "
       f"{record['calibration_ms_before']:.1f} / {record['calibration_ms_after']:.1f} ms "
       f"before / after.\nCommand: python -m experiments.benchmark_decode_step\n\n{text}"))

@@ -332,6 +332,7 @@ def environment() -> dict[str, Any]:
       "python": platform.python_version(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "load_average": list(os.getloadavg()),
+      "weight_dots": cached_decoder.weight_dots(),
   }
   commit = _git_commit()
   if commit:

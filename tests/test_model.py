@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 from conftest import make_model
 
-from specdec_jax.models import NAMED_CONFIGS, T5Config, T5Model, cached_decoder, get_config
+from specdec_jax.models import (
+    NAMED_CONFIGS,
+    T5Config,
+    T5Model,
+    cached_decoder,
+    get_config,
+    panel_dot,
+)
 
 
 def _flat_names(params: dict) -> set[str]:
@@ -80,8 +87,10 @@ def test_chunked_equals_one_by_one_and_teacher_forcing(family):
 @pytest.mark.parametrize("max_rows", [1, 4])
 def test_row_by_row_weight_products_give_the_same_logits(family, max_rows, monkeypatch):
   """Calls of batch * k <= ROW_DOTS_MAX_ROWS rows multiply the weights row by row
-  (cheaper on XLA:CPU); the logits are the teacher-forced ones whichever way."""
+  (cheaper on XLA:CPU with XLA's dots); the logits are the teacher-forced ones
+  whichever way."""
   monkeypatch.setitem(cached_decoder.ROW_DOTS_MAX_ROWS, jax.default_backend(), max_rows)
+  monkeypatch.setitem(cached_decoder.PANEL_DOTS, jax.default_backend(), False)
   jax.clear_caches()  # decode_chunk's trace depends on the setting.
   model, params = make_model(family)
   for batch in (1, 2):
@@ -186,9 +195,17 @@ def test_prepared_weights_give_the_t5x_trees_logits_and_are_remembered(family):
   assert model.prepare(jax.tree.map(np.asarray, params)) is not prepared  # numpy: not kept.
   layer = prepared.decoder.layers[0]
   cfg = model.config
-  assert layer.qkv.shape == (cfg.d_model, 3 * cfg.num_heads * cfg.d_kv)
-  assert layer.wi.shape == (cfg.d_model, (2 if cfg.gated else 1) * cfg.d_ff)
-  assert prepared.decoder.logits.shape == (cfg.d_model, cfg.vocab_size)
+
+  def matrix(w):  # A packed weight (panel_dot) as the [K, N] matrix it holds.
+    return panel_dot.unpack(w) if w.ndim == 3 else w
+
+  assert matrix(layer.qkv).shape == (cfg.d_model, 3 * cfg.num_heads * cfg.d_kv)
+  assert matrix(layer.wi).shape == (cfg.d_model, (2 if cfg.gated else 1) * cfg.d_ff)
+  assert matrix(prepared.decoder.logits).shape == (cfg.d_model, cfg.vocab_size)
+  dec = params["decoder"]["layers_0"]
+  wi = (jnp.concatenate([dec["mlp"]["wi_0"]["kernel"], dec["mlp"]["wi_1"]["kernel"]], 1)
+        if cfg.gated else dec["mlp"]["wi"]["kernel"])
+  np.testing.assert_array_equal(matrix(layer.wi), wi)
   inputs, targets = _inputs(), _inputs(seed=4)
   reference = model.logits(params, inputs, targets)  # The Flax modules on the T5X tree.
   encoded = model.encode(prepared, inputs)

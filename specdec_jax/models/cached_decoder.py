@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax.models import layers
+from specdec_jax.models import layers, panel_dot
 from specdec_jax.models.config import T5Config
 
 Array = jax.Array
@@ -51,10 +51,16 @@ COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 # products 1.5X: the target's 2-token call (a verification at gamma = 1, a
 # draft's catch-up chunk) drops from 1.83 to 1.52 one-token steps, its batch-2
 # step from 1.9X to 1.6X a batch-1 step; from 3 rows one product wins (2-core
-# Zen 4, measured side by side; `experiments.benchmark_decode_step` times both
-# ways, its `one_product` path). Accelerators read every weight once per
-# product, so they keep one product (no entry: 1).
+# Zen 4, measured side by side in commit 17c2e6a's benchmark_decode_step). It
+# applies to XLA's dots only (weights not packed for `panel_dot`).
+# Accelerators read every weight once per product, so they keep one product
+# (no entry: 1).
 ROW_DOTS_MAX_ROWS = {"cpu": 2}
+
+# Backends whose float32 decoder weights are packed into panels for
+# `panel_dot` (an XLA FFI custom call; needs a C++ compiler at first use, else
+# XLA's dots and `ROW_DOTS_MAX_ROWS` apply). PANEL_DOTS_MEASURED
+PANEL_DOTS = {"cpu": True}
 
 # Logical axes of each keys / values array (self-attention caches and the
 # encoder's cross-attention keys/values) under a multi-device mesh, where batch
@@ -174,6 +180,9 @@ class EncodedInputs:
 class LayerWeights:
   """One decoder layer's weights, prepared for generation.
 
+  Each `[K, N]` matrix below is `[N / 64, K, 64]` panels instead where `prepare`
+  packed it (`panel_dot.pack`).
+
   Attributes:
     self_norm: `[d_model]` scale before self-attention.
     qkv: `[d_model, 3 * heads * d_kv]`, the query, key and value kernels side by side.
@@ -208,7 +217,8 @@ class DecodeWeights:
     layers: one `LayerWeights` per decoder layer.
     final_norm: `[d_model]` scale of the final layer norm.
     logits: `[d_model, vocab]`: `logits_dense` (T5.1.1), or the embedding
-      transposed and scaled by d_model^-0.5 (T5 v1.0, tied).
+      transposed and scaled by d_model^-0.5 (T5 v1.0, tied); panels where
+      packed, as the layers' matrices.
   """
 
   embedding: Array
@@ -231,10 +241,34 @@ class PreparedParams:
   decoder: DecodeWeights
 
 
-def prepare(config: T5Config, params: dict) -> DecodeWeights:
-  """The decoder weights of a T5X-layout parameter tree, fused and cast for generation."""
+def weight_dots() -> str:
+  """What multiplies the decoder's float32 weights now: "panel_dot" (`PANEL_DOTS` of
+  the default backend, one device and the custom call built), or "xla (<why not>)"."""
+  backend = jax.default_backend()
+  if not PANEL_DOTS.get(backend, False):
+    return f"xla (PANEL_DOTS off on {backend})"
+  if layers.split_heads_layout():
+    return "xla (a mesh of more than one device)"
+  return "panel_dot" if panel_dot.available() else f"xla (panel_dot {panel_dot.status()})"
+
+
+def panel_dots() -> bool:
+  """Whether `prepare` packs weights for `panel_dot` now (`weight_dots`)."""
+  return weight_dots() == "panel_dot"
+
+
+def prepare(config: T5Config, params: dict, panels: bool = False) -> DecodeWeights:
+  """The decoder weights of a T5X-layout parameter tree, fused and cast for generation.
+
+  With `panels` (`panel_dots()`), every weight matrix that `panel_dot.packable`
+  is stored as `[N / 64, K, 64]` panels (`panel_dot.pack`) and multiplied by
+  `panel_dot.dot`.
+  """
   dtype = config.compute_dtype
   dec = params["decoder"]
+
+  def layout(w: Array) -> Array:
+    return panel_dot.pack(w) if panels and panel_dot.packable(w) else w
 
   def kernel(tree: dict) -> Array:
     return jnp.asarray(tree["kernel"], dtype)
@@ -247,15 +281,15 @@ def prepare(config: T5Config, params: dict) -> DecodeWeights:
           if config.gated else kernel(mlp["wi"]))
     prepared.append(LayerWeights(
         self_norm=p["pre_self_attention_layer_norm"]["scale"],
-        qkv=jnp.concatenate([kernel(att["query"]), kernel(att["key"]), kernel(att["value"])],
-                            axis=1),
-        self_out=kernel(att["out"]),
+        qkv=layout(jnp.concatenate(
+            [kernel(att["query"]), kernel(att["key"]), kernel(att["value"])], axis=1)),
+        self_out=layout(kernel(att["out"])),
         cross_norm=p["pre_cross_attention_layer_norm"]["scale"],
-        cross_query=kernel(cross["query"]),
-        cross_out=kernel(cross["out"]),
+        cross_query=layout(kernel(cross["query"])),
+        cross_out=layout(kernel(cross["out"])),
         mlp_norm=p["pre_mlp_layer_norm"]["scale"],
-        wi=wi,
-        wo=kernel(mlp["wo"])))
+        wi=layout(wi),
+        wo=layout(kernel(mlp["wo"]))))
   embedding = jnp.asarray(params["token_embedder"]["embedding"], dtype)
   if config.tie_word_embeddings:
     logits = embedding.T * jnp.asarray(config.d_model**-0.5, dtype)
@@ -263,7 +297,7 @@ def prepare(config: T5Config, params: dict) -> DecodeWeights:
     logits = kernel(dec["logits_dense"])
   return DecodeWeights(embedding=embedding, relpos=dec["relpos_bias"]["rel_embedding"],
                        layers=tuple(prepared), final_norm=dec["decoder_norm"]["scale"],
-                       logits=logits)
+                       logits=layout(logits))
 
 
 def _write(cache: Array, chunk: Array, start: Array, axis: int) -> Array:
@@ -301,7 +335,12 @@ def row_dots(rows: int) -> bool:
 
 
 def _dense(x: Array, kernel: Array, by_row: bool) -> Array:
-  """`x [batch, k, d_in] @ kernel [d_in, d_out]`, one row-vector product per row if `by_row`."""
+  """`x [batch, k, d_in] @ kernel [d_in, d_out]`, one row-vector product per row if `by_row`.
+
+  A kernel packed into panels (`[d_out / 64, d_in, 64]`) goes to `panel_dot.dot`.
+  """
+  if kernel.ndim == 3:
+    return panel_dot.dot(x, kernel).astype(x.dtype)
   if not by_row:
     return jnp.dot(x, kernel)
   flat = x.reshape(-1, x.shape[-1])

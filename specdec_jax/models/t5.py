@@ -52,7 +52,7 @@ from specdec_jax.models.layers import (
 
 Array = jax.Array
 
-# T5Model.prepare's memory: (config, ids of the tree's arrays) -> (the arrays, which
+# T5Model.prepare's memory: (config, panels, ids of the tree's arrays) -> (the arrays, which
 # keep the ids valid, and their PreparedParams), most recently used last.
 _PREPARED: collections.OrderedDict[tuple, tuple[list, PreparedParams]] = (
     collections.OrderedDict())
@@ -305,22 +305,24 @@ class T5Model:
     """
     if isinstance(params, PreparedParams):
       return params
+    panels = cached_decoder.panel_dots()
     leaves = jax.tree.leaves(params)
     if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
-      return PreparedParams(params, self._prepare_decoder(params))  # Traced or numpy: no memory.
-    key = (self.config, tuple(map(id, leaves)))
+      # Traced or numpy: no memory.
+      return PreparedParams(params, self._prepare_decoder(params, panels))
+    key = (self.config, panels, tuple(map(id, leaves)))
     if key in _PREPARED:
       _PREPARED.move_to_end(key)
       return _PREPARED[key][1]
-    prepared = PreparedParams(params, self._prepare_decoder(params))
+    prepared = PreparedParams(params, self._prepare_decoder(params, panels))
     _PREPARED[key] = (leaves, prepared)
     if len(_PREPARED) > _PREPARED_MAX:
       _PREPARED.popitem(last=False)
     return prepared
 
-  @functools.partial(jax.jit, static_argnums=0)
-  def _prepare_decoder(self, params: dict) -> DecodeWeights:
-    return cached_decoder.prepare(self.config, params)
+  @functools.partial(jax.jit, static_argnums=(0, 2))
+  def _prepare_decoder(self, params: dict, panels: bool) -> DecodeWeights:
+    return cached_decoder.prepare(self.config, params, panels)
 
   def init_cache(self, batch_size: int, max_len: int) -> DecoderCache:
     """An empty cache of `max_len` positions per row (all lengths 0), constrained to

@@ -1,0 +1,138 @@
+"""A weight product for cached decoding on XLA:CPU, as an XLA FFI custom call.
+
+A decoder call multiplies a few rows (batch x chunk length) by every weight
+matrix, so its cost is reading the weights. XLA:CPU (jaxlib 0.10) reads them
+well for one row but on one thread (its GEMV), and its products of 2-8 rows
+cost 1.5-1.9X a one-row one: a verification chunk is not free where it should
+be. `panel_dot.cc` reads each weight once per call for up to 6 rows at a time,
+from weights stored as `[N / 64, K, 64]` panels (`pack`: one contiguous walk
+down K per 64 output columns, done once per parameter set by
+`cached_decoder.prepare`), and shares the panels among the threads of XLA's
+intra-op pool, so both decoders use every core.
+
+The library is compiled on first use by the machine's C++ compiler (`$CXX`,
+else `g++`) for the CPU it runs on (`-march=native`), into
+`$SPECDEC_KERNEL_CACHE` (else `~/.cache/specdec_jax`) under a name that hashes
+the source, the flags, jaxlib's version and the CPU, and is written
+atomically, so concurrent first uses are safe. Where it cannot be built, or
+`$SPECDEC_PANEL_DOT=0`, `available()` is False, `status()` says why and the
+decoder keeps XLA's dots (`cached_decoder.panel_dots`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+from absl import logging
+
+Array = jax.Array
+
+PANEL = 64  # Output columns per panel (panel_dot.cc's kPanel).
+TARGET = "specdec_panel_dot"
+SOURCE = pathlib.Path(__file__).with_name("panel_dot.cc")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+
+_lock = threading.Lock()
+_status: list[str] = []  # Set once per process: "ready: <library>" or the reason it is not.
+
+
+def _cpu_identity() -> str:
+  """The CPU's model name and feature flags (what -march=native compiles for)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      lines = [line for line in f if line.startswith(("model name", "flags"))]
+    return "".join(sorted(set(lines)))
+  except OSError:
+    return os.uname().machine
+
+
+def _library_path(compiler: str) -> pathlib.Path:
+  key = hashlib.sha256()
+  for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(),
+               jaxlib.__version__.encode(), _cpu_identity().encode()):
+    key.update(part)
+  cache = os.environ.get("SPECDEC_KERNEL_CACHE") or os.path.join(
+      os.path.expanduser("~"), ".cache", "specdec_jax")
+  return pathlib.Path(cache) / f"panel_dot-{key.hexdigest()[:16]}.so"
+
+
+def _build() -> str:
+  """Builds (if needed) and registers the library; returns the status line."""
+  if os.environ.get("SPECDEC_PANEL_DOT", "1") == "0":
+    return "off: $SPECDEC_PANEL_DOT=0"
+  compiler = shutil.which(os.environ.get("CXX", "g++"))
+  if compiler is None:
+    return f"off: no C++ compiler ({os.environ.get('CXX', 'g++')!r} not found; set $CXX)"
+  path = _library_path(compiler)
+  if not path.exists():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+      done = subprocess.run(
+          [compiler, *FLAGS, "-w", "-I", jax.ffi.include_dir(), str(SOURCE), "-o", tmp],
+          capture_output=True, text=True, timeout=600, check=False)
+      if done.returncode != 0:
+        return f"off: {compiler} failed: {done.stderr.strip()[-500:]}"
+      os.replace(tmp, path)
+    finally:
+      if os.path.exists(tmp):
+        os.remove(tmp)
+  library = ctypes.cdll.LoadLibrary(str(path))
+  jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.SpecdecPanelDot),
+                              platform="cpu")
+  return f"ready: {path}"
+
+
+def status() -> str:
+  """"ready: <library path>", or "off: <why>" (built and registered on first call)."""
+  with _lock:
+    if not _status:
+      try:
+        _status.append(_build())
+      except (OSError, subprocess.SubprocessError) as e:
+        _status.append(f"off: {type(e).__name__}: {e}")
+      if not _status[0].startswith("ready"):
+        logging.warning("panel_dot %s; decoding uses XLA's dots.", _status[0])
+    return _status[0]
+
+
+def available() -> bool:
+  """Whether the custom call is built and registered (builds it on first call)."""
+  return status().startswith("ready")
+
+
+def packable(kernel: Array) -> bool:
+  """Whether a `[K, N]` weight can be packed: float32 and N a multiple of `PANEL`."""
+  return kernel.ndim == 2 and kernel.dtype == jnp.float32 and kernel.shape[1] % PANEL == 0
+
+
+def pack(kernel: Array) -> Array:
+  """`[K, N]` -> `[N / PANEL, K, PANEL]` panels (`packable(kernel)` must hold)."""
+  k, n = kernel.shape
+  return kernel.reshape(k, n // PANEL, PANEL).transpose(1, 0, 2)
+
+
+def unpack(panels: Array) -> Array:
+  """`pack`'s inverse: `[N / PANEL, K, PANEL]` -> `[K, N]`."""
+  p, k, _ = panels.shape
+  return panels.transpose(1, 0, 2).reshape(k, p * PANEL)
+
+
+def dot(x: Array, panels: Array) -> Array:
+  """`x [..., K] @ unpack(panels)` -> float32 `[..., N]` (needs `available()`)."""
+  p, k, _ = panels.shape
+  if x.shape[-1] != k:
+    raise ValueError(f"panel_dot.dot: x has {x.shape[-1]} features, the panels {k}.")
+  out = jax.ShapeDtypeStruct(x.shape[:-1] + (p * PANEL,), jnp.float32)
+  return jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(x.astype(jnp.float32), panels)

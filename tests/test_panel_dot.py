@@ -1,0 +1,123 @@
+"""The panel weight product (`models.panel_dot`): numerics, packing, the decoder on it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import make_model
+
+from specdec_jax.decoding.baseline import temperature_sample
+from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.models import T5Model, cached_decoder, get_config, panel_dot
+
+# A T5.1.1 whose every decoder matrix has a multiple of 64 outputs: all packed.
+PANEL_CONFIG = dict(vocab_size=128, d_model=64, d_kv=32, num_heads=2, d_ff=64)
+
+
+def test_the_custom_call_is_built_here():
+  assert panel_dot.available(), panel_dot.status()
+  assert cached_decoder.panel_dots()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 13])
+@pytest.mark.parametrize("k,n", [(64, 64), (100, 192), (384, 1152)])
+def test_equals_the_matrix_product(rows, k, n):
+  rng = np.random.RandomState(rows * 1000 + k + n)
+  x = rng.standard_normal((rows, k)).astype(np.float32)
+  w = rng.standard_normal((k, n)).astype(np.float32)
+  out = jax.jit(panel_dot.dot)(jnp.asarray(x), panel_dot.pack(jnp.asarray(w)))
+  np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4 * np.sqrt(k))
+
+
+def test_leading_dimensions_packing_and_its_inverse():
+  rng = np.random.RandomState(0)
+  x = jnp.asarray(rng.standard_normal((2, 3, 48)), jnp.float32)  # [batch, k, d_in]
+  w = jnp.asarray(rng.standard_normal((48, 128)), jnp.float32)
+  panels = panel_dot.pack(w)
+  assert panels.shape == (2, 48, 64)
+  np.testing.assert_array_equal(panels[1, :, :], w[:, 64:])
+  np.testing.assert_array_equal(panel_dot.unpack(panels), w)
+  np.testing.assert_allclose(panel_dot.dot(x, panels), jnp.einsum("bkd,dn->bkn", x, w,
+                                                                   precision="highest"),
+                             rtol=1e-5, atol=1e-4)
+  with pytest.raises(ValueError, match="x has 47 features, the panels 48"):
+    panel_dot.dot(x[..., :47], panels)
+
+
+def test_only_float32_matrices_of_whole_panels_are_packable():
+  assert panel_dot.packable(jnp.zeros((8, 128), jnp.float32))
+  assert not panel_dot.packable(jnp.zeros((8, 96), jnp.float32))
+  assert not panel_dot.packable(jnp.zeros((8, 128), jnp.bfloat16))
+
+
+def test_decoder_on_panels_gives_the_teacher_forced_logits():
+  model, params = make_model("test-v1_1", **PANEL_CONFIG)
+  prepared = model.prepare(jax.device_put(params))
+  layer = prepared.decoder.layers[0]
+  for w in (layer.qkv, layer.self_out, layer.cross_query, layer.cross_out, layer.wi, layer.wo,
+            prepared.decoder.logits):
+    assert w.ndim == 3  # Every matrix packed.
+  rng = np.random.RandomState(3)
+  inputs = jnp.asarray(rng.randint(2, 128, (2, 9)), jnp.int32)
+  targets = jnp.asarray(rng.randint(2, 128, (2, 11)), jnp.int32)
+  reference = model.logits(params, inputs, targets)
+  encoded = model.encode(prepared, inputs)
+  cache, chunks = model.init_cache(2, 16), []
+  for start, stop in ((0, 1), (1, 5), (5, 6), (6, 11)):
+    logits, cache = model.decode_chunk(prepared, encoded, cache, targets[:, start:stop])
+    chunks.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(chunks, 1), reference, atol=2e-5, rtol=0)
+  lowered = jax.jit(model.decode_chunk).lower(prepared, encoded, cache, targets[:, :4]).as_text()
+  assert lowered.count(panel_dot.TARGET) == 6 * model.config.num_decoder_layers + 1
+
+
+def test_both_decoders_give_the_same_tokens_on_panels_and_on_xla_dots(monkeypatch):
+  target, target_params = make_model("test-v1_1", **PANEL_CONFIG)
+  draft_model = T5Model(get_config("test-v1_1", **dict(PANEL_CONFIG, num_layers=1)))
+  draft_params = draft_model.init_params(jax.random.PRNGKey(1))
+  inputs = jnp.asarray(np.random.RandomState(5).randint(2, 128, (2, 7)), jnp.int32)
+
+  def run() -> tuple[np.ndarray, np.ndarray]:
+    base = temperature_sample(target, target_params, inputs, max_decode_len=12)
+    spec = speculative_sample(target, target_params, T5Draft(draft_model, draft_params), inputs,
+                              gamma=3, max_decode_len=12)
+    return np.asarray(base.sequences), np.asarray(spec.sequences)
+
+  on_panels = run()
+  monkeypatch.setitem(cached_decoder.PANEL_DOTS, jax.default_backend(), False)
+  on_xla = run()
+  for a, b in zip(on_panels, on_xla, strict=True):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(on_panels[0], on_panels[1])  # Greedy: spec == baseline.
+
+
+def test_without_a_compiler_it_says_why_and_decodes_on_xla_dots(tmp_path):
+  script = textwrap.dedent("""
+      import jax, numpy as np
+      from specdec_jax.models import T5Model, cached_decoder, get_config, panel_dot
+      from specdec_jax.decoding.baseline import temperature_sample
+      print(panel_dot.status())
+      assert not panel_dot.available() and not cached_decoder.panel_dots()
+      model = T5Model(get_config("test-v1_1", vocab_size=128, d_model=64, d_kv=32,
+                                 num_heads=2, d_ff=64))
+      params = jax.device_put(model.init_params(jax.random.PRNGKey(0)))
+      assert model.prepare(params).decoder.layers[0].qkv.ndim == 2
+      out = temperature_sample(model, params, np.ones((1, 4), np.int32), max_decode_len=3)
+      print(out.sequences.shape)
+  """)
+  env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"),
+             SPECDEC_KERNEL_CACHE=str(tmp_path / "cache"))
+  done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "off: no C++ compiler" in done.stdout and "no-such-compiler" in done.stdout
+  assert "(1, 3)" in done.stdout
+  assert not (tmp_path / "cache").exists()
