@@ -232,7 +232,12 @@ class CostModel:
 
   The paper assumes that the target scores gamma + 1 tokens in the time of one
   step; on memory-light hardware (CPUs) it costs more, and `t_verify` records
-  that.
+  that. It also leaves out what a decoding costs besides the model calls:
+  each loop's own work per step or iteration (sampling, the rejection rule,
+  writing tokens, rewinding caches; on a CPU the draft's weights evicted from
+  cache by the target's) and the encoders, run once per sequence. Those are
+  the optional `t_*_overhead` and `t_encode_*` terms (0: the paper's model
+  with measured step costs).
 
   Attributes:
     t_target_step: seconds per one-token target decoding step.
@@ -240,11 +245,22 @@ class CostModel:
     t_verify: seconds to score k tokens in one cached target call, keyed by k
       (k = gamma + 1 in an iteration); missing k inside the measured range are
       interpolated linearly. Stored as a read-only mapping sorted by k.
+    t_step_overhead: seconds per baseline step besides its model call.
+    t_iteration_overhead: seconds per speculative iteration besides the
+      draft's gamma steps and the verification.
+    t_encode_target: seconds of the target's encoder per sequence (both
+      decoders pay it).
+    t_encode_draft: seconds of the draft's encoder per sequence (speculative
+      decoding only; 0 for a draft without one).
   """
 
   t_target_step: float
   t_draft_step: float
   t_verify: Mapping[int, float]
+  t_step_overhead: float = 0.0
+  t_iteration_overhead: float = 0.0
+  t_encode_target: float = 0.0
+  t_encode_draft: float = 0.0
 
   def __post_init__(self):
     if not (np.isfinite(self.t_target_step) and self.t_target_step > 0):
@@ -256,6 +272,14 @@ class CostModel:
     for k, t in self.t_verify.items():
       if not isinstance(k, (int, np.integer)) or k < 1 or not (np.isfinite(t) and t > 0):
         raise ValueError(f"t_verify must map ints k >= 1 to times > 0 s, got {k!r}: {t!r}.")
+    for name in ("t_step_overhead", "t_iteration_overhead", "t_encode_target",
+                 "t_encode_draft"):
+      value = getattr(self, name)
+      if not np.isfinite(value):
+        raise ValueError(f"{name} must be a finite time in seconds, got {value!r}.")
+    if self.t_encode_target < 0 or self.t_encode_draft < 0:
+      raise ValueError(f"encoder times must be >= 0 s, got t_encode_target="
+                       f"{self.t_encode_target!r}, t_encode_draft={self.t_encode_draft!r}.")
     object.__setattr__(self, "t_verify", types.MappingProxyType(
         {int(k): float(self.t_verify[k]) for k in sorted(self.t_verify)}))
 
@@ -289,18 +313,40 @@ class CostModel:
     return float(np.interp(k, ks, list(self.t_verify.values())))
 
   def iteration_time(self, gamma: int) -> float:
-    """Seconds per iteration: gamma draft steps plus one verification of gamma+1 tokens."""
+    """Seconds per iteration: gamma draft steps, one verification of gamma+1 tokens and
+    the iteration's overhead."""
     g = int(_check_gamma(gamma))
-    return g * self.t_draft_step + self.verify_time(g + 1)
+    return g * self.t_draft_step + self.verify_time(g + 1) + self.t_iteration_overhead
 
   def expected_speedup(self, alpha: ArrayLike, gamma: int) -> float | np.ndarray:
-    """E[tokens](alpha, gamma) * t_target_step / iteration_time(gamma).
+    """E[tokens](alpha, gamma) * (t_target_step + t_step_overhead) / iteration_time(gamma):
+    the decoding loops' speedup, encoders left out.
 
-    Equals `walltime_improvement` when every `t_verify[k]` is `t_target_step`.
+    Equals `walltime_improvement` when every `t_verify[k]` is `t_target_step`
+    and there is no overhead.
     """
     g = _check_gamma(gamma)
     tokens = _expected_tokens(_check_alpha(alpha), g)
-    return _as_float_or_array(tokens * self.t_target_step / self.iteration_time(int(g)))
+    step = self.t_target_step + self.t_step_overhead
+    return _as_float_or_array(tokens * step / self.iteration_time(int(g)))
+
+  def sequence_speedup(self, alpha: float, gamma: int, tokens: float) -> float:
+    """Baseline over speculative seconds for a sequence of `tokens` output tokens,
+    encoders included: (E_t + tokens * step) / (E_t + E_d + tokens / E[tokens] * iteration).
+
+    Args:
+      alpha: acceptance rate in [0, 1].
+      gamma: draft proposals per iteration.
+      tokens: output tokens of the sequence (> 0), e.g. the mean over a task.
+    """
+    if not (np.isfinite(tokens) and tokens > 0):
+      raise ValueError(f"tokens must be a number of output tokens > 0, got {tokens!r}.")
+    g = int(_check_gamma(gamma))
+    per_iteration = float(_expected_tokens(_check_alpha(alpha), g))
+    baseline = self.t_encode_target + tokens * (self.t_target_step + self.t_step_overhead)
+    speculative = (self.t_encode_target + self.t_encode_draft
+                   + tokens / per_iteration * self.iteration_time(g))
+    return baseline / speculative
 
   def alpha_needed(self, speedup: float, gamma: int, tol: float = 1e-9) -> float | None:
     """The smallest alpha at which `expected_speedup(alpha, gamma)` reaches `speedup`.

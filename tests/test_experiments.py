@@ -34,8 +34,8 @@ ROW_FIELDS = (
     "baseline_median_s", "speculative_median_s", "baseline_compile_s", "speculative_compile_s",
     "speedup_measured", "alpha_empirical", "alpha_beta", "tokens_per_iteration",
     "accepted_histogram", "t_target_step_s", "t_verify_s", "verify_ratio", "t_draft_token_s", "c",
-    "speedup_predicted_thm38", "speedup_predicted_cost_model", "greedy_identical", "example",
-    "environment")
+    "speedup_predicted_thm38", "speedup_predicted_cost_model", "speedup_predicted_steps_only",
+    "cost_model_terms", "greedy_identical", "example", "environment")
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +98,9 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   assert len(row["accepted_histogram"]) == 3 and row["speedup_measured"] > 0
   assert 0 <= row["alpha_beta"] <= 1 and set(row["t_verify_s"]) == {"1", "2", "3"}
   assert len(row["example"]["tokens"]) == len(row["example"]["accepted_mask"])
+  terms = row["cost_model_terms"]  # Timed apart for the cost model.
+  assert terms["batches"] >= 1 and terms["encode_target_s"] > 0 and terms["loop_tokens"] > 0
+  assert row["speedup_predicted_cost_model"] > 0 and row["speedup_predicted_steps_only"] > 0
 
   table = runner.summary_table([row], [dict(row, speedup_measured=9.25)])
   assert "draft" in table and f"**{row['speedup_measured']:.2f}X**" in table
@@ -302,7 +305,7 @@ def test_pooled_alpha_is_one_for_the_target_as_its_own_draft():
 
 
 @pytest.mark.parametrize("name,points", [
-    ("quickstart", 2), ("sweep_gamma", 176), ("sweep_draft_size", 28), ("trivial_drafts", 24),
+    ("quickstart", 2), ("sweep_gamma", 144), ("sweep_draft_size", 28), ("trivial_drafts", 24),
     ("paper_table2", 48), ("sweep_batch", 24)])
 def test_shipped_experiment_configs_parse_and_plan(name, points):
   gin.clear_config()

@@ -91,6 +91,23 @@ def test_cost_model_reduces_to_theorem_3_8():
   assert ratios.optimal_gamma(0.8) == theory.optimal_gamma(0.8, 0.04, max_gamma=31)
 
 
+def test_cost_model_adds_the_loops_overheads_and_the_encoders():
+  # T_step 2, draft 0.1 per token, T_verify(4) 2.6; overheads 0.5 a baseline step and
+  # 0.9 an iteration; encoders 20 (target) and 3 (draft) per sequence.
+  model = theory.CostModel(2.0, 0.1, {1: 2.0, 4: 2.6}, t_step_overhead=0.5,
+                           t_iteration_overhead=0.9, t_encode_target=20.0, t_encode_draft=3.0)
+  tokens = theory.expected_tokens_per_iteration(0.6, 3)
+  assert model.iteration_time(3) == pytest.approx(0.3 + 2.6 + 0.9)
+  assert model.expected_speedup(0.6, 3) == pytest.approx(tokens * 2.5 / 3.8)
+  assert model.sequence_speedup(0.6, 3, 40) == pytest.approx(
+      (20 + 40 * 2.5) / (23 + 40 / tokens * 3.8))
+  # The encoders dilute the loops' speedup towards 1 as sequences get short.
+  assert 1 < model.sequence_speedup(0.6, 3, 4) < model.sequence_speedup(0.6, 3, 400) < (
+      model.expected_speedup(0.6, 3))
+  bare = theory.CostModel(2.0, 0.1, {1: 2.0, 4: 2.6})
+  assert bare.sequence_speedup(0.6, 3, 40) == pytest.approx(bare.expected_speedup(0.6, 3))
+
+
 def test_cost_model_interpolates_and_penalises_verification():
   model = theory.CostModel.from_ratios(0.02, {1: 1.0, 2: 1.2, 4: 1.4, 8: 1.5, 16: 1.8},
                                        t_target_step=2.0)
@@ -162,6 +179,9 @@ def test_alpha_estimators():
     lambda: theory.CostModel(t_target_step=1.0, t_draft_step=0.1, t_verify={}),
     lambda: theory.CostModel(t_target_step=1.0, t_draft_step=0.1, t_verify={0: 1.0}),
     lambda: theory.CostModel.from_ratios(-0.5, {1: 1.0}),
+    lambda: theory.CostModel(1.0, 0.1, {1: 1.0}, t_iteration_overhead=float("nan")),
+    lambda: theory.CostModel(1.0, 0.1, {1: 1.0}, t_encode_draft=-1.0),
+    lambda: theory.CostModel(1.0, 0.1, {1: 1.0, 2: 1.0}).sequence_speedup(0.5, 1, 0),
 ])
 def test_bad_inputs_raise(call):
   with pytest.raises(ValueError):

@@ -6,7 +6,9 @@ so background load hits both alike; the first call of each compiles and is
 reported apart; times are medians over repetitions of the total over all
 batches). The row holds the measured speedup, alpha by both estimators, tokens
 per call and c (`specdec_jax.stats`), the measured step costs, and the speedups
-predicted by Theorem 3.8 and by the refined `CostModel`. `pooled_alpha` measures
+predicted by Theorem 3.8, by `CostModel` on the model calls alone (steps only), and
+by `CostModel` with the loops' overheads and the encoders, timed apart on held-out
+examples (`measure_loop_costs`). `pooled_alpha` measures
 acceptance alone (no timing) for `experiments.measure_alpha`.
 """
 
@@ -82,6 +84,76 @@ def measure_draft_cost(exp: Experiment, draft: Draft, inputs: Array, gamma: int,
       target_encoded=benchmarking.target_encoded_for(draft, target, target_params, inputs))
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopCosts:
+  """What the decoders cost besides their model calls (`theory.CostModel`'s extra terms).
+
+  Attributes:
+    encode_target_s: the target's encoder, seconds per batch.
+    encode_draft_s: the draft's encoder, seconds per batch (0 without one).
+    step_overhead_s: seconds per baseline step beyond T_step.
+    iteration_overhead_s: seconds per speculative iteration beyond gamma T_draft +
+      T_verify(gamma + 1).
+    batches: how many batches the decoders were timed on.
+    held_out: whether those were examples outside the measured ones.
+  """
+
+  encode_target_s: float
+  encode_draft_s: float
+  step_overhead_s: float
+  iteration_overhead_s: float
+  batches: int
+  held_out: bool
+
+
+def measure_loop_costs(exp: Experiment, point: Point, target: T5Model, target_params: dict,
+                       draft: Draft, batches: Sequence[Array], t_chunk: dict[int, float],
+                       t_draft: float, *, held_out: bool) -> LoopCosts:
+  """Times both encoders and one decoding of each batch by each decoder (compiled already),
+  and attributes to overhead what the model calls (`t_chunk`, `t_draft`) leave.
+
+  Args:
+    exp: the experiment (max_decode_len, timing_repeats, seed).
+    point: the point (temperature, gamma).
+    target: the target model.
+    target_params: its parameters.
+    draft: the point's draft.
+    batches: int32 `[point.batch_size, input_len]` batches to decode.
+    t_chunk: {k: T_verify(k)}, k = 1 being T_step.
+    t_draft: the draft's seconds per proposed token.
+    held_out: recorded: whether `batches` lie outside the measured examples.
+  """
+  kwargs = dict(max_decode_len=exp.max_decode_len, temperature=point.temperature,
+                rng=jax.random.PRNGKey(exp.seed))
+  prepared = target.prepare(target_params)
+  cache_len, _ = timing_geometry(exp, point.gamma)
+  encode_target = benchmarking.time_calls(
+      lambda: target.encode(prepared, batches[0]), exp.timing_repeats).median_s
+  target_encoded = benchmarking.target_encoded_for(draft, target, target_params, batches[0])
+  init_draft = jax.jit(lambda d, x, encoded: d.init_state(x, cache_len, encoded))
+  encode_draft = benchmarking.time_calls(
+      lambda: init_draft(draft, batches[0], target_encoded), exp.timing_repeats).median_s
+  base_s = spec_s = 0.0
+  steps = iterations = 0
+  for batch in batches:
+    seconds, out = benchmarking.timed(lambda b=batch: temperature_sample(
+        target, target_params, b, **kwargs))
+    base_s += seconds
+    steps += int(np.max(distributed.fetch(out.lengths)))
+    seconds, out = benchmarking.timed(lambda b=batch: speculative_sample(
+        target, target_params, draft, b, gamma=point.gamma, **kwargs))
+    spec_s += seconds
+    iterations += int(distributed.fetch(out.stats.loop_iterations))
+  n = len(batches)
+  iteration = point.gamma * t_draft + t_chunk[point.gamma + 1]
+  return LoopCosts(
+      encode_target_s=encode_target, encode_draft_s=encode_draft,
+      step_overhead_s=(base_s - n * encode_target) / max(steps, 1) - t_chunk[1],
+      iteration_overhead_s=((spec_s - n * (encode_target + encode_draft)) / max(iterations, 1)
+                            - iteration),
+      batches=n, held_out=held_out)
+
+
 def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
   row, col = np.argwhere(a != b)[0]
   return (f"row {row}, token {col}: baseline {a[row, col:col + 5].tolist()}, speculative "
@@ -122,7 +194,8 @@ def pooled_alpha(target: T5Model, target_params: dict, draft: Draft, batches: li
 
 def measure_point(exp: Experiment, point: Point, target: T5Model, target_params: dict,
                   draft: Draft, batches: Sequence[Array], target_costs: TargetCosts,
-                  max_gamma: int, pieces: Callable[[list[int]], list[str]]) -> dict:
+                  max_gamma: int, pieces: Callable[[list[int]], list[str]],
+                  held_out: Sequence[Array] = ()) -> dict:
   """Measures one (task, draft, temperature, gamma, batch size) point.
 
   Args:
@@ -135,6 +208,9 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
     target_costs: the target's step costs at this batch size.
     max_gamma: the largest gamma of the run (sets the timing cache length).
     pieces: token ids -> SentencePiece pieces (for the saved example).
+    held_out: batches of the same shape outside the measured examples, on which
+      the loops' overheads and the encoders are timed for the cost model
+      (`measure_loop_costs`); empty: the first measured batch.
 
   Returns:
     The results row (JSON-serialisable).
@@ -163,6 +239,9 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
         check=_greedy_check(point) if greedy else None)
     draft_cost = measure_draft_cost(exp, draft, batches[0], point.gamma, warp, max_gamma,
                                     target=target, target_params=target_params)
+    loop_costs = measure_loop_costs(
+        exp, point, target, target_params, draft, list(held_out) or list(batches[:1]),
+        target_costs.t_chunk, draft_cost.seconds, held_out=bool(held_out))
 
   median = {name: t.median_s for name, t in timings.items()}
   tokens = {name: int(sum(int(np.sum(o.lengths)) for o in outs)) for name, outs in outputs.items()}
@@ -172,8 +251,15 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
 
   t_step = target_costs.t_step
   c = stats.draft_cost(draft_cost.seconds, t_step)
-  cost_model = theory.CostModel(t_step, draft_cost.seconds, target_costs.t_chunk)
+  steps_only = theory.CostModel(t_step, draft_cost.seconds, target_costs.t_chunk)
+  cost_model = theory.CostModel(
+      t_step, draft_cost.seconds, target_costs.t_chunk,
+      t_step_overhead=loop_costs.step_overhead_s,
+      t_iteration_overhead=loop_costs.iteration_overhead_s,
+      t_encode_target=loop_costs.encode_target_s, t_encode_draft=loop_costs.encode_draft_s)
   iteration_s = cost_model.iteration_time(point.gamma)
+  # Tokens per batch as the loops run them: until the batch's longest row ends.
+  loop_tokens = float(np.mean([int(np.max(o.lengths)) for o in outputs["baseline"]]))
 
   # Per generated token: at T > 0 the two decoders sample texts of different lengths.
   ms_per_token = {name: 1e3 * median[name] / max(tokens[name], 1) for name in decoders}
@@ -230,8 +316,12 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
       "step_timing_compile_s": target_costs.compile_s + draft_cost.compile_s,
       # Predictions (alpha = alpha_beta, the paper's estimator).
       "speedup_predicted_thm38": float(theory.walltime_improvement(alpha_beta, point.gamma, c)),
-      "speedup_predicted_cost_model": float(cost_model.expected_speedup(alpha_beta, point.gamma)),
-      "speedup_predicted_cost_model_measured_tokens": tokens_per_iteration * t_step / iteration_s,
+      "speedup_predicted_cost_model": cost_model.sequence_speedup(alpha_beta, point.gamma,
+                                                                  loop_tokens),
+      "speedup_predicted_steps_only": float(steps_only.expected_speedup(alpha_beta, point.gamma)),
+      "speedup_predicted_cost_model_measured_tokens": (
+          tokens_per_iteration * (t_step + loop_costs.step_overhead_s) / iteration_s),
+      "cost_model_terms": {**dataclasses.asdict(loop_costs), "loop_tokens": loop_tokens},
       "greedy_identical": True if greedy else None,
       "idle_check": guard.record(),
       "idle_check_target_costs": target_costs.idle_check,

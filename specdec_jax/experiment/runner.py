@@ -94,6 +94,24 @@ def _calibration_inputs(exp: settings.Experiment, task: str, processor: spm.Sent
   return partitioning.shard_batch(tokens, mesh)
 
 
+HELD_OUT_BATCHES = 4  # Most held-out batches the cost model's overheads are timed on.
+
+
+def _held_out_batches(exp: settings.Experiment, task: str, batch_size: int,
+                      processor: spm.SentencePieceProcessor, mesh: jax.sharding.Mesh
+                      ) -> list[jax.Array]:
+  """Up to `HELD_OUT_BATCHES` batches of `batch_size` of the examples after the measured
+  ones (`auto_calibration_examples` of them), or none if there are too few."""
+  pairs, _ = prompts.load_examples(task, exp.split, None)
+  held_out = pairs[exp.num_examples:exp.num_examples + exp.auto_calibration_examples]
+  count = min(len(held_out) // batch_size, HELD_OUT_BATCHES)
+  if count == 0:
+    return []
+  tokens = prompts.tokenize(processor, [x for x, _ in held_out[:count * batch_size]],
+                            exp.input_len)
+  return [partitioning.shard_batch(b, mesh) for b in np.split(tokens, count)]
+
+
 def _choose_gamma(exp: settings.Experiment, point: settings.Point, target: T5Model, params: dict,
                   draft: Draft, inputs: jax.Array,
                   target_costs: measure.TargetCosts, alpha: tuple[auto_gamma.AlphaEstimate, float],
@@ -149,6 +167,7 @@ def run(exp: settings.Experiment, output_dir: str) -> str:
   pieces = lambda ids: [processor.id_to_piece(i) for i in ids]
   drafts: dict[tuple[str, str], Draft] = {}  # (spec, task) -> draft, built once.
   batches: dict[tuple[str, int], list[jax.Array]] = {}
+  held_out: dict[tuple[str, int], list[jax.Array]] = {}
   costs: dict[tuple[str, int], measure.TargetCosts] = {}
   # gamma = 'auto': alpha (and its pass's seconds) per (task, draft, T); the choice per point.
   alphas: dict[tuple[str, str, float], tuple[auto_gamma.AlphaEstimate, float]] = {}
@@ -166,6 +185,7 @@ def run(exp: settings.Experiment, output_dir: str) -> str:
         tokens = prompts.tokenize(processor, [x for x, _ in pairs], exp.input_len)
         batches[key] = [partitioning.shard_batch(b, mesh)
                         for b in np.split(tokens, len(tokens) // point.batch_size)]
+        held_out[key] = _held_out_batches(exp, point.task, point.batch_size, processor, mesh)
       draft_key = (point.draft, point.task if point.draft in settings.NGRAM_ORDER else "")
       if draft_key not in drafts:
         drafts[draft_key] = _build_draft(exp, point.draft, point.task, cfg.vocab_size, mesh)
@@ -195,7 +215,7 @@ def run(exp: settings.Experiment, output_dir: str) -> str:
           choice = choices.get(point.key)
           measured = point if choice is None else dataclasses.replace(point, gamma=choice.gamma)
           row = measure.measure_point(exp, measured, target, params, draft, batches[key],
-                                      costs[key], max_gamma, pieces)
+                                      costs[key], max_gamma, pieces, held_out[key])
           break
         except contention.ContentionError as e:
           if attempt == QUIET_ATTEMPTS:

@@ -155,7 +155,9 @@ class Experiment(Settings):
     auto_calibration_examples: examples of the split after the measured ones
       (held out from timing) on which gamma = 'auto' measures alpha, once per
       (task, draft, temperature), in one batch (4 gave alphas up to 0.15 off
-      the measured examples' in the gamma sweep).
+      the measured examples' in the gamma sweep); every point also times its
+      loops' overheads and the encoders on up to 4 batches of them for the
+      cost model (`measure.measure_loop_costs`).
     repetitions: timed passes over the examples per decoder.
     timing_calls: calls per jitted loop when timing step costs.
     timing_repeats: timed runs of each such loop (median used).
