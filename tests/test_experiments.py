@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import gin
 import jax
@@ -321,3 +323,30 @@ def test_shipped_experiment_configs_parse_and_plan(name, points):
   assert exp.name == name
   assert len(settings.plan(exp)) == points
   assert all(exp.num_examples % b == 0 for b in exp.batch_sizes)
+
+
+def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
+  """The README's first command on the shipped family, cut to a tiny budget (one example,
+  T = 0, eight tokens): it measures although results/quickstart holds the same points, and
+  ends with the summary table, the committed reference speedup beside the measured one."""
+  out = tmp_path / "quickstart"
+  done = subprocess.run(
+      [sys.executable, "-m", "experiments.run", "--gin_file=gin_configs/quickstart.gin",
+       f"--output_dir={out}", "--gin.Experiment.num_examples=1",
+       "--gin.Experiment.temperatures=[0.0]", "--gin.Experiment.repetitions=1",
+       "--gin.Experiment.max_decode_len=8", "--gin.Experiment.timing_calls=2",
+       "--gin.Experiment.timing_repeats=1"],
+      cwd=layout.REPO_ROOT, capture_output=True, text=True, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "quickstart: 1 points, 0 already in" in done.stdout + done.stderr
+  rows = results_io.read_rows(str(out / results_io.RESULTS_FILE))
+  assert len(rows) == 1 and rows[0]["speedup_measured"] > 0 and rows[0]["greedy_identical"]
+  head = ("| task | draft | T | gamma | batch | base ms/tok | spec ms/tok | speedup | "
+          "alpha (beta) | alpha (S/(S+R)) | c | tokens/call | Thm 3.8 | cost model | reference |")
+  assert head in done.stdout
+  line = next(x for x in done.stdout.splitlines() if x.startswith("| ende | draft_small | 0 |"))
+  assert f"**{rows[0]['speedup_measured']:.2f}X**" in line
+  reference = results_io.read_rows(os.path.join(layout.REPO_ROOT, "results", "quickstart",
+                                                results_io.RESULTS_FILE))
+  committed = next(r for r in reference if r["temperature"] == 0)
+  assert line.endswith(f"| {committed['speedup_measured']:.2f}X |")

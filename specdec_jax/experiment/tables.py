@@ -188,9 +188,11 @@ def alpha_needed_table(rows: Sequence[Row], speedups: Sequence[float] = (1.0, 1.
   """The alpha each draft would need for a given speedup, from this run's measured costs.
 
   Per (task, draft) at batch 1: the cost model (`theory.CostModel.alpha_needed`) with the
-  task's median T_verify(k) / T_step and the draft's median c, inverted at each gamma, beside
-  the draft's measured alpha (T=0 / T=1). "-" where even a perfect draft (alpha = 1) falls
-  short; the last column is that perfect draft's best speedup.
+  task's median T_verify(k) / T_step, the draft's median c and, where the rows timed them,
+  the draft's median loop overheads per iteration and per baseline step (in T_step), inverted
+  at each gamma, beside the draft's measured alpha (T=0 / T=1). The decoding loops only: the
+  encoders, paid once per sequence, dilute any speedup further. "-" where even a perfect draft
+  (alpha = 1) falls short; the last column is that perfect draft's best speedup.
   """
   batch1 = [r for r in rows if r["batch_size"] == 1]
   if not batch1:
@@ -201,8 +203,13 @@ def alpha_needed_table(rows: Sequence[Row], speedups: Sequence[float] = (1.0, 1.
     return None
   out = []
   for (task, draft), group in results_io.group(batch1, "task", "draft").items():
-    model = theory.CostModel.from_ratios(float(np.median([r["c"] for r in group])),
-                                         ratios[task])
+    timed = [r for r in group if with_loop_costs(r)]
+    overhead = {name: float(np.median([r["cost_model_terms"][f"{name}_overhead_s"]
+                                       / r["t_target_step_s"] for r in timed])) if timed else 0.0
+                for name in ("step", "iteration")}
+    model = theory.CostModel(1.0, float(np.median([r["c"] for r in group])), ratios[task],
+                             t_step_overhead=overhead["step"],
+                             t_iteration_overhead=overhead["iteration"])
     measured = " / ".join(f"{pooled_alpha(g):.2f}"
                           for g in results_io.group(group, "temperature").values())
     cells = []
