@@ -55,11 +55,10 @@ _OUTPUT_DIR = flags.DEFINE_string("output_dir", os.path.join("results", "profile
 
 def categorize(name: str, shape: str, kind: str) -> str:
   """The category of one compiled op, from its HLO name, output shape and opcode."""
+  dims = [int(d) for d in re.findall(r"\d+", shape[shape.find("["):shape.find("]")])]
   if kind == "custom-call" and name.startswith("ffi_call"):  # panel_dot's weight products.
-    dims = [int(d) for d in re.findall(r"\d+", shape[shape.find("["):shape.find("]")])]
     return f"weight dot (panel_dot), output {'x'.join(map(str, dims))}"
   if kind in ("dot", "dot_general") or name.startswith(("dot", "ynn_fusion")):
-    dims = [int(d) for d in re.findall(r"\d+", shape[shape.find("["):shape.find("]")])]
     if len(dims) == 2:
       return f"weight dot, output {'x'.join(map(str, dims))}"
     return "attention dots (scores, weighted sums)"

@@ -79,19 +79,24 @@ def _build_draft(exp: settings.Experiment, spec: str, task: str, vocab_size: int
   return make_draft(model, partitioning.shard_params(model, params, mesh))
 
 
+def _held_out_inputs(exp: settings.Experiment, task: str) -> tuple[list[str], str, int]:
+  """The inputs of the (up to) `auto_calibration_examples` examples after the measured
+  ones, where the examples come from, and how many the split holds."""
+  pairs, source = prompts.load_examples(task, exp.split, None)
+  held_out = pairs[exp.num_examples:exp.num_examples + exp.auto_calibration_examples]
+  return [x for x, _ in held_out], source, len(pairs)
+
+
 def _calibration_inputs(exp: settings.Experiment, task: str, processor: spm.SentencePieceProcessor,
                         mesh: jax.sharding.Mesh) -> jax.Array:
   """int32 `[auto_calibration_examples, input_len]`: the examples after the measured ones."""
-  pairs, source = prompts.load_examples(task, exp.split, None)
-  wanted = exp.num_examples + exp.auto_calibration_examples
-  if len(pairs) < wanted:
+  inputs, source, available = _held_out_inputs(exp, task)
+  if len(inputs) < exp.auto_calibration_examples:
     raise ValueError(
         f"Experiment.auto_calibration_examples={exp.auto_calibration_examples}: gamma='auto' "
         f"calibrates on the examples after the {exp.num_examples} measured ones, but {source} "
-        f"holds only {len(pairs)} of {task!r}; lower auto_calibration_examples or num_examples.")
-  tokens = prompts.tokenize(processor, [x for x, _ in pairs[exp.num_examples:wanted]],
-                            exp.input_len)
-  return partitioning.shard_batch(tokens, mesh)
+        f"holds only {available} of {task!r}; lower auto_calibration_examples or num_examples.")
+  return partitioning.shard_batch(prompts.tokenize(processor, inputs, exp.input_len), mesh)
 
 
 HELD_OUT_BATCHES = 4  # Most held-out batches the cost model's overheads are timed on.
@@ -102,13 +107,11 @@ def _held_out_batches(exp: settings.Experiment, task: str, batch_size: int,
                       ) -> list[jax.Array]:
   """Up to `HELD_OUT_BATCHES` batches of `batch_size` of the examples after the measured
   ones (`auto_calibration_examples` of them), or none if there are too few."""
-  pairs, _ = prompts.load_examples(task, exp.split, None)
-  held_out = pairs[exp.num_examples:exp.num_examples + exp.auto_calibration_examples]
-  count = min(len(held_out) // batch_size, HELD_OUT_BATCHES)
+  inputs, _, _ = _held_out_inputs(exp, task)
+  count = min(len(inputs) // batch_size, HELD_OUT_BATCHES)
   if count == 0:
     return []
-  tokens = prompts.tokenize(processor, [x for x, _ in held_out[:count * batch_size]],
-                            exp.input_len)
+  tokens = prompts.tokenize(processor, inputs[:count * batch_size], exp.input_len)
   return [partitioning.shard_batch(b, mesh) for b in np.split(tokens, count)]
 
 
