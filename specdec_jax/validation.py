@@ -275,24 +275,35 @@ def check_shared_encoder_model(model: Any, name: str) -> T5Config:
   return check_model(model, name)
 
 
-def check_model_config(config: Any, name: str) -> T5Config:
-  """Checks that `config` is a `T5Config` whose special token ids are in its vocabulary.
+# The special token ids a model config may hold; each one it has must be in its vocabulary.
+SPECIAL_TOKEN_FIELDS = ("pad_token_id", "eos_token_id", "decoder_start_token_id", "bos_token_id")
+
+
+def check_model_config(config: Any, name: str) -> Any:
+  """Checks a model config of any architecture: its special token ids are in its vocabulary.
 
   Args:
-    config: the model's config.
+    config: the model's config (`T5Config`, `LlamaConfig`, ...): an int
+      `vocab_size` >= 1 and any of `SPECIAL_TOKEN_FIELDS`.
     name: how the message calls it, e.g. "the target's config".
 
+  Returns:
+    `config`.
+
   Raises:
-    ValueError: not a `T5Config`, or pad / EOS / decoder start id outside
-      `[0, vocab_size)` (such an id would embed garbage without an error).
+    ValueError: no int `vocab_size` >= 1, or a special token id (pad, EOS,
+      decoder start, BOS) outside `[0, vocab_size)` (such an id would embed
+      garbage without an error).
   """
-  if not isinstance(config, T5Config):
-    raise ValueError(f"{name} must be a specdec_jax.models.T5Config, got {_describe(config)}.")
-  for field in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
-    token = getattr(config, field)
-    if not 0 <= token < config.vocab_size:
+  vocab_size = getattr(config, "vocab_size", None)
+  if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+    raise ValueError(f"{name} must be a model config with an int vocab_size >= 1 (e.g. a "
+                     f"specdec_jax.models.T5Config), got {_describe(config)}.")
+  for field in SPECIAL_TOKEN_FIELDS:
+    token = getattr(config, field, None)
+    if token is not None and not 0 <= token < vocab_size:
       raise ValueError(f"{name} has {field}={token}, outside its vocabulary "
-                       f"[0, {config.vocab_size}); fix it (config.json or T5Config).")
+                       f"[0, {vocab_size}); fix it (config.json or the config).")
   return config
 
 
@@ -347,16 +358,44 @@ def check_decode_args(model: Any, inputs: Any, *, max_decode_len: Any, eos_id: A
     ValueError: naming the first bad argument.
   """
   config = check_model(model, model_name)
+  return _decode_args(config.vocab_size, config.eos_token_id, inputs,
+                      max_decode_len=max_decode_len, eos_id=eos_id, temperature=temperature,
+                      top_k=top_k, top_p=top_p, rng=rng)
+
+
+def check_scorer_decode_args(scorer: Any, inputs: Any, *, max_decode_len: Any, eos_id: Any,
+                             temperature: Any, top_k: Any, top_p: Any, rng: Any) -> DecodeArgs:
+  """Checks the arguments of the generic decoder (`baseline.decode`) for any scorer.
+
+  As `check_decode_args`, for a `decoding.scorer.Scorer` of any model (its
+  `vocab_size` is all that is read) instead of a T5 model; `eos_id` is
+  required (a scorer has no config to take it from).
+
+  Raises:
+    ValueError: naming the first bad argument.
+  """
+  vocab_size = getattr(scorer, "vocab_size", None)
+  if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+    raise ValueError(f"scorer must be a specdec_jax.decoding.scorer.Scorer, got "
+                     f"{type(scorer).__name__}.")
+  return _decode_args(vocab_size, None, inputs, max_decode_len=max_decode_len, eos_id=eos_id,
+                      temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
+
+
+def _decode_args(vocab_size: int, default_eos: int | None, inputs: Any, *, max_decode_len: Any,
+                 eos_id: Any, temperature: Any, top_k: Any, top_p: Any, rng: Any
+                 ) -> DecodeArgs:
+  """`DecodeArgs` checked against a vocabulary; `eos_id` None means `default_eos`."""
   max_decode_len = as_int("max_decode_len", max_decode_len, minimum=1,
                           what="the most tokens to generate per row")
-  if eos_id is None:
-    eos_id = config.eos_token_id
+  if eos_id is None and default_eos is not None:
+    eos_id = default_eos
   eos_id = as_int("eos_id", eos_id)
-  if not 0 <= eos_id < config.vocab_size:
-    raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {config.vocab_size}); "
+  if not 0 <= eos_id < vocab_size:
+    raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab_size}); "
                      "pass the tokenizer's EOS id, or None for the model config's.")
   temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
-  inputs = check_token_ids("inputs", inputs, config.vocab_size)
+  inputs = check_token_ids("inputs", inputs, vocab_size)
   return DecodeArgs(inputs, max_decode_len, eos_id, temperature, top_k, top_p, check_rng(rng))
 
 
@@ -399,21 +438,48 @@ def check_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma: Any,
   args = check_decode_args(target, inputs, max_decode_len=max_decode_len, eos_id=eos_id,
                            temperature=temperature, top_k=top_k, top_p=top_p, rng=rng,
                            model_name="target")
+  return _speculative_args(args, draft, gamma, draft_inputs, target.config.vocab_size,
+                           target.config.d_model)
+
+
+def check_scorer_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma: Any,
+                                  draft_inputs: Any, max_decode_len: Any, eos_id: Any,
+                                  temperature: Any, top_k: Any, top_p: Any, rng: Any
+                                  ) -> SpeculativeArgs:
+  """Checks the arguments of the generic speculative decoder (`speculative_decode`).
+
+  As `check_speculative_args`, with the target a `decoding.scorer.Scorer`
+  of any model (`check_scorer_decode_args`).
+
+  Raises:
+    ValueError: naming the first bad argument.
+  """
+  args = check_scorer_decode_args(target, inputs, max_decode_len=max_decode_len, eos_id=eos_id,
+                                  temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
+  return _speculative_args(args, draft, gamma, draft_inputs, target.vocab_size, None)
+
+
+def _speculative_args(args: DecodeArgs, draft: Any, gamma: Any, draft_inputs: Any,
+                      vocab_size: int, encoder_width: int | None) -> SpeculativeArgs:
+  """`args` with gamma and the draft checked against the target (`check_draft`)."""
   gamma = as_int("gamma", gamma, minimum=1, what="proposals per target call")
-  draft_inputs = check_draft(draft, target.config, args.inputs, draft_inputs)
+  draft_inputs = check_draft(draft, vocab_size, args.inputs, draft_inputs, encoder_width)
   return SpeculativeArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args)},
                          gamma=gamma, draft_inputs=draft_inputs)
 
 
-def check_draft(draft: Any, target_config: T5Config, inputs: Array, draft_inputs: Any
-                ) -> Array:
+def check_draft(draft: Any, vocab_size: int, inputs: Array, draft_inputs: Any,
+                encoder_width: int | None = None) -> Array:
   """Checks a speculative draft against the target; returns the draft's inputs.
 
   Args:
     draft: the `drafts.Draft`.
-    target_config: the target's config.
+    vocab_size: the target's vocabulary size.
     inputs: the checked target inputs, int32 `[batch, input_len]`.
     draft_inputs: the draft's own encoder tokens, or None to share `inputs`.
+    encoder_width: the width of the target's encoder outputs (a T5's
+      d_model), which a draft that reads them must match; None: the target
+      has no encoder.
 
   Returns:
     int32 `[batch, draft_input_len]`: `draft_inputs` checked, or `inputs`.
@@ -426,15 +492,14 @@ def check_draft(draft: Any, target_config: T5Config, inputs: Array, draft_inputs
   if not all(callable(getattr(draft, m, None)) for m in ("init_state", "propose", "commit")):
     raise ValueError(f"draft must be a specdec_jax.decoding.drafts.Draft, e.g. "
                      f"T5Draft(draft_model, draft_params), got {type(draft).__name__}.")
-  vocab_size = target_config.vocab_size
   if draft.vocab_size != vocab_size:
     raise ValueError(f"The draft's vocabulary ({draft.vocab_size}) differs from the target's "
                      f"({vocab_size}); both must share one vocabulary.")
   width = getattr(getattr(draft, "model", None), "encoder_d_model", None)
-  if getattr(draft, "reads_target_encoder", False) and width != target_config.d_model:
-    raise ValueError(f"The draft reads encoder outputs {width} wide, but the target's d_model "
-                     f"is {target_config.d_model}: a shared-encoder draft works only with the "
-                     "target it was trained on (see its model card).")
+  if getattr(draft, "reads_target_encoder", False) and width != encoder_width:
+    raise ValueError(f"The draft reads encoder outputs {width} wide, but the target's are "
+                     f"{encoder_width} wide (None: it has no encoder): a shared-encoder draft "
+                     "works only with the target it was trained on (see its model card).")
   if draft_inputs is None:
     return inputs
   draft_inputs = check_token_ids("draft_inputs", draft_inputs, vocab_size)

@@ -39,7 +39,7 @@ from specdec_jax import validation
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer, SharedEncoderScorer, T5Scorer
 from specdec_jax.models.shared_encoder import SharedEncoderModel
-from specdec_jax.models.t5 import EncodedInputs, T5Model
+from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
 
@@ -68,15 +68,16 @@ class Draft(abc.ABC):
     return False
 
   @abc.abstractmethod
-  def init_state(self, inputs: Array, cache_len: int,
-                 target_encoded: EncodedInputs | None = None) -> Any:
+  def init_state(self, inputs: Array, cache_len: int, target_encoded: Any = None) -> Any:
     """Per-generation state (e.g. encoder outputs and a cache).
 
     Args:
-      inputs: int32 `[batch, input_len]` encoder tokens.
+      inputs: int32 `[batch, input_len]`: encoder tokens, or a decoder-only
+        target's prompts.
       cache_len: positions the decoder may reach (max_decode_len + gamma + 1).
-      target_encoded: the target's `EncodedInputs` of the same examples (with
-        `hidden`, its encoder outputs); required iff `reads_target_encoder`.
+      target_encoded: what the target's scorer gives drafts of the same
+        examples (`Scorer.encoder_outputs`: a T5's `EncodedInputs`, with
+        `hidden`); required iff `reads_target_encoder`.
     """
 
   @abc.abstractmethod
@@ -129,8 +130,7 @@ class ScorerDraft(Draft):
   def reads_target_encoder(self) -> bool:
     return self.scorer.reads_target_encoder
 
-  def init_state(self, inputs: Array, cache_len: int,
-                 target_encoded: EncodedInputs | None = None) -> Any:
+  def init_state(self, inputs: Array, cache_len: int, target_encoded: Any = None) -> Any:
     scorer = self.scorer
     return scorer.init_state(scorer.encode(inputs, target_encoded), cache_len)
 
@@ -301,8 +301,7 @@ class NgramDraft(Draft):
     return cls(order, jnp.asarray(unigram, jnp.float32), jnp.asarray(next_ids),
                jnp.asarray(next_probs), jnp.asarray(weight))
 
-  def init_state(self, inputs: Array, cache_len: int,
-                 target_encoded: EncodedInputs | None = None) -> None:
+  def init_state(self, inputs: Array, cache_len: int, target_encoded: Any = None) -> None:
     del inputs, cache_len, target_encoded
     return None
 
@@ -355,8 +354,7 @@ class PromptLookupDraft(Draft):
   def vocab_size(self) -> int:
     return self.vocab
 
-  def init_state(self, inputs: Array, cache_len: int,
-                 target_encoded: EncodedInputs | None = None) -> Array:
+  def init_state(self, inputs: Array, cache_len: int, target_encoded: Any = None) -> Array:
     del cache_len, target_encoded
     return inputs
 

@@ -23,9 +23,16 @@ entries at or beyond it are masked and overwritten by the next chunk (no copy).
 The loops run `encode` for the target before their compiled loop (the target's
 encoder is its own program, with XLA's default options: see
 `cached_decoder.COMPILER_OPTIONS`) and `init_state` inside it (the cache is
-created where it lives). A draft's scorer runs both inside the loop. A
-decoder-only model would keep its prompt in `encode`'s context and prefill it
-in `init_state`, counting positions from the prompt's end.
+created where it lives). A draft's scorer runs both inside the loop.
+
+A decoder-only model has no encoder: its prompt is the context. `encode`
+keeps the prompts, `init_state` prefills all but each row's last prompt
+token, and that last token stands at position 0 in place of `start_token`,
+so positions count from the prompt's end (`llama_scorer.LlamaScorer`).
+
+The interface is model-agnostic: a context, a state and the encoder outputs a
+draft may read (`encoder_outputs`, passed on as `target_encoded`) are
+whatever pytrees the scorer defines; only T5 scorers produce `EncodedInputs`.
 
 Scorers are pytrees (`flax.struct.dataclass`): the model is static, its
 parameters are traced leaves, so one compiled loop serves any weights of the
@@ -79,11 +86,12 @@ class Scorer(abc.ABC):
     return False
 
   @abc.abstractmethod
-  def encode(self, inputs: Array, target_encoded: EncodedInputs | None = None) -> Any:
+  def encode(self, inputs: Array, target_encoded: Any = None) -> Any:
     """The work done once per input, e.g. the encoder pass.
 
     Args:
-      inputs: int32 `[batch, input_len]` encoder tokens, 0-padded.
+      inputs: int32 `[batch, input_len]`, 0-padded: an encoder's tokens, or
+        a decoder-only model's prompts.
       target_encoded: the target's encoder outputs of the same examples
         (`encoder_outputs` of the target's context); required iff
         `reads_target_encoder`.
@@ -119,7 +127,7 @@ class Scorer(abc.ABC):
   def rewind(self, state: Any, lengths: Array) -> Any:
     """Sets each row's cached length to `lengths [batch]` (at most its current one)."""
 
-  def encoder_outputs(self, context: Any) -> EncodedInputs | None:
+  def encoder_outputs(self, context: Any) -> Any:
     """The encoder outputs a draft may read (`Draft.reads_target_encoder`), or None."""
     del context
     return None
@@ -192,7 +200,7 @@ class T5Scorer(Scorer):
   def pad_id(self) -> int:
     return self.model.config.pad_token_id
 
-  def encode(self, inputs: Array, target_encoded: EncodedInputs | None = None) -> T5Context:
+  def encode(self, inputs: Array, target_encoded: Any = None) -> T5Context:
     del target_encoded
     prepared = self.model.prepare(self.params)
     return T5Context(prepared.decoder, self.model.encode(prepared, inputs))
