@@ -1,12 +1,14 @@
 """Tables and figures in the paper's form, from results.jsonl files alone.
 
-  python -m experiments.analyze [--results_dir=results/quickstart ...] [--results_root=results]
+  python -m experiments.analyze [--results_dir=results/quickstart ...] [--results_root=results] \
+      [--output_dir=/tmp/analysis]
 
 For each results directory (default: every `<results_root>/*/results.jsonl` of
 `experiments.run` points)
 writes `tables.md` and PNG figures next to it, the theory figures to
 `<results_root>/theory/`, and `<results_root>/analysis_section.md` for
-results/README.md (`specdec_jax.experiment.report`).
+results/README.md (`specdec_jax.experiment.report`); with --output_dir, all of it
+goes there instead (one folder per results directory), and results/ is only read.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ _RESULTS_DIR = flags.DEFINE_multi_string(
     "results_dir", [], "Directories holding results.jsonl (default: all under --results_root).")
 _RESULTS_ROOT = flags.DEFINE_string("results_root", "results",
                                     "Root of the experiments' result directories.")
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "Where tables, figures and the section go (default: beside the results, "
+    "under --results_root).")
 
 
 def main(argv: list[str]) -> None:
@@ -36,8 +41,8 @@ def main(argv: list[str]) -> None:
   if not dirs:
     raise app.UsageError(f"No {results_io.RESULTS_FILE} under {_RESULTS_ROOT.value}/*/; run "
                          "python -m experiments.run first or pass --results_dir.")
-  print(f"Wrote {report.analyze(dirs, _RESULTS_ROOT.value)} from {len(dirs)} result "
-        "directories.")
+  section = report.analyze(dirs, _RESULTS_ROOT.value, _OUTPUT_DIR.value)
+  print(f"Wrote {section} from {len(dirs)} result directories.")
 
 
 if __name__ == "__main__":

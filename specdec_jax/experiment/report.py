@@ -5,9 +5,10 @@ per task / draft / T; Table 3: alpha per draft; Table 4: expected vs measured;
 every point, with those whose measured speedup is more than
 `tables.FLAG_TOLERANCE` from the refined prediction flagged; speedup vs batch
 size with the crossover; the measured cost of scoring k tokens in one target
-call) and PNG figures next to it. `analyze` draws the theory figures (Fig. 2,
-Fig. 3) into `<results_root>/theory/` and collects everything in
-`<results_root>/analysis_section.md`.
+call) and PNG figures next to it (or into `<output_dir>/<name>/`). `analyze`
+draws the theory figures (Fig. 2, Fig. 3) into `<results_root>/theory/` and
+collects everything in `<results_root>/analysis_section.md` (or under
+`output_dir`, leaving the results directories untouched).
 """
 
 from __future__ import annotations
@@ -24,15 +25,22 @@ TABLES_FILE = "tables.md"
 THEORY_DIR = "theory"
 
 
-def analyze_dir(results_dir: str) -> str:
-  """Writes tables.md and the figures of one results directory; returns its Markdown."""
+def analyze_dir(results_dir: str, output_dir: str | None = None) -> str:
+  """Writes tables.md and the figures of one results directory; returns its Markdown.
+
+  Args:
+    results_dir: the directory holding results.jsonl.
+    output_dir: where tables.md and the figures go (default: `results_dir`).
+  """
   rows = results_io.read_rows(os.path.join(results_dir, results_io.RESULTS_FILE))
   if not rows:
     raise FileNotFoundError(f"--results_dir={results_dir!r} has no rows in "
                             f"{results_io.RESULTS_FILE}; run experiments.run into it first.")
   name = os.path.basename(os.path.normpath(results_dir))
   best = results_io.best_rows(rows)
-  path = lambda file: os.path.join(results_dir, file)  # noqa: E731
+  output_dir = output_dir or results_dir
+  os.makedirs(output_dir, exist_ok=True)
+  path = lambda file: os.path.join(output_dir, file)  # noqa: E731
   drawn = {
       "speedup vs gamma": figures.fig_speedup_vs_gamma(rows, path("speedup_vs_gamma.png")),
       "measured vs predicted": figures.fig_measured_vs_predicted(
@@ -67,14 +75,23 @@ def analyze_dir(results_dir: str) -> str:
     if fig:
       parts.append(f"![{title}]({name}/{os.path.basename(fig)})\n")
   text = "\n".join(parts)
-  atomic_io.atomic_write_bytes(os.path.join(results_dir, TABLES_FILE),
+  atomic_io.atomic_write_bytes(path(TABLES_FILE),
                               text.replace(f"]({name}/", "](").encode("utf-8"))
   return text
 
 
-def analyze(results_dirs: Sequence[str], results_root: str) -> str:
-  """Analyses each directory, draws the theory figures; returns the section file's path."""
-  theory_dir = os.path.join(results_root, THEORY_DIR)
+def analyze(results_dirs: Sequence[str], results_root: str, output_dir: str | None = None
+            ) -> str:
+  """Analyses each directory, draws the theory figures; returns the section file's path.
+
+  Args:
+    results_dirs: directories holding results.jsonl.
+    results_root: where the theory figures and the section go by default.
+    output_dir: where everything goes instead (`<output_dir>/<name>/` per
+      directory), leaving the results directories untouched.
+  """
+  root = output_dir or results_root
+  theory_dir = os.path.join(root, THEORY_DIR)
   os.makedirs(theory_dir, exist_ok=True)
   fig2 = figures.fig2_expected_tokens(os.path.join(theory_dir, "fig2_expected_tokens.png"))
   fig3 = figures.fig3_optimal_gamma(os.path.join(theory_dir, "fig3_optimal_gamma.png"))
@@ -84,7 +101,8 @@ def analyze(results_dirs: Sequence[str], results_root: str) -> str:
       ![Fig. 2: expected tokens per iteration]({THEORY_DIR}/{os.path.basename(fig2)})
       ![Fig. 3: optimal gamma]({THEORY_DIR}/{os.path.basename(fig3)})
       """)]
-  sections += [analyze_dir(d) for d in results_dirs]
-  path = os.path.join(results_root, SECTION_FILE)
+  sections += [analyze_dir(d, output_dir and os.path.join(
+      output_dir, os.path.basename(os.path.normpath(d)))) for d in results_dirs]
+  path = os.path.join(root, SECTION_FILE)
   atomic_io.atomic_write_bytes(path, "\n".join(sections).encode("utf-8"))
   return path
