@@ -23,12 +23,13 @@ import json
 import math
 import os
 
+import jax
 import numpy as np
 import sentencepiece as spm
 import tqdm
 from absl import app, flags
 
-from specdec_jax import atomic_io, benchmarking
+from specdec_jax import atomic_io, auto_gamma, benchmarking
 from specdec_jax.checkpoints import (
     load_hf_checkpoint,
     load_hf_config,
@@ -37,7 +38,8 @@ from specdec_jax.checkpoints import (
 )
 from specdec_jax.data import layout
 from specdec_jax.decoding.drafts import make_draft
-from specdec_jax.experiment import family, gin_flags, measure, prompts, settings
+from specdec_jax.decoding.sampling import Warp
+from specdec_jax.experiment import family, gin_flags, prompts, settings
 from specdec_jax.models import T5Model
 
 _DRAFTS = flags.DEFINE_list("drafts", list(family.DRAFTS), "The drafts' sub-folders.")
@@ -124,15 +126,14 @@ def main(argv: list[str]) -> None:
   for name, task, temperature in tqdm.tqdm(jobs, unit="run"):
     if name not in drafts:
       drafts[name] = make_draft(*load_model(shared.checkpoint_dir(name)))
-    got = measure.pooled_alpha(target, target_params, drafts[name], examples[task],
-                       temperature=temperature, gamma=shared.gamma,
-                       max_decode_len=shared.max_decode_len, seed=shared.seed)
+    got = auto_gamma.measure_alpha(target, target_params, drafts[name], examples[task],
+                                   gamma=shared.gamma, max_decode_len=shared.max_decode_len,
+                                   warp=Warp(temperature), rng=jax.random.PRNGKey(shared.seed))
     key = f"T={temperature:g}"
-    alphas.setdefault(name, {}).setdefault(task, {})[key] = round(got["alpha_beta"], 4)
-    by_run.setdefault(name, {}).setdefault(task, {})[key] = got
-    tqdm.tqdm.write(f"{name} {task} {key}: alpha {got['alpha_beta']:.3f} (S/(S+R) "
-                    f"{got['alpha_empirical']:.3f}), {got['tokens_per_iteration']:.2f} "
-                    "tokens/call")
+    alphas.setdefault(name, {}).setdefault(task, {})[key] = round(got.beta, 4)
+    by_run.setdefault(name, {}).setdefault(task, {})[key] = got._asdict()
+    tqdm.tqdm.write(f"{name} {task} {key}: alpha {got.beta:.3f} (S/(S+R) "
+                    f"{got.empirical:.3f}), {got.tokens_per_iteration:.2f} tokens/call")
   how = {
       "estimator": "mean beta over verified positions (paper, section 3.1)",
       "gamma": shared.gamma, "batch_size": _BATCH_SIZE.value, "seed": shared.seed,

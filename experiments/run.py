@@ -21,6 +21,7 @@ from absl import app, flags
 
 from specdec_jax import distributed
 from specdec_jax.experiment import gin_flags, results_io, runner, settings
+from specdec_jax.experiment.record import PointRow
 
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", None, "Where results.jsonl goes (default runs/<Experiment.name>: your own "
@@ -41,14 +42,15 @@ def main(argv: list[str]) -> None:
   output_dir = _OUTPUT_DIR.value or os.path.join(runner.RUNS_ROOT, exp.name)
   path = runner.run(exp, output_dir)
   planned = {p.key for p in settings.plan(exp)}
-  rows = [r for r in results_io.read_rows(path) if results_io.row_key(r) in planned]
+  rows = [PointRow.from_json(r) for r in results_io.read_rows(path)
+          if results_io.row_key(r) in planned]
   reference_path = os.path.join(runner.RESULTS_ROOT, exp.name, results_io.RESULTS_FILE)
   reference = ([] if os.path.abspath(reference_path) == os.path.abspath(path)
-               else results_io.read_rows(reference_path))
-  env = rows[0]["environment"] if rows else {}
+               else [PointRow.from_json(r) for r in results_io.read_rows(reference_path)])
+  env = rows[0].environment if rows else {}
   print(f"\n{exp.name}: {len(rows)} points on {env.get('cpu_model', '?')} x "
         f"{env.get('cpu_count', '?')} ({env.get('backend', '?')}), batch sizes "
-        f"{sorted({r['batch_size'] for r in rows})}; reference: {reference_path}\n")
+        f"{sorted({r.batch_size for r in rows})}; reference: {reference_path}\n")
   print(runner.summary_table(rows, reference))
   print(f"\nRows: {path} (rerunning resumes; delete it to measure again). Tables and figures: "
         f"python -m experiments.analyze --results_dir={output_dir}")

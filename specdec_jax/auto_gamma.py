@@ -1,38 +1,49 @@
-"""gamma = 'auto': the draft length the cost model predicts to be fastest, from a calibration.
+"""gamma = 'auto': the draft length the whole cost model predicts to be fastest.
 
-Speculative decoding's speedup at gamma draft tokens per target call is, under
-the paper's i.i.d. model (Leviathan et al. 2023, section 3) and with measured
-step costs (`theory.CostModel`),
+`theory.CostModel.sequence_speedup` prices a decoding as it runs: the target's
+one-token step T_step and its k-token call T_verify(k), the draft's cost per
+proposed token T_draft (c = T_draft / T_step), each loop's own work per
+baseline step and per speculative iteration (sampling, the rejection rule,
+writing tokens, rewinding caches), and the encoders, paid once per sequence:
 
-  speedup(gamma) = E[tokens](alpha, gamma) * T_step / (gamma T_draft + T_verify(gamma + 1)),
+  speedup(gamma) = (E_t + N (T_step + o_step))
+                   / (E_t + E_d + N / E[tokens](alpha, gamma)
+                      * (gamma T_draft + T_verify(gamma + 1) + o_iteration)).
 
-so three things decide gamma: alpha (how often the target accepts a proposal),
-c = T_draft / T_step, and T_verify(k) / T_step, the cost of scoring k tokens in
-one call (1 on the paper's accelerators; 1.1-2.2 on a CPU). `choose_gamma`
-measures them in a short calibration and returns the gamma in 1..max_gamma of
-highest predicted speedup, with everything the decision used and a one-line
-reason. The measured T_verify(k) / T_step are first fitted non-decreasing in k
-(`stats.nondecreasing_fit`): a k-token call costs at least a (k-1)-token one,
-and a short timing that dips at large k would otherwise pick a long gamma on
-noise (a quickstart calibration measured T_verify(7) / T_step = 1.33 below
-T_verify(4) / T_step = 1.90 and chose gamma = 6, slower than gamma = 3):
+One calibration (`calibrate`) measures every term on a few examples and
+`make_choice` picks the gamma in 1..max_gamma of highest predicted speedup:
+
+- T_verify(k), k = 1..max_gamma + 1 (`verify_times`): `rounds` rounds of
+  timed loops over every k, the order of k reversed every other round so that
+  drift hits all k alike; the median per k, then fitted non-decreasing in k
+  (`stats.nondecreasing_fit`: a k-token call costs at least a (k-1)-token one).
+  A single short timing once measured T_verify(7) below T_verify(4) and chose
+  gamma = 6, slower than gamma = 3; the rounds' spread is recorded beside it.
+- T_draft at `calibration_gamma` (taken to be the same per token at every gamma).
+- Both decoders over the calibration batches at `calibration_gamma`
+  (`measure_loop_costs`): alpha by both estimators from the speculative
+  outputs (under the paper's i.i.d. model alpha does not depend on gamma), and
+  the loops' own work: each decoding's time less its model calls and encoders,
+  per step and per iteration (taken to be the same at every gamma), the
+  encoders timed apart, and N, the tokens a batch runs for.
+
+The encoders do not move the best gamma (they add the same seconds to every
+gamma's speculative time), but they decide how much it gains and whether any
+gamma beats the target alone. The loops' own work does move it: a fixed cost
+per iteration favours longer gammas. The choice records all of it and a
+one-line reason:
 
   choice = choose_gamma(target, target_params, draft, inputs, max_decode_len=64,
                         temperature=1.0)
-  print(choice.reason)   # gamma=2: cost model predicts 1.21X (gamma=1: 1.18X, ...)
+  print(choice.reason)   # gamma=3: cost model predicts 1.21X (gamma=2: 1.18X, ...
   out = speculative_sample(target, target_params, draft, inputs, gamma=choice.gamma, ...)
 
-The calibration is one `speculative_sample` call over `inputs` (alpha by both
-estimators; alpha does not depend on gamma under the i.i.d. model, so one gamma
-serves all; skipped if the caller passes `alpha`, e.g. from a draft's model
-card) and the step timings of `specdec_jax.benchmarking` (the target's cached
-calls of k = 1..max_gamma + 1 tokens, the draft's cost per proposed token),
-taken inside `contention.quiet`. The pure decision, `decide`, and the record,
-`make_choice`, take those numbers from any source (`experiments.run` passes
-the step costs it measures for its rows anyway).
+`experiments.run` calls `calibrate` for each 'auto' point with the
+T_verify(k) it measures for its rows anyway (`verify`). On the 2-core CPU, for
+the shipped family, a calibration takes seconds besides compilation.
 
 Why here and not in `theory`: theory is plain NumPy formulas; choosing gamma
-needs the models, the decoder and the timing loops. The decision itself is
+needs the models, the decoders and the timing loops. The decision itself is
 `theory.CostModel.optimal_gamma`; this module measures its inputs and records
 them.
 """
@@ -42,7 +53,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -50,9 +61,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from specdec_jax import benchmarking, contention, distributed, theory, validation
+from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.speculative import SpeculativeStats, speculative_sample
+from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.models import T5Model
 from specdec_jax.stats import Pooled, nondecreasing_fit
 
@@ -60,10 +72,11 @@ Array = jax.Array
 
 DEFAULT_MAX_GAMMA = 8
 DEFAULT_CALIBRATION_GAMMA = 3
+DEFAULT_TIMING_ROUNDS = 5
 
 
 class AlphaEstimate(NamedTuple):
-  """alpha measured by one speculative pass, pooled over its rows.
+  """alpha measured by speculative sampling, pooled over all rows of its calls.
 
   Attributes:
     beta: the paper's estimator, the mean of beta = sum_x min(p(x), q(x)) over
@@ -71,8 +84,9 @@ class AlphaEstimate(NamedTuple):
     empirical: S / (S + R), accepted proposals over accepted plus rejections
       (the maximum-likelihood estimate under the i.i.d. model).
     examples: rows decoded.
-    gamma: the gamma of the pass.
+    gamma: the gamma of the calls.
     tokens: tokens generated in all.
+    tokens_per_iteration: tokens per target call.
   """
 
   beta: float
@@ -80,6 +94,199 @@ class AlphaEstimate(NamedTuple):
   examples: int
   gamma: int
   tokens: int
+  tokens_per_iteration: float
+
+
+def pooled_alpha(stats: Sequence[Any], gamma: int) -> AlphaEstimate:
+  """Both alpha estimators over all rows of one or more `speculative_sample` calls.
+
+  Args:
+    stats: per call, its fetched `SpeculativeStats` (`[batch]` counters) or an
+      output carrying them as `.stats`.
+    gamma: the gamma of the calls.
+
+  Raises:
+    ValueError: the outputs hold no verified position (every row ended at once).
+  """
+  stats = [getattr(s, "stats", s) for s in stats]
+  pooled = Pooled.of(stats)  # The estimators are `specdec_jax.stats`'.
+  if int(pooled["beta_count"]) == 0:
+    raise ValueError("The calibration generated no verified token (every row ended at its "
+                     "first token); calibrate on other inputs or pass alpha.")
+  return AlphaEstimate(
+      beta=pooled.alpha_beta(), empirical=pooled.alpha_empirical(),
+      examples=sum(int(s.tokens.shape[0]) for s in stats), gamma=gamma,
+      tokens=int(pooled["tokens"]), tokens_per_iteration=pooled.tokens_per_call())
+
+
+def measure_alpha(target: T5Model, target_params: dict, draft: Draft, batches: Sequence[Array],
+                  *, gamma: int, max_decode_len: int, warp: Warp, rng: Array) -> AlphaEstimate:
+  """alpha from speculative sampling over `batches` (int32 `[b, input_len]` each), no timing.
+
+  Batch i samples with `fold_in(rng, i)`.
+  """
+  outputs = [distributed.fetch(speculative_sample(
+      target, target_params, draft, batch, gamma=gamma, max_decode_len=max_decode_len,
+      temperature=warp.temperature, top_k=warp.top_k, top_p=warp.top_p,
+      rng=jax.random.fold_in(rng, i)).stats) for i, batch in enumerate(batches)]
+  return pooled_alpha(outputs, gamma)
+
+
+def timing_geometry(max_decode_len: int, max_gamma: int) -> tuple[int, int]:
+  """(cache_len, position) of step timings: the speculative decoder's cache, scored halfway."""
+  return max_decode_len + max_gamma + 1, max_decode_len // 2
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyTimes:
+  """The target's cached calls of k = 1..max_gamma + 1 tokens, timed in rounds.
+
+  Attributes:
+    t_chunk: {k: seconds per call scoring k tokens, the median over rounds};
+      k = 1 is T_step.
+    spread: {k: (slowest - fastest round) / median}: the timing's noise.
+    rounds: the rounds timed.
+    compile_s: compile time of the timing loops.
+    idle_check: the `contention.Guard` record of the timing.
+  """
+
+  t_chunk: Mapping[int, float]
+  spread: Mapping[int, float]
+  rounds: int
+  compile_s: float
+  idle_check: Mapping[str, Any]
+
+  @property
+  def t_step(self) -> float:
+    return self.t_chunk[1]
+
+
+def verify_times(target: T5Model, target_params: dict, inputs: Array, *, max_gamma: int,
+                 max_decode_len: int, calls: int, repeats: int,
+                 rounds: int = DEFAULT_TIMING_ROUNDS) -> VerifyTimes:
+  """Times T_verify(k), k = 1..max_gamma + 1, at the batch size of `inputs`, in `rounds`
+  rounds (k ascending, then descending, ...), inside `contention.quiet`.
+
+  Args:
+    target: the target.
+    target_params: its parameters.
+    inputs: int32 `[batch, input_len]` encoder tokens.
+    max_gamma: the largest gamma to price (sets the cache length too).
+    max_decode_len: the decoders' output length (sets the cache length).
+    calls: calls per timed loop.
+    repeats: timed runs per loop and round (the median is used).
+    rounds: rounds over every k (the median over rounds is used).
+  """
+  cache_len, position = timing_geometry(max_decode_len, max_gamma)
+  ks = list(range(1, max_gamma + 2))
+  with contention.quiet("target step times") as guard:
+    timed = [benchmarking.target_step_times(
+        target, target_params, inputs, chunk_lengths=ks[::-1] if r % 2 else ks,
+        cache_len=cache_len, position=position, calls=calls, repeats=repeats)
+        for r in range(rounds)]
+  seconds = {k: [t[k].seconds for t in timed] for k in ks}
+  median = {k: float(np.median(s)) for k, s in seconds.items()}
+  return VerifyTimes(
+      t_chunk=median, spread={k: (max(s) - min(s)) / median[k] for k, s in seconds.items()},
+      rounds=rounds, compile_s=sum(t.compile_s for t in timed[0].values()),
+      idle_check=guard.record())
+
+
+def draft_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, max_decode_len: int,
+               max_gamma: int, calls: int, repeats: int, seed: int, target: T5Model,
+               target_params: dict) -> benchmarking.StepTimes:
+  """T_draft: seconds per proposed token at this gamma and sampling setting (the target
+  encodes `inputs` first, outside the timing, for a draft that reads its encoder)."""
+  cache_len, position = timing_geometry(max_decode_len, max_gamma)
+  return benchmarking.draft_token_time(
+      draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len, position=position,
+      calls=calls, repeats=repeats, seed=seed,
+      target_encoded=benchmarking.target_encoded_for(draft, target, target_params, inputs))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopCosts:
+  """What the decoders cost besides their model calls (`theory.CostModel`'s extra terms).
+
+  Attributes:
+    encode_target_s: the target's encoder, seconds per batch.
+    encode_draft_s: the draft's encoder, seconds per batch (0 without one).
+    step_overhead_s: seconds per baseline step beyond T_step.
+    iteration_overhead_s: seconds per speculative iteration beyond gamma T_draft +
+      T_verify(gamma + 1).
+    batches: how many batches the decoders were timed on.
+    held_out: whether those were examples outside the measured ones.
+    loop_tokens: tokens per batch as the loops run them (until the batch's
+      longest row ends), the mean over batches: N in the sequence speedup.
+  """
+
+  encode_target_s: float
+  encode_draft_s: float
+  step_overhead_s: float
+  iteration_overhead_s: float
+  batches: int
+  held_out: bool
+  loop_tokens: float
+
+  def cost_model(self, t_chunk: Mapping[int, float], t_draft: float) -> theory.CostModel:
+    """The whole `theory.CostModel`: these terms with the model calls' times."""
+    return theory.CostModel(
+        t_chunk[1], t_draft, t_chunk, t_step_overhead=self.step_overhead_s,
+        t_iteration_overhead=self.iteration_overhead_s, t_encode_target=self.encode_target_s,
+        t_encode_draft=self.encode_draft_s)
+
+
+def measure_loop_costs(target: T5Model, target_params: dict, draft: Draft,
+                       batches: Sequence[Array], *, gamma: int, warp: Warp, max_decode_len: int,
+                       t_chunk: Mapping[int, float], t_draft: float, rng: Array, repeats: int,
+                       held_out: bool) -> tuple[LoopCosts, AlphaEstimate]:
+  """Times both encoders and one decoding of each batch by each decoder (after one
+  untimed call each), and attributes to overhead what the model calls leave.
+
+  Args:
+    target: the target model.
+    target_params: its parameters.
+    draft: the draft.
+    batches: int32 `[batch, input_len]` batches to decode.
+    gamma: the speculative decoder's gamma.
+    warp: the sampling settings.
+    max_decode_len: the most tokens per row.
+    t_chunk: {k: T_verify(k)}, k = 1 being T_step.
+    t_draft: the draft's seconds per proposed token.
+    rng: PRNG key of the decodings.
+    repeats: timed calls of each encoder (the median is used).
+    held_out: recorded: whether `batches` lie outside the measured examples.
+
+  Returns:
+    The `LoopCosts`, and alpha pooled over the speculative decodings.
+  """
+  kwargs = dict(max_decode_len=max_decode_len, temperature=warp.temperature, top_k=warp.top_k,
+                top_p=warp.top_p, rng=rng)
+  decoders = {
+      "baseline": lambda i: temperature_sample(target, target_params, batches[i], **kwargs),
+      "speculative": lambda i: speculative_sample(target, target_params, draft, batches[i],
+                                                  gamma=gamma, **kwargs)}
+  timings, outputs = benchmarking.time_interleaved(decoders, len(batches), 1,
+                                                   fetch=distributed.fetch)
+  prepared = target.prepare(target_params)
+  encode_target = benchmarking.time_calls(
+      lambda: target.encode(prepared, batches[0]), repeats).median_s
+  target_encoded = benchmarking.target_encoded_for(draft, target, target_params, batches[0])
+  cache_len, _ = timing_geometry(max_decode_len, gamma)
+  init_draft = jax.jit(lambda d, x, encoded: d.init_state(x, cache_len, encoded))
+  encode_draft = benchmarking.time_calls(
+      lambda: init_draft(draft, batches[0], target_encoded), repeats).median_s
+  n = len(batches)
+  steps = sum(int(np.max(o.lengths)) for o in outputs["baseline"])
+  iterations = sum(int(o.stats.loop_iterations) for o in outputs["speculative"])
+  costs = LoopCosts(
+      encode_target_s=encode_target, encode_draft_s=encode_draft,
+      step_overhead_s=(timings["baseline"].median_s - n * encode_target) / max(steps, 1)
+      - t_chunk[1],
+      iteration_overhead_s=(timings["speculative"].median_s - n * (encode_target + encode_draft))
+      / max(iterations, 1) - (gamma * t_draft + t_chunk[gamma + 1]),
+      batches=n, held_out=held_out, loop_tokens=steps / n)
+  return costs, pooled_alpha(outputs["speculative"], gamma)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,32 +294,46 @@ class GammaChoice:
   """The chosen gamma and everything the choice was made from.
 
   Attributes:
-    gamma: the gamma in 1..max_gamma of highest cost-model speedup (the
+    gamma: the gamma in 1..max_gamma of highest `speedup_cost_model` (the
       smallest on ties). Check `helps`: when no gamma beats the target alone,
       this is merely the least slow.
     alpha: the acceptance rate decided with (`alpha_measured.beta`, or the
       caller's).
     alpha_measured: the calibration's estimates; None when alpha was given.
+    t_step_s: T_step, the target's one-token step, in seconds.
     c: T_draft / T_step, the draft's cost per proposed token over the
       target's one-token step.
     verify_ratio: {k: T_verify(k) / T_step} for k = 1..max_gamma + 1, fitted
       non-decreasing in k: what the decision used.
     verify_ratio_measured: the same ratios as timed, before the fit.
-    speedup_cost_model: {gamma: speedup predicted by `theory.CostModel`}.
+    verify_spread: {k: the timing's spread over rounds / median} (empty if
+      the caller's times came without one).
+    loop_costs: the loops' own work and the encoders (None: the model calls
+      alone were priced).
+    speedup_cost_model: {gamma: predicted speedup}: `CostModel.sequence_speedup`
+      over `loop_costs.loop_tokens` tokens, or, without loop costs, the model
+      calls alone.
+    speedup_steps_only: {gamma: `CostModel.expected_speedup` of the model calls
+      alone}.
     speedup_thm38: {gamma: `theory.walltime_improvement`} (verification free).
     calibration_s: wall-clock seconds the calibration took (compilation included).
-    idle_check: the `contention.Guard` record of the step timings (None if
-      the caller timed them elsewhere).
-    reason: one line: the choice, its neighbours' predictions, alpha and c.
+    idle_check: the `contention.Guard` record of the calibration's timings
+      (None if the caller timed them elsewhere).
+    reason: one line: the choice, its neighbours' predictions, the terms that
+      decided it and where the simpler models would differ.
   """
 
   gamma: int
   alpha: float
   alpha_measured: AlphaEstimate | None
+  t_step_s: float
   c: float
   verify_ratio: Mapping[int, float]
   verify_ratio_measured: Mapping[int, float]
+  verify_spread: Mapping[int, float]
+  loop_costs: LoopCosts | None
   speedup_cost_model: Mapping[int, float]
+  speedup_steps_only: Mapping[int, float]
   speedup_thm38: Mapping[int, float]
   calibration_s: float
   idle_check: Mapping[str, Any] | None
@@ -126,52 +347,26 @@ class GammaChoice:
   def to_json(self) -> dict[str, Any]:
     """A JSON-serialisable dict (mapping keys as strings), e.g. for a results row."""
     measured = self.alpha_measured
+    by_str = lambda mapping: {str(k): v for k, v in mapping.items()}  # noqa: E731
     return {
         "gamma": self.gamma,
         "alpha": self.alpha,
         "alpha_source": "given" if measured is None else "measured (beta)",
         "alpha_measured": None if measured is None else measured._asdict(),
+        "t_step_s": self.t_step_s,
         "c": self.c,
-        "verify_ratio": {str(k): v for k, v in self.verify_ratio.items()},
-        "verify_ratio_measured": {str(k): v for k, v in self.verify_ratio_measured.items()},
-        "speedup_cost_model": {str(g): s for g, s in self.speedup_cost_model.items()},
-        "speedup_thm38": {str(g): s for g, s in self.speedup_thm38.items()},
+        "verify_ratio": by_str(self.verify_ratio),
+        "verify_ratio_measured": by_str(self.verify_ratio_measured),
+        "verify_spread": by_str(self.verify_spread),
+        "loop_costs": None if self.loop_costs is None else dataclasses.asdict(self.loop_costs),
+        "speedup_cost_model": by_str(self.speedup_cost_model),
+        "speedup_steps_only": by_str(self.speedup_steps_only),
+        "speedup_thm38": by_str(self.speedup_thm38),
         "helps": self.helps,
         "calibration_s": self.calibration_s,
         "idle_check": None if self.idle_check is None else dict(self.idle_check),
         "reason": self.reason,
     }
-
-
-def _check_verify_ratio(verify_ratio: Any, max_gamma: Any, name: str = "verify_ratio"
-                        ) -> tuple[dict[int, float], int]:
-  """`verify_ratio` as {int k: float}, and max_gamma (default: its largest k - 1) checked.
-
-  Args:
-    verify_ratio: {k: T_verify(k) / T_step}.
-    max_gamma: the largest gamma considered, or None.
-    name: the caller's argument the ratios come from, for the messages.
-  """
-  if not isinstance(verify_ratio, Mapping) or not verify_ratio:
-    raise ValueError(f"{name} must map chunk lengths k to T_verify(k) / T_step, e.g. "
-                     f"{{2: 1.1, 3: 1.2}}, got {verify_ratio!r}.")
-  ratios = {validation.as_int(f"a key of {name}", k, minimum=1, what="tokens scored in one "
-                              "call"): validation.as_real(f"{name}[{k}]", r) for k, r in
-            verify_ratio.items()}
-  if min(ratios.values()) <= 0:
-    raise ValueError(f"{name} must hold times > 0, got {verify_ratio!r}.")
-  if max_gamma is None:
-    if max(ratios) < 2:
-      raise ValueError(f"{name} holds no k >= 2 (k = gamma + 1); time T_verify(2) at least.")
-    max_gamma = max(ratios) - 1
-  max_gamma = validation.as_int("max_gamma", max_gamma, minimum=1,
-                                what="the largest gamma considered")
-  missing = sorted(set(range(2, max_gamma + 2)) - set(ratios))
-  if missing:
-    raise ValueError(f"{name} lacks k={missing}: gamma = 1..max_gamma={max_gamma} needs "
-                     f"T_verify(k) for every k = 2..{max_gamma + 1}; time those "
-                     "(benchmarking.target_step_times) or lower max_gamma.")
-  return ratios, max_gamma
 
 
 def _check_alpha(alpha: Any) -> float:
@@ -182,65 +377,68 @@ def _check_alpha(alpha: Any) -> float:
   return value
 
 
+def _check_t_chunk(t_chunk: Any, max_gamma: Any) -> tuple[dict[int, float], int]:
+  """`t_chunk` as {int k: seconds}, k = 1..max_gamma + 1 present, and max_gamma checked."""
+  if not isinstance(t_chunk, Mapping) or 1 not in t_chunk:
+    raise ValueError(f"t_chunk must map k = 1..max_gamma + 1 to seconds per call, k = 1 (T_step) "
+                     f"included, got {t_chunk!r}.")
+  times = {validation.as_int("a key of t_chunk", k, minimum=1, what="tokens scored in one call"):
+           validation.as_real(f"t_chunk[{k}]", t, what="seconds") for k, t in t_chunk.items()}
+  if min(times.values()) <= 0:
+    raise ValueError(f"t_chunk must hold times > 0 s (t_chunk[1] is T_step), got {t_chunk!r}.")
+  max_gamma = validation.as_int("max_gamma", max_gamma, minimum=1,
+                                what="the largest gamma considered")
+  missing = sorted(set(range(2, max_gamma + 2)) - set(times))
+  if missing:
+    raise ValueError(f"t_chunk lacks k={missing}: gamma = 1..max_gamma={max_gamma} needs "
+                     f"T_verify(k) for every k = 2..{max_gamma + 1}; time those "
+                     "(verify_times) or lower max_gamma.")
+  return {k: times[k] for k in range(1, max_gamma + 2)}, max_gamma
+
+
 def fitted_ratios(ratios: Mapping[int, float]) -> dict[int, float]:
   """{k: T_verify(k) / T_step} fitted non-decreasing in k (`stats.nondecreasing_fit`).
 
   Args:
-    ratios: {k: T_verify(k) / T_step} as measured (checked, int keys).
+    ratios: {k: T_verify(k) / T_step} as measured (int keys).
   """
   ks = sorted(ratios)
   return dict(zip(ks, map(float, nondecreasing_fit([ratios[k] for k in ks])),
                   strict=True))
 
 
-def _cost_model(c: Any, ratios: Mapping[int, float]) -> theory.CostModel:
-  c = validation.as_real("c", c, minimum=0.0, what="T_draft / T_step")
-  return theory.CostModel.from_ratios(c, ratios)
-
-
-def decide(alpha: float, c: float, verify_ratio: Mapping[int, float],
-           max_gamma: int | None = None) -> int:
-  """The gamma in 1..max_gamma of highest `theory.CostModel` speedup (smallest on ties).
-
-  Args:
-    alpha: acceptance rate in [0, 1].
-    c: T_draft / T_step, >= 0.
-    verify_ratio: {k: T_verify(k) / T_step}, every k = 2..max_gamma + 1 present
-      (1.0 everywhere is the paper's Theorem 3.8); fitted non-decreasing in k
-      (`fitted_ratios`) before the decision.
-    max_gamma: the largest gamma considered (default: the largest k - 1).
-
-  Returns:
-    gamma >= 1.
-
-  Raises:
-    ValueError: naming the bad argument.
-  """
-  ratios, max_gamma = _check_verify_ratio(verify_ratio, max_gamma)
-  return _cost_model(c, fitted_ratios(ratios)).optimal_gamma(_check_alpha(alpha),
-                                                             max_gamma).gamma
-
-
 def _fmt(gamma: int, speedups: Mapping[int, float]) -> str:
   return f"gamma={gamma}: {speedups[gamma]:.2f}X"
 
 
-def _reason(gamma: int, alpha: float, c: float, ratios: Mapping[int, float],
-            cost_model: Mapping[int, float], thm38: Mapping[int, float]) -> str:
-  neighbours = ", ".join(_fmt(g, cost_model) for g in (gamma - 1, gamma + 1) if g in cost_model)
-  line = (f"gamma={gamma}: cost model predicts {cost_model[gamma]:.2f}X"
-          + (f" ({neighbours})" if neighbours else "")
-          + f"; alpha={alpha:.2f}, c={c:.3f}, T_verify({gamma + 1})/T_step="
-          f"{ratios[gamma + 1]:.2f}")
-  thm38_gamma = max(thm38, key=thm38.get)
-  if thm38_gamma != gamma:
-    line += f"; Thm 3.8 (free verification) would pick {_fmt(thm38_gamma, thm38)}"
-  if cost_model[gamma] <= 1:
-    line += "; no gamma is predicted to beat the target alone"
-  return line
+def _reason(choice: GammaChoice) -> str:
+  """The one line of `GammaChoice.reason`."""
+  gamma, predicted, loops = choice.gamma, choice.speedup_cost_model, choice.loop_costs
+  neighbours = ", ".join(_fmt(g, predicted) for g in (gamma - 1, gamma + 1) if g in predicted)
+  k = gamma + 1
+  spread = f" (spread {choice.verify_spread[k]:.0%})" if k in choice.verify_spread else ""
+  parts = [f"gamma={gamma}: cost model predicts {predicted[gamma]:.2f}X"
+           + (f" ({neighbours})" if neighbours else ""),
+           f"alpha={choice.alpha:.2f}, c={choice.c:.3f}, "
+           f"T_verify({k})/T_step={choice.verify_ratio[k]:.2f}{spread}"]
+  simpler = {"Thm 3.8 (free verification)": choice.speedup_thm38}
+  if loops is not None:
+    parts.append(f"loop work {loops.iteration_overhead_s / choice.t_step_s:.2f} T_step per "
+                 f"iteration, {loops.step_overhead_s / choice.t_step_s:.2f} per step; encoders "
+                 f"{1e3 * (loops.encode_target_s + loops.encode_draft_s):.1f} ms over "
+                 f"{loops.loop_tokens:.0f} tokens")
+    simpler = {"steps only": choice.speedup_steps_only, **simpler}
+  for name, speedups in simpler.items():
+    best = max(speedups, key=speedups.get)
+    if best != gamma:
+      parts.append(f"{name} would pick {_fmt(best, speedups)}")
+  if predicted[gamma] <= 1:
+    parts.append("no gamma is predicted to beat the target alone")
+  return "; ".join(parts)
 
 
 def make_choice(alpha: float | AlphaEstimate, t_chunk: Mapping[int, float], t_draft: float, *,
+                loop_costs: LoopCosts | None = None, spread: Mapping[int, float] | None = None,
                 max_gamma: int = DEFAULT_MAX_GAMMA, calibration_s: float = 0.0,
                 idle_check: Mapping[str, Any] | None = None) -> GammaChoice:
   """Decides gamma from measured times and records the decision.
@@ -248,9 +446,12 @@ def make_choice(alpha: float | AlphaEstimate, t_chunk: Mapping[int, float], t_dr
   Args:
     alpha: an `AlphaEstimate` (its `beta` is used) or a given acceptance rate.
     t_chunk: {k: seconds per cached target call scoring k tokens} for
-      k = 1..max_gamma + 1 (k = 1 is T_step), e.g. from
-      `benchmarking.target_step_times`.
+      k = 1..max_gamma + 1 (k = 1 is T_step), e.g. `VerifyTimes.t_chunk`;
+      fitted non-decreasing in k before the decision.
     t_draft: the draft's seconds per proposed token.
+    loop_costs: the loops' own work and the encoders (`measure_loop_costs`);
+      None prices the model calls alone.
+    spread: {k: the timing's relative spread}, for the record.
     max_gamma: the largest gamma considered.
     calibration_s: seconds the calibration took, for the record.
     idle_check: the `contention.Guard` record of the timings, for the record.
@@ -263,85 +464,106 @@ def make_choice(alpha: float | AlphaEstimate, t_chunk: Mapping[int, float], t_dr
   """
   measured = alpha if isinstance(alpha, AlphaEstimate) else None
   alpha = _check_alpha(measured.beta if measured else alpha)
-  if not isinstance(t_chunk, Mapping) or 1 not in t_chunk:
-    raise ValueError(f"t_chunk must map k = 1..max_gamma + 1 to seconds per call, k = 1 (T_step) "
-                     f"included, got {t_chunk!r}.")
-  t_step = validation.as_real("t_chunk[1]", t_chunk[1], what="T_step in seconds")
-  if t_step <= 0:
-    raise ValueError(f"t_chunk[1] (T_step) must be a time > 0 s, got {t_step}.")
-  t_draft = validation.as_real("t_draft", t_draft, minimum=0.0, what="seconds per draft token")
-  measured_ratios, max_gamma = _check_verify_ratio(
-      {k: validation.as_real(f"t_chunk[{k}]", t, what="seconds") / t_step
-       for k, t in t_chunk.items()}, max_gamma, name="t_chunk")
+  times, max_gamma = _check_t_chunk(t_chunk, max_gamma)
+  t_step = times[1]
+  c = validation.as_real("t_draft", t_draft, minimum=0.0,
+                         what="seconds per draft token") / t_step
+  measured_ratios = {k: t / t_step for k, t in times.items()}
   ratios = fitted_ratios(measured_ratios)
-  c = t_draft / t_step
-  model = _cost_model(c, ratios)
+  steps_only = theory.CostModel.from_ratios(c, ratios, t_step)
   gammas = range(1, max_gamma + 1)
-  cost_model = {g: float(model.expected_speedup(alpha, g)) for g in gammas}
-  thm38 = {g: float(theory.walltime_improvement(alpha, g, c)) for g in gammas}
-  gamma = model.optimal_gamma(alpha, max_gamma).gamma
-  used = [k for k in sorted(ratios) if k <= max_gamma + 1]
-  return GammaChoice(
-      gamma=gamma, alpha=alpha, alpha_measured=measured, c=c,
-      verify_ratio=types.MappingProxyType({k: ratios[k] for k in used}),
-      verify_ratio_measured=types.MappingProxyType({k: measured_ratios[k] for k in used}),
-      speedup_cost_model=types.MappingProxyType(cost_model),
-      speedup_thm38=types.MappingProxyType(thm38), calibration_s=float(calibration_s),
+  if loop_costs is None:
+    model, tokens = steps_only, None
+  else:
+    model, tokens = loop_costs.cost_model(steps_only.t_verify, t_draft), loop_costs.loop_tokens
+  choice = GammaChoice(
+      gamma=model.optimal_gamma(alpha, max_gamma, tokens=tokens).gamma, alpha=alpha,
+      alpha_measured=measured, t_step_s=t_step, c=c,
+      verify_ratio=types.MappingProxyType(ratios),
+      verify_ratio_measured=types.MappingProxyType(measured_ratios),
+      verify_spread=types.MappingProxyType({k: float(spread[k]) for k in times}
+                                           if spread else {}),
+      loop_costs=loop_costs,
+      speedup_cost_model=types.MappingProxyType(
+          {g: model.predicted_speedup(alpha, g, tokens) for g in gammas}),
+      speedup_steps_only=types.MappingProxyType(
+          {g: float(steps_only.expected_speedup(alpha, g)) for g in gammas}),
+      speedup_thm38=types.MappingProxyType(
+          {g: float(theory.walltime_improvement(alpha, g, c)) for g in gammas}),
+      calibration_s=float(calibration_s),
       idle_check=None if idle_check is None else types.MappingProxyType(dict(idle_check)),
-      reason=_reason(gamma, alpha, c, ratios, cost_model, thm38))
+      reason="")
+  return dataclasses.replace(choice, reason=_reason(choice))
 
 
-def pooled_alpha(stats: SpeculativeStats, gamma: int) -> AlphaEstimate:
-  """Both alpha estimators over all rows of one `speculative_sample` call.
-
-  Args:
-    stats: the call's `SpeculativeStats` (`[batch]` counters).
-    gamma: the gamma of the call.
-
-  Raises:
-    ValueError: the output holds no verified position (every row ended at once).
-  """
-  stats = distributed.fetch(stats)
-  pooled = Pooled.of([stats])  # The estimators are `specdec_jax.stats`'.
-  if int(pooled["beta_count"]) == 0:
-    raise ValueError("The calibration generated no verified token (every row ended at its "
-                     "first token); calibrate on other inputs or pass alpha.")
-  return AlphaEstimate(
-      beta=pooled.alpha_beta(), empirical=pooled.alpha_empirical(),
-      examples=int(stats.tokens.shape[0]), gamma=gamma, tokens=int(pooled["tokens"]))
-
-
-def measure_alpha(target: T5Model, target_params: dict, draft: Draft, inputs: Array, *,
-                  gamma: int = DEFAULT_CALIBRATION_GAMMA, max_decode_len: int,
-                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                  rng: Array | None = None, draft_inputs: Array | None = None) -> AlphaEstimate:
-  """alpha from one `speculative_sample` call over `inputs` (its arguments, checked by it).
-
-  Returns:
-    The `AlphaEstimate`, pooled over the rows of `inputs` `[batch, input_len]`.
-  """
-  out = speculative_sample(target, target_params, draft, inputs, gamma=gamma,
-                           max_decode_len=max_decode_len, temperature=temperature, top_k=top_k,
-                           top_p=top_p, rng=rng, draft_inputs=draft_inputs)
-  return pooled_alpha(out.stats, gamma)
-
-
-def agreed_times(t_chunk: Mapping[int, float], t_draft: float
-                 ) -> tuple[dict[int, float], float]:
-  """Process 0's step times on every process, so that all choose one gamma (a collective).
+def _agreed(t_chunk: Mapping[int, float], t_draft: float, loop_costs: LoopCosts
+            ) -> tuple[dict[int, float], float, LoopCosts]:
+  """Process 0's times on every process, so that all choose one gamma (a collective).
 
   Each process times the same global programs but reads its own clock; a
   choice that differed between processes would make them run different
   programs. In one process this returns the times unchanged.
   """
   ks = sorted(t_chunk)
-  times = multihost_utils.broadcast_one_to_all(np.array([t_chunk[k] for k in ks] + [t_draft]))
-  return dict(zip(ks, map(float, times[:-1]), strict=True)), float(times[-1])
+  names = ("encode_target_s", "encode_draft_s", "step_overhead_s", "iteration_overhead_s",
+           "loop_tokens")
+  values = multihost_utils.broadcast_one_to_all(np.array(
+      [t_chunk[k] for k in ks] + [t_draft] + [getattr(loop_costs, n) for n in names]))
+  values = list(map(float, values))
+  loop_costs = dataclasses.replace(loop_costs, **dict(zip(names, values[len(ks) + 1:],
+                                                          strict=True)))
+  return dict(zip(ks, values[:len(ks)], strict=True)), values[len(ks)], loop_costs
 
 
-def timing_geometry(max_decode_len: int, max_gamma: int) -> tuple[int, int]:
-  """(cache_len, position) of step timings: the speculative decoder's cache, scored halfway."""
-  return max_decode_len + max_gamma + 1, max_decode_len // 2
+def calibrate(target: T5Model, target_params: dict, draft: Draft, batches: Sequence[Array], *,
+              warp: Warp, max_decode_len: int, max_gamma: int, rng: Array,
+              verify: VerifyTimes, calibration_gamma: int = DEFAULT_CALIBRATION_GAMMA,
+              timing_calls: int = 8, timing_repeats: int = 3, alpha: float | None = None
+              ) -> GammaChoice:
+  """The one calibration: measures what the whole cost model needs and chooses gamma.
+
+  Inside `contention.quiet`, times the draft's proposals at `calibration_gamma`
+  and both decoders over `batches` at `calibration_gamma`
+  (`measure_loop_costs`: alpha, the loops' own work, the encoders); the
+  target's T_verify(k) come from `verify`. Arguments are the checked ones of
+  `choose_gamma` (or of `experiments.run`'s settings).
+
+  Args:
+    target: the target model.
+    target_params: its parameters.
+    draft: the draft.
+    batches: int32 `[batch, input_len]` calibration batches at the batch size
+      that will be decoded (step costs depend on it).
+    warp: the sampling settings that will be decoded with.
+    max_decode_len: the most tokens per row, as will be decoded.
+    max_gamma: candidates are gamma = 1..max_gamma.
+    rng: PRNG key of the calibration's decodings.
+    verify: the target's T_verify(k) for k = 1..max_gamma + 1 at this batch size.
+    calibration_gamma: gamma of the calibration's decodings and draft timing.
+    timing_calls: calls per timed loop.
+    timing_repeats: timed runs per loop (the median is used).
+    alpha: the acceptance rate to decide with, if known (the measured one is
+      otherwise used).
+
+  Returns:
+    The `GammaChoice`.
+  """
+  start = time.perf_counter()
+  t_chunk = {k: verify.t_step * r for k, r in
+             fitted_ratios({k: t / verify.t_step for k, t in verify.t_chunk.items()}).items()}
+  with contention.quiet("gamma calibration") as guard:
+    t_draft = draft_time(draft, batches[0], gamma=calibration_gamma, warp=warp,
+                         max_decode_len=max_decode_len, max_gamma=max_gamma, calls=timing_calls,
+                         repeats=timing_repeats, seed=0, target=target,
+                         target_params=target_params).seconds
+    loop_costs, estimate = measure_loop_costs(
+        target, target_params, draft, batches, gamma=calibration_gamma, warp=warp,
+        max_decode_len=max_decode_len, t_chunk=t_chunk, t_draft=t_draft, rng=rng,
+        repeats=timing_repeats, held_out=True)
+  t_chunk, t_draft, loop_costs = _agreed(verify.t_chunk, t_draft, loop_costs)
+  return make_choice(estimate if alpha is None else alpha, t_chunk, t_draft,
+                     loop_costs=loop_costs, spread=verify.spread, max_gamma=max_gamma,
+                     calibration_s=time.perf_counter() - start, idle_check=guard.record())
 
 
 def choose_gamma(target: T5Model, target_params: dict, draft: Draft, inputs: Array, *,
@@ -349,17 +571,13 @@ def choose_gamma(target: T5Model, target_params: dict, draft: Draft, inputs: Arr
                  top_p: float = 1.0, max_gamma: int = DEFAULT_MAX_GAMMA,
                  alpha: float | None = None,
                  calibration_gamma: int = DEFAULT_CALIBRATION_GAMMA, timing_calls: int = 8,
-                 timing_repeats: int = 3, rng: Array | None = None,
-                 draft_inputs: Array | None = None) -> GammaChoice:
-  """Calibrates on `inputs` and returns the gamma the cost model predicts to be fastest.
+                 timing_repeats: int = 3, timing_rounds: int = DEFAULT_TIMING_ROUNDS,
+                 rng: Array | None = None) -> GammaChoice:
+  """Calibrates on `inputs` and returns the gamma the whole cost model predicts to be fastest.
 
-  The calibration runs one `speculative_sample` call over `inputs` at
-  `calibration_gamma` (unless `alpha` is given), then times, inside
-  `contention.quiet`, the target's cached calls of k = 1..max_gamma + 1 tokens
-  (`max_gamma + 1` compiled loops of `timing_calls` calls, `timing_repeats`
-  + 1 runs each) and the draft's proposals at `calibration_gamma` (its cost per
-  token is taken to be the same at every gamma). Compilation dominates: on the
-  2-core CPU, for the shipped family, expect tens of seconds.
+  Times the target's T_verify(k) (`verify_times`), then runs `calibrate`.
+  Compilation dominates: on the 2-core CPU, for the shipped family, expect
+  tens of seconds.
 
   Args:
     target: the target model.
@@ -372,14 +590,14 @@ def choose_gamma(target: T5Model, target_params: dict, draft: Draft, inputs: Arr
     top_k: as you will decode (0 = off).
     top_p: as you will decode (1.0 = off).
     max_gamma: candidates are gamma = 1..max_gamma.
-    alpha: the acceptance rate, if known (e.g. from the draft's model card):
-      skips the speculative pass.
-    calibration_gamma: gamma of the speculative pass and of the draft timing,
-      in 1..max_gamma.
+    alpha: the acceptance rate to decide with, if known (e.g. from the draft's
+      model card; the calibration still decodes, to time the loops).
+    calibration_gamma: gamma of the calibration's decodings and of the draft
+      timing, in 1..max_gamma.
     timing_calls: calls per timed loop.
     timing_repeats: timed runs per loop (the median is used).
-    rng: PRNG key of the speculative pass (default `PRNGKey(0)`).
-    draft_inputs: the draft's own encoder tokens, if they differ from `inputs`.
+    timing_rounds: rounds over every k of T_verify(k) (the median is used).
+    rng: PRNG key of the calibration's decodings (default `PRNGKey(0)`).
 
   Returns:
     The `GammaChoice`; `choice.gamma` goes to `speculative_sample(gamma=...)`.
@@ -404,25 +622,16 @@ def choose_gamma(target: T5Model, target_params: dict, draft: Draft, inputs: Arr
   calls = validation.as_int("timing_calls", timing_calls, minimum=1, what="calls per timed loop")
   repeats = validation.as_int("timing_repeats", timing_repeats, minimum=1,
                               what="timed runs per loop")
-  draft_inputs = validation.check_draft(draft, target.config, args.inputs, draft_inputs)
+  rounds = validation.as_int("timing_rounds", timing_rounds, minimum=1,
+                             what="rounds over every k")
+  validation.check_draft(draft, target.config, args.inputs, None)
 
   start = time.perf_counter()
-  if alpha is None:
-    alpha = measure_alpha(target, target_params, draft, args.inputs, gamma=calibration_gamma,
-                          max_decode_len=args.max_decode_len, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, rng=args.rng,
-                          draft_inputs=draft_inputs)
-  cache_len, position = timing_geometry(args.max_decode_len, max_gamma)
-  with contention.quiet("gamma calibration") as guard:
-    t_chunk = benchmarking.target_step_times(
-        target, target_params, args.inputs, chunk_lengths=range(1, max_gamma + 2),
-        cache_len=cache_len, position=position, calls=calls, repeats=repeats)
-    t_draft = benchmarking.draft_token_time(
-        draft, draft_inputs, gamma=calibration_gamma,
-        warp=Warp.of(args), cache_len=cache_len,
-        position=position, calls=calls, repeats=repeats,
-        target_encoded=benchmarking.target_encoded_for(draft, target, target_params,
-                                                      args.inputs))
-  t_chunk, t_draft = agreed_times({k: t.seconds for k, t in t_chunk.items()}, t_draft.seconds)
-  return make_choice(alpha, t_chunk, t_draft, max_gamma=max_gamma,
-                     calibration_s=time.perf_counter() - start, idle_check=guard.record())
+  verify = verify_times(target, target_params, args.inputs, max_gamma=max_gamma,
+                        max_decode_len=args.max_decode_len, calls=calls, repeats=repeats,
+                        rounds=rounds)
+  choice = calibrate(target, target_params, draft, [args.inputs], warp=Warp.of(args),
+                     max_decode_len=args.max_decode_len, max_gamma=max_gamma, rng=args.rng,
+                     verify=verify, calibration_gamma=calibration_gamma, timing_calls=calls,
+                     timing_repeats=repeats, alpha=alpha)
+  return dataclasses.replace(choice, calibration_s=time.perf_counter() - start)

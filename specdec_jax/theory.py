@@ -348,6 +348,13 @@ class CostModel:
                    + tokens / per_iteration * self.iteration_time(g))
     return baseline / speculative
 
+  def predicted_speedup(self, alpha: float, gamma: int, tokens: float | None = None) -> float:
+    """`sequence_speedup` over `tokens` output tokens (encoders included), or without
+    `tokens` `expected_speedup` (the decoding loops alone)."""
+    if tokens is None:
+      return float(self.expected_speedup(alpha, gamma))
+    return self.sequence_speedup(alpha, gamma, tokens)
+
   def alpha_needed(self, speedup: float, gamma: int, tol: float = 1e-9) -> float | None:
     """The smallest alpha at which `expected_speedup(alpha, gamma)` reaches `speedup`.
 
@@ -376,13 +383,19 @@ class CostModel:
       lo, hi = (lo, mid) if self.expected_speedup(mid, g) >= speedup else (mid, hi)
     return hi
 
-  def optimal_gamma(self, alpha: float, max_gamma: int | None = None) -> OptimalGamma:
-    """The gamma maximising `expected_speedup` among those with measured range.
+  def optimal_gamma(self, alpha: float, max_gamma: int | None = None,
+                    tokens: float | None = None) -> OptimalGamma:
+    """The gamma maximising `predicted_speedup` among those with measured range.
+
+    The encoders add the same seconds at every gamma, so `tokens` changes the
+    improvement reported (and whether any gamma helps), not which gamma wins.
 
     Args:
       alpha: acceptance rate in [0, 1].
       max_gamma: largest gamma considered; default: the largest k in
         `t_verify` minus 1.
+      tokens: output tokens per sequence: improvements are `sequence_speedup`
+        (encoders included); None: `expected_speedup` (the loops alone).
 
     Returns:
       An `OptimalGamma` (check `.helps`).
@@ -395,4 +408,5 @@ class CostModel:
     if gammas.size == 0:
       raise ValueError(f"t_verify covers k={ks[0]}..{ks[-1]}, which holds no gamma + 1 "
                        f"with 1 <= gamma <= max_gamma={max_gamma}; measure t_verify[2].")
-    return _best(gammas, np.array([self.expected_speedup(alpha, int(g)) for g in gammas]))
+    return _best(gammas, np.array([self.predicted_speedup(alpha, int(g), tokens)
+                                   for g in gammas]))

@@ -3,6 +3,7 @@ tables and figures."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -17,9 +18,11 @@ from absl.testing import flagsaver
 from conftest import make_model
 
 from experiments import analyze, measure_alpha
+from specdec_jax import auto_gamma
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import (
   gin_flags,
   measure,
@@ -29,6 +32,7 @@ from specdec_jax.experiment import (
   settings,
   tables,
 )
+from specdec_jax.experiment.record import PointRow
 
 VOCAB = 8192  # The committed SentencePiece model's size.
 ROW_FIELDS = (
@@ -70,7 +74,7 @@ def _gin(tmp_path, models_dir: str, **overrides) -> str:
       "name": "'tiny'", "models_dir": repr(models_dir), "drafts": "['draft']",
       "tasks": "['ende']", "num_examples": "2", "temperatures": "[0.0]", "gammas": "[2]",
       "max_decode_len": "8", "input_len": "16", "repetitions": "1", "timing_calls": "2",
-      "timing_repeats": "1", **overrides}
+      "timing_repeats": "1", "timing_rounds": "2", **overrides}
   path = tmp_path / "tiny.gin"
   path.write_text("".join(f"Experiment.{k} = {v}\n" for k, v in bindings.items()))
   return str(path)
@@ -104,7 +108,8 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   assert terms["batches"] >= 1 and terms["encode_target_s"] > 0 and terms["loop_tokens"] > 0
   assert row["speedup_predicted_cost_model"] > 0 and row["speedup_predicted_steps_only"] > 0
 
-  table = runner.summary_table([row], [dict(row, speedup_measured=9.25)])
+  table = runner.summary_table([PointRow.from_json(row)],
+                               [PointRow.from_json(dict(row, speedup_measured=9.25))])
   assert "draft" in table and f"**{row['speedup_measured']:.2f}X**" in table
   assert "9.25X" in table  # The committed reference speedup beside the measured one.
 
@@ -290,20 +295,43 @@ def test_merge_alphas_keeps_drafts_not_remeasured():
   assert got["_details"] == {"a": {"gamma": 3}, "b": {"gamma": 5}, "c": {"gamma": 5}}
 
 
-def test_pooled_alpha_is_one_for_the_target_as_its_own_draft():
+def test_measure_alpha_is_one_for_the_target_as_its_own_draft():
   model, params = make_model("test-v1_1", 0)
   draft = T5Draft(model, params)
   rows = np.random.RandomState(0).randint(2, 97, (5, 6)).astype(np.int32)
   batches = measure_alpha._batches(rows, 3)
   assert [len(b) for b in batches] == [3, 2]
-  got = measure.pooled_alpha(model, params, draft, batches, temperature=1.0, gamma=2,
-                                   max_decode_len=6, seed=0)
-  np.testing.assert_allclose([got["alpha_beta"], got["alpha_empirical"]], [1.0, 1.0], atol=1e-5)
+  kwargs = dict(gamma=2, max_decode_len=6, warp=Warp(1.0), rng=jax.random.PRNGKey(0))
+  got = auto_gamma.measure_alpha(model, params, draft, batches, **kwargs)
+  np.testing.assert_allclose([got.beta, got.empirical], [1.0, 1.0], atol=1e-5)
   # gamma + 1 tokens per call, except where EOS or the length limit cut the last call.
-  assert 2.0 < got["tokens_per_iteration"] <= 3.0 and 5 <= got["tokens"] <= 5 * 6
-  worse = measure.pooled_alpha(model, params, T5Draft(model, jax.tree.map(
-      lambda x: x * 1.5, params)), batches, temperature=1.0, gamma=2, max_decode_len=6, seed=0)
-  assert worse["alpha_beta"] < 0.99
+  assert 2.0 < got.tokens_per_iteration <= 3.0 and 5 <= got.tokens <= 5 * 6
+  assert got.examples == 5
+  worse = auto_gamma.measure_alpha(model, params, T5Draft(model, jax.tree.map(
+      lambda x: x * 1.5, params)), batches, **kwargs)
+  assert worse.beta < 0.99
+
+
+def _committed_point_rows() -> list[str]:
+  lines = []
+  for path in sorted(glob.glob(os.path.join(layout.REPO_ROOT, "results", "*",
+                                            results_io.RESULTS_FILE))):
+    with open(path, encoding="utf-8") as f:
+      rows = [line.rstrip("\n") for line in f if line.strip()]
+    if all(results_io.is_point_row(json.loads(line)) for line in rows):
+      lines += rows
+  return lines
+
+
+def test_every_committed_row_loads_and_writes_back_the_same_json():
+  lines = _committed_point_rows()
+  assert len(lines) > 100
+  for line in lines:
+    row = PointRow.from_json(json.loads(line))
+    assert json.dumps(row.to_json(), sort_keys=True) == line
+    assert row.key == results_io.row_key(json.loads(line))
+  with pytest.raises(TypeError, match="no_such_field"):
+    PointRow.from_json(json.loads(lines[0]) | {"no_such_field": 1})
 
 
 @pytest.mark.parametrize("name,points", [

@@ -108,6 +108,21 @@ def test_cost_model_adds_the_loops_overheads_and_the_encoders():
   assert bare.sequence_speedup(0.6, 3, 40) == pytest.approx(bare.expected_speedup(0.6, 3))
 
 
+def test_optimal_gamma_over_a_sequence_reports_its_speedup_not_another_gamma():
+  model = theory.CostModel(2.0, 0.2, {k: 2.0 + 0.1 * k for k in range(1, 10)},
+                           t_step_overhead=0.4, t_iteration_overhead=1.5, t_encode_target=30.0,
+                           t_encode_draft=5.0)
+  loops, sequence = model.optimal_gamma(0.6, 8), model.optimal_gamma(0.6, 8, tokens=30.0)
+  assert sequence.gamma == loops.gamma  # The encoders add the same seconds at every gamma.
+  assert sequence.improvement == pytest.approx(model.sequence_speedup(0.6, loops.gamma, 30.0))
+  assert sequence.improvement < loops.improvement
+  assert model.predicted_speedup(0.6, 3) == pytest.approx(model.expected_speedup(0.6, 3))
+  assert model.predicted_speedup(0.6, 3, 30.0) == model.sequence_speedup(0.6, 3, 30.0)
+  # A fixed cost per iteration is paid less often at longer gammas.
+  steps_only = theory.CostModel(2.0, 0.2, model.t_verify)
+  assert loops.gamma > steps_only.optimal_gamma(0.6, 8).gamma
+
+
 def test_cost_model_interpolates_and_penalises_verification():
   model = theory.CostModel.from_ratios(0.02, {1: 1.0, 2: 1.2, 4: 1.4, 8: 1.5, 16: 1.8},
                                        t_target_step=2.0)

@@ -145,7 +145,8 @@ class Experiment(Settings):
     gammas: draft proposals per iteration, each an int >= 1 or 'auto': the
       gamma in 1..auto_max_gamma that `specdec_jax.auto_gamma`
       predicts to be fastest, chosen per (task, batch size, draft,
-      temperature) before that point is measured (its row says which and why).
+      temperature) before that point is measured, from the whole cost model
+      (`auto_gamma.calibrate`; its row says which and why).
       None (the default): `[gamma]`.
     best_gamma_from: a results.jsonl of an earlier run (e.g. the gamma sweep);
       when it exists, each (task, draft, temperature) runs only at its gamma of
@@ -153,14 +154,18 @@ class Experiment(Settings):
       for combinations it lacks.
     auto_max_gamma: gamma = 'auto' chooses among 1..auto_max_gamma.
     auto_calibration_examples: examples of the split after the measured ones
-      (held out from timing) on which gamma = 'auto' measures alpha, once per
-      (task, draft, temperature), in one batch (4 gave alphas up to 0.15 off
-      the measured examples' in the gamma sweep); every point also times its
-      loops' overheads and the encoders on up to 4 batches of them for the
-      cost model (`measure.measure_loop_costs`).
+      (held out from timing) on which gamma = 'auto' calibrates, once per
+      (task, batch size, draft, temperature), in batches of the point's batch
+      size: alpha, the loops' own work and the encoders (4 examples gave
+      alphas up to 0.15 off the measured examples' in the gamma sweep); every
+      point also times its loops' own work and the encoders on up to 4 batches
+      of them for its row's cost model (`auto_gamma.measure_loop_costs`).
     repetitions: timed passes over the examples per decoder.
     timing_calls: calls per jitted loop when timing step costs.
     timing_repeats: timed runs of each such loop (median used).
+    timing_rounds: rounds over every k of the target's T_verify(k) (k ascending,
+      then descending, ...; the median over rounds is used), so that noise and
+      drift cannot make one k look cheaper than its neighbours.
     stand_ins_when_missing: if the target is missing from `models_dir` (the
       trained family is not shipped yet), measure random-init stand-ins of the
       family's shapes instead, written once to `<data_dir>/random_models`; a
@@ -181,6 +186,7 @@ class Experiment(Settings):
   repetitions: int = 2
   timing_calls: int = 8
   timing_repeats: int = 3
+  timing_rounds: int = 5
   stand_ins_when_missing: bool = False
 
   def __post_init__(self):
@@ -264,7 +270,7 @@ def validate(exp: Experiment) -> None:
            f"Experiment.stand_ins_when_missing must be True or False, got "
            f"{exp.stand_ins_when_missing!r}.")
   for field in ("num_examples", "repetitions", "timing_calls", "timing_repeats",
-                "auto_max_gamma", "auto_calibration_examples"):
+                "timing_rounds", "auto_max_gamma", "auto_calibration_examples"):
     validation.as_int(f"Experiment.{field}", getattr(exp, field), minimum=1)
   for field in ("drafts", "tasks", "batch_sizes", "temperatures", "gammas"):
     value = getattr(exp, field)

@@ -55,7 +55,7 @@ def table2(rows: Sequence[Row]) -> str:
                     f"{r['speedup_measured']:.2f}X") for r in results_io.best_rows(rows)])
 
 
-def pooled_alpha(rows: Sequence[Row]) -> float | None:
+def alpha_over_rows(rows: Sequence[Row]) -> float | None:
   """alpha (mean beta, `stats.alpha_beta`) pooled over the verified positions of `rows`;
   None if they verified none."""
   count = sum(r["beta_count"] for r in rows)
@@ -68,7 +68,7 @@ def table3(rows: Sequence[Row]) -> str:
   out = []
   for (task, draft), group in results_io.group(rows, "task", "draft").items():
     by_t = results_io.group(group, "temperature")
-    alphas = [pooled_alpha(by_t.get((t,), [])) for t in temps]
+    alphas = [alpha_over_rows(by_t.get((t,), [])) for t in temps]
     out.append((task, draft, *("-" if a is None else a for a in alphas)))
   return md_table(["task", "draft", *(f"alpha T={t:g}" for t in temps)], out)
 
@@ -210,7 +210,7 @@ def alpha_needed_table(rows: Sequence[Row], speedups: Sequence[float] = (1.0, 1.
     model = theory.CostModel(1.0, float(np.median([r["c"] for r in group])), ratios[task],
                              t_step_overhead=overhead["step"],
                              t_iteration_overhead=overhead["iteration"])
-    measured = " / ".join(f"{pooled_alpha(g):.2f}"
+    measured = " / ".join(f"{alpha_over_rows(g):.2f}"
                           for g in results_io.group(group, "temperature").values())
     cells = []
     for gamma in gammas:
