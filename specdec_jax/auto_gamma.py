@@ -73,6 +73,7 @@ Array = jax.Array
 DEFAULT_MAX_GAMMA = 8
 DEFAULT_CALIBRATION_GAMMA = 3
 DEFAULT_TIMING_ROUNDS = 5
+NEAR_TIE = 0.01  # A runner-up predicted within this of the chosen gamma is named in the reason.
 
 
 class AlphaEstimate(NamedTuple):
@@ -320,7 +321,8 @@ class GammaChoice:
     idle_check: the `contention.Guard` record of the calibration's timings
       (None if the caller timed them elsewhere).
     reason: one line: the choice, its neighbours' predictions, the terms that
-      decided it and where the simpler models would differ.
+      decided it, where the simpler models would differ and any gamma
+      predicted within `NEAR_TIE` of it.
   """
 
   gamma: int
@@ -432,6 +434,9 @@ def _reason(choice: GammaChoice) -> str:
     best = max(speedups, key=speedups.get)
     if best != gamma:
       parts.append(f"{name} would pick {_fmt(best, speedups)}")
+  ties = [g for g in predicted if g != gamma and predicted[g] >= (1 - NEAR_TIE) * predicted[gamma]]
+  if ties:
+    parts.append(f"within {NEAR_TIE:.0%}: " + ", ".join(_fmt(g, predicted) for g in ties))
   if predicted[gamma] <= 1:
     parts.append("no gamma is predicted to beat the target alone")
   return "; ".join(parts)
@@ -549,8 +554,9 @@ def calibrate(target: T5Model, target_params: dict, draft: Draft, batches: Seque
     The `GammaChoice`.
   """
   start = time.perf_counter()
-  t_chunk = {k: verify.t_step * r for k, r in
-             fitted_ratios({k: t / verify.t_step for k, t in verify.t_chunk.items()}).items()}
+  # Fitted as `make_choice` fits them: over the candidates' k alone.
+  ratios = {k: verify.t_chunk[k] / verify.t_step for k in range(1, max_gamma + 2)}
+  t_chunk = {k: verify.t_step * r for k, r in fitted_ratios(ratios).items()}
   with contention.quiet("gamma calibration") as guard:
     t_draft = draft_time(draft, batches[0], gamma=calibration_gamma, warp=warp,
                          max_decode_len=max_decode_len, max_gamma=max_gamma, calls=timing_calls,

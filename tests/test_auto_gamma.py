@@ -137,6 +137,15 @@ def test_make_choice_records_the_decision():
   assert row["loop_costs"]["loop_tokens"] == 30.0 and row["verify_spread"]["6"] == 0.02
 
 
+def test_reason_names_a_near_tie():
+  ratios = {1: 1.0, 2: 1.0, 3: 1.09, 4: 1.09, 5: 1.09, 6: 1.11, 7: 1.88, 8: 1.9, 9: 1.9}
+  choice = auto_gamma.make_choice(0.54, ratios, 0.094, max_gamma=8,
+                                  loop_costs=_loop_costs(0.57, 0.33, 12.0, tokens=28.0))
+  predicted = choice.speedup_cost_model
+  assert choice.gamma == 3 and predicted[4] > 0.99 * predicted[3]
+  assert choice.reason.endswith(f"within 1%: gamma=4: {predicted[4]:.2f}X")
+
+
 def test_make_choice_says_when_nothing_helps():
   choice = auto_gamma.make_choice(0.05, {1: 1.0, 2: 1.5, 3: 1.8}, 0.5, max_gamma=2)
   assert choice.gamma == 1 and not choice.helps and choice.alpha_measured is None
