@@ -630,7 +630,8 @@ def choose_gamma(target: T5Model, target_params: dict, draft: Draft, inputs: Arr
                               what="timed runs per loop")
   rounds = validation.as_int("timing_rounds", timing_rounds, minimum=1,
                              what="rounds over every k")
-  validation.check_draft(draft, target.config, args.inputs, None)
+  validation.check_draft(draft, target.config.vocab_size, args.inputs, None,
+                         target.config.d_model)
 
   start = time.perf_counter()
   verify = verify_times(target, target_params, args.inputs, max_gamma=max_gamma,

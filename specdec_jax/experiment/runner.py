@@ -172,9 +172,9 @@ class _Bench:
   def measure(self, point: settings.Point, say: Callable[[str], Any]) -> PointRow:
     """Measures `point`, choosing its gamma first if it is 'auto'."""
     exp = self.exp
-    draft = self._once(("draft", point.draft, point.task if point.draft in settings.NGRAM_ORDER
-                        else ""), lambda: _build_draft(exp, point.draft, point.task,
-                                                       self.target.config.vocab_size, self.mesh))
+    draft_task = point.task if point.draft in settings.NGRAM_ORDER else ""  # n-grams: per task.
+    draft = self._once(("draft", point.draft, draft_task), lambda: _build_draft(
+        exp, point.draft, point.task, self.target.config.vocab_size, self.mesh))
     examples = self._once(("examples", point.task, point.batch_size),
                           lambda: self._examples(point.task, point.batch_size))
     verify = self._once(("verify", point.task, point.batch_size), lambda: (
