@@ -27,7 +27,7 @@ def test_the_custom_call_is_built_here():
   assert cached_decoder.panel_dots()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 13])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 13, 33])
 @pytest.mark.parametrize("k,n", [(64, 64), (100, 192), (384, 1152)])
 def test_equals_the_matrix_product(rows, k, n):
   rng = np.random.RandomState(rows * 1000 + k + n)
@@ -37,13 +37,25 @@ def test_equals_the_matrix_product(rows, k, n):
   np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4 * np.sqrt(k))
 
 
+@pytest.mark.parametrize("rows", [1, 4, 8])
+def test_an_odd_number_of_panels(rows):
+  # One row goes through panels two at a time; the last of an odd count alone.
+  rng = np.random.RandomState(rows)
+  x = rng.standard_normal((rows, 40)).astype(np.float32)
+  w = rng.standard_normal((40, 3 * panel_dot.panel_width())).astype(np.float32)
+  out = panel_dot.dot(jnp.asarray(x), panel_dot.pack(jnp.asarray(w)))
+  np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4)
+
+
 def test_leading_dimensions_packing_and_its_inverse():
   rng = np.random.RandomState(0)
   x = jnp.asarray(rng.standard_normal((2, 3, 48)), jnp.float32)  # [batch, k, d_in]
-  w = jnp.asarray(rng.standard_normal((48, 128)), jnp.float32)
+  p = panel_dot.panel_width()
+  assert p in (16, 32, 64), p  # Two or four vector registers of 8 or 16 floats.
+  w = jnp.asarray(rng.standard_normal((48, 2 * p)), jnp.float32)
   panels = panel_dot.pack(w)
-  assert panels.shape == (2, 48, 64)
-  np.testing.assert_array_equal(panels[1, :, :], w[:, 64:])
+  assert panels.shape == (2, 48, p)
+  np.testing.assert_array_equal(panels[1, :, :], w[:, p:])
   np.testing.assert_array_equal(panel_dot.unpack(panels), w)
   np.testing.assert_allclose(panel_dot.dot(x, panels), jnp.einsum("bkd,dn->bkn", x, w,
                                                                    precision="highest"),
@@ -53,9 +65,10 @@ def test_leading_dimensions_packing_and_its_inverse():
 
 
 def test_only_float32_matrices_of_whole_panels_are_packable():
-  assert panel_dot.packable(jnp.zeros((8, 128), jnp.float32))
-  assert not panel_dot.packable(jnp.zeros((8, 96), jnp.float32))
-  assert not panel_dot.packable(jnp.zeros((8, 128), jnp.bfloat16))
+  p = panel_dot.panel_width()
+  assert panel_dot.packable(jnp.zeros((8, 4 * p), jnp.float32))
+  assert not panel_dot.packable(jnp.zeros((8, 4 * p + 8), jnp.float32))
+  assert not panel_dot.packable(jnp.zeros((8, 4 * p), jnp.bfloat16))
 
 
 def test_decoder_on_panels_gives_the_teacher_forced_logits():

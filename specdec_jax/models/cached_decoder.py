@@ -59,7 +59,7 @@ ROW_DOTS_MAX_ROWS = {"cpu": 2}
 
 # Backends whose float32 decoder weights are packed into panels for
 # `panel_dot` (an XLA FFI custom call; needs a C++ compiler at first use, else
-# XLA's dots and `ROW_DOTS_MAX_ROWS` apply). PANEL_DOTS_MEASURED
+# XLA's dots and `ROW_DOTS_MAX_ROWS` apply).
 PANEL_DOTS = {"cpu": True}
 
 # Logical axes of each keys / values array (self-attention caches and the
@@ -180,7 +180,7 @@ class EncodedInputs:
 class LayerWeights:
   """One decoder layer's weights, prepared for generation.
 
-  Each `[K, N]` matrix below is `[N / 64, K, 64]` panels instead where `prepare`
+  Each `[K, N]` matrix below is `[N / P, K, P]` panels instead where `prepare`
   packed it (`panel_dot.pack`).
 
   Attributes:
@@ -261,7 +261,7 @@ def prepare(config: T5Config, params: dict, panels: bool = False) -> DecodeWeigh
   """The decoder weights of a T5X-layout parameter tree, fused and cast for generation.
 
   With `panels` (`panel_dots()`), every weight matrix that `panel_dot.packable`
-  is stored as `[N / 64, K, 64]` panels (`panel_dot.pack`) and multiplied by
+  is stored as `[N / P, K, P]` panels (`panel_dot.pack`) and multiplied by
   `panel_dot.dot`.
   """
   dtype = config.compute_dtype
@@ -337,7 +337,7 @@ def row_dots(rows: int) -> bool:
 def _dense(x: Array, kernel: Array, by_row: bool) -> Array:
   """`x [batch, k, d_in] @ kernel [d_in, d_out]`, one row-vector product per row if `by_row`.
 
-  A kernel packed into panels (`[d_out / 64, d_in, 64]`) goes to `panel_dot.dot`.
+  A kernel packed into panels (`[d_out / P, d_in, P]`) goes to `panel_dot.dot`.
   """
   if kernel.ndim == 3:
     return panel_dot.dot(x, kernel).astype(x.dtype)

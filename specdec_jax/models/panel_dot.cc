@@ -1,12 +1,17 @@
 // A weight product for decoding on XLA:CPU: y[M, N] = x[M, K] @ W[K, N] with W
-// stored as [N / 64, K, 64] panels (see panel_dot.py).
+// stored as [N / P, K, P] panels of P = SpecdecPanelWidth() columns (see panel_dot.py).
 //
 // One decoding step multiplies a few rows (batch x chunk length) by every weight
 // matrix once, so it is bound by reading the weights.  A panel is one contiguous
-// walk down K for 64 output columns: each weight vector is loaded once for up to
-// kRows rows, whose kRows x 4 partial sums stay in registers, and the panels are
-// shared between the threads of XLA's intra-op pool.  Written with GCC vector
-// extensions, so -march=native picks the machine's widest vectors.
+// walk down K for P output columns, P = two vector registers of columns with
+// AVX2 (16 registers), four with AVX-512 (32): wide enough that each broadcast
+// of x feeds several FMAs, narrow enough that up to kGroupRows rows' partial sums
+// stay in registers, so the panel streams from memory in one pass.  More rows go
+// through a panel in groups, block by block of kBlock K-rows: the groups after
+// the first find the block in L1, so the weights are read from memory once per
+// call for any number of rows.  The panels are shared between the threads of
+// XLA's intra-op pool.  Written with GCC vector extensions for the widest vectors
+// -march=native enables.
 
 #include <algorithm>
 #include <atomic>
@@ -20,8 +25,19 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));  // Unaligned access.
+#if defined(__AVX512F__)
+constexpr int kWidth = 16;  // Floats per vector register.
+constexpr int kRegisters = 32;
+#elif defined(__AVX__)
+constexpr int kWidth = 8;
+constexpr int kRegisters = 16;
+#else
+constexpr int kWidth = 4;  // SSE, NEON.
+constexpr int kRegisters = 16;
+#endif
+
+typedef float vec __attribute__((vector_size(kWidth * 4)));
+typedef float vecu __attribute__((vector_size(kWidth * 4), aligned(4)));  // Unaligned access.
 
 inline void Pause() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -31,51 +47,92 @@ inline void Pause() {
 #endif
 }
 
-constexpr int64_t kPanel = 64;            // Output columns per panel: 4 vectors of 16.
-constexpr int kRows = 6;                  // Rows multiplied per pass over a panel.
-constexpr int64_t kMinChunkBytes = 1 << 16;  // Less weight than this stays on one thread.
+constexpr int kVectors = kRegisters / 8;        // Vectors per panel row: 2 or 4.
+constexpr int64_t kPanel = kVectors * kWidth;   // Output columns per panel.
+// Rows per pass: R x kVectors sums + kVectors weights + 1 broadcast registers.
+constexpr int kGroupRows = (kRegisters - kVectors - 1) / kVectors;  // 6 either way.
+constexpr int64_t kBlock = 64;                  // K-rows per block of a panel (<= 16 KB).
+constexpr int64_t kMinChunkBytes = 1 << 16;     // Less weight than this stays on one thread.
 
-// y[r, col : col + 64] = x[r, :] @ panel for R rows; x is [R, K] with row stride K.
+// y[r, col:col + kPanel] (+)= x[r, k0:k1] @ panel[k0:k1] for R rows; x is [R, K]
+// with row stride K, y [R, N]; the first block (k0 == 0) starts from 0.
 template <int R>
-inline void Panel(const float* x, const float* panel, float* y, int64_t k, int64_t n,
-                  int64_t col) {
-  v16 acc[R][4];
+inline void Block(const float* x, const float* panel, float* y, int64_t k, int64_t n,
+                  int64_t col, int64_t k0, int64_t k1) {
+  vec acc[R][kVectors];
   for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < 4; ++j) acc[r][j] = v16{};
+    const vecu* sums = reinterpret_cast<const vecu*>(y + r * n + col);
+    for (int j = 0; j < kVectors; ++j) acc[r][j] = k0 == 0 ? vec{} : vec(sums[j]);
   }
-  for (int64_t i = 0; i < k; ++i) {
-    const v16u* w = reinterpret_cast<const v16u*>(panel + i * kPanel);
-    const v16 w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+  for (int64_t i = k0; i < k1; ++i) {
+    const vecu* w = reinterpret_cast<const vecu*>(panel + i * kPanel);
+    vec wv[kVectors];
+    for (int j = 0; j < kVectors; ++j) {
+      wv[j] = w[j];
+      if constexpr (R > 1) __asm__("" : "+x"(wv[j]));  // Loaded once for all R rows.
+    }
     for (int r = 0; r < R; ++r) {
       const float s = x[r * k + i];
-      acc[r][0] += s * w0;
-      acc[r][1] += s * w1;
-      acc[r][2] += s * w2;
-      acc[r][3] += s * w3;
+      for (int j = 0; j < kVectors; ++j) acc[r][j] += s * wv[j];
     }
   }
   for (int r = 0; r < R; ++r) {
-    v16u* out = reinterpret_cast<v16u*>(y + r * n + col);
-    for (int j = 0; j < 4; ++j) out[j] = acc[r][j];
+    vecu* out = reinterpret_cast<vecu*>(y + r * n + col);
+    for (int j = 0; j < kVectors; ++j) out[j] = acc[r][j];
   }
 }
 
-// Panels [p0, p1) for all m rows, kRows at a time.
+// One row through two adjacent panels at once: twice the independent sums of
+// one panel, to cover the FMA latency while the weights stream (nothing is reused).
+void PairBlock(const float* x, const float* panels, float* y, int64_t k, int64_t col) {
+  vec acc[2][kVectors] = {};
+  const float* second = panels + k * kPanel;
+  for (int64_t i = 0; i < k; ++i) {
+    const vecu* w0 = reinterpret_cast<const vecu*>(panels + i * kPanel);
+    const vecu* w1 = reinterpret_cast<const vecu*>(second + i * kPanel);
+    const float s = x[i];
+    for (int j = 0; j < kVectors; ++j) {
+      acc[0][j] += s * vec(w0[j]);
+      acc[1][j] += s * vec(w1[j]);
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    vecu* out = reinterpret_cast<vecu*>(y + col + h * kPanel);
+    for (int j = 0; j < kVectors; ++j) out[j] = acc[h][j];
+  }
+}
+
+// One block for `rows` (1..kGroupRows) rows.
+void GroupBlock(int64_t rows, const float* x, const float* panel, float* y, int64_t k,
+                int64_t n, int64_t col, int64_t k0, int64_t k1) {
+  static_assert(kGroupRows == 6, "the cases below are 1..6 rows");
+  switch (rows) {
+    case 1: Block<1>(x, panel, y, k, n, col, k0, k1); break;
+    case 2: Block<2>(x, panel, y, k, n, col, k0, k1); break;
+    case 3: Block<3>(x, panel, y, k, n, col, k0, k1); break;
+    case 4: Block<4>(x, panel, y, k, n, col, k0, k1); break;
+    case 5: Block<5>(x, panel, y, k, n, col, k0, k1); break;
+    default: Block<6>(x, panel, y, k, n, col, k0, k1); break;
+  }
+}
+
+// Panels [p0, p1) for all m rows: one row two panels at a time, up to
+// kGroupRows in one pass over each panel, more in groups of equal size, block by block.
 void Panels(const float* x, const float* w, float* y, int64_t m, int64_t k, int64_t n,
             int64_t p0, int64_t p1) {
+  if (m == 1) {  // Pairs of panels, then the odd one out.
+    for (; p0 + 1 < p1; p0 += 2) PairBlock(x, w + p0 * k * kPanel, y, k, p0 * kPanel);
+  }
+  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
+  const int64_t block = groups == 1 ? k : kBlock;
   for (int64_t p = p0; p < p1; ++p) {
     const float* panel = w + p * k * kPanel;
-    for (int64_t r0 = 0; r0 < m; r0 += kRows) {
-      const float* xr = x + r0 * k;
-      float* yr = y + r0 * n;
-      const int64_t col = p * kPanel;
-      switch (std::min<int64_t>(kRows, m - r0)) {
-        case 1: Panel<1>(xr, panel, yr, k, n, col); break;
-        case 2: Panel<2>(xr, panel, yr, k, n, col); break;
-        case 3: Panel<3>(xr, panel, yr, k, n, col); break;
-        case 4: Panel<4>(xr, panel, yr, k, n, col); break;
-        case 5: Panel<5>(xr, panel, yr, k, n, col); break;
-        default: Panel<6>(xr, panel, yr, k, n, col); break;
+    const int64_t col = p * kPanel;
+    for (int64_t k0 = 0; k0 < k; k0 += block) {
+      const int64_t k1 = std::min(k, k0 + block);
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t r0 = m * g / groups, r1 = m * (g + 1) / groups;
+        GroupBlock(r1 - r0, x + r0 * k, panel, y + r0 * n, k, n, col, k0, k1);
       }
     }
   }
@@ -106,7 +163,8 @@ ffi::Error PanelDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
                     ffi::ResultBuffer<ffi::F32> y) {
   const auto dims = w.dimensions();
   if (dims.size() != 3 || dims[2] != kPanel) {
-    return ffi::Error::InvalidArgument("panel_dot: weights must be [N / 64, K, 64] panels");
+    return ffi::Error::InvalidArgument("panel_dot: weights must be [N / P, K, P] panels, "
+                                       "P = SpecdecPanelWidth()");
   }
   const int64_t panels = dims[0], k = dims[1], n = panels * kPanel;
   if (k == 0 || x.element_count() % k != 0 || y->element_count() != x.element_count() / k * n) {
@@ -138,3 +196,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecPanelDot, PanelDot,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+// The panel width P this build multiplies (panel_dot.py packs weights to it).
+extern "C" int64_t SpecdecPanelWidth() { return kPanel; }

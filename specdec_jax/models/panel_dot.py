@@ -4,11 +4,13 @@ A decoder call multiplies a few rows (batch x chunk length) by every weight
 matrix, so its cost is reading the weights. XLA:CPU (jaxlib 0.10) reads them
 well for one row but on one thread (its GEMV), and its products of 2-8 rows
 cost 1.5-1.9X a one-row one: a verification chunk is not free where it should
-be. `panel_dot.cc` reads each weight once per call for up to 6 rows at a time,
-from weights stored as `[N / 64, K, 64]` panels (`pack`: one contiguous walk
-down K per 64 output columns, done once per parameter set by
+be. `panel_dot.cc` reads each weight from memory once per call for any number of
+rows, from weights stored as `[N / P, K, P]` panels (`pack`: one contiguous walk
+down K per P output columns, done once per parameter set by
 `cached_decoder.prepare`), and shares the panels among the threads of XLA's
-intra-op pool, so both decoders use every core.
+intra-op pool, so both decoders use every core. The panel width P is the
+build's (`panel_width`): two vector registers of columns with AVX2, four with
+AVX-512, so that up to six rows' sums stay in registers.
 
 The library is compiled on first use by the machine's C++ compiler (`$CXX`,
 else `g++`) for the CPU it runs on (`-march=native`), into
@@ -37,13 +39,13 @@ from absl import logging
 
 Array = jax.Array
 
-PANEL = 64  # Output columns per panel (panel_dot.cc's kPanel).
 TARGET = "specdec_panel_dot"
 SOURCE = pathlib.Path(__file__).with_name("panel_dot.cc")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 
 _lock = threading.Lock()
 _status: list[str] = []  # Set once per process: "ready: <library>" or the reason it is not.
+_width: list[int] = []  # The built library's panel width, once it is ready.
 
 
 def _cpu_identity() -> str:
@@ -91,6 +93,8 @@ def _build() -> str:
   library = ctypes.cdll.LoadLibrary(str(path))
   jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.SpecdecPanelDot),
                               platform="cpu")
+  library.SpecdecPanelWidth.restype = ctypes.c_int64
+  _width.append(int(library.SpecdecPanelWidth()))
   return f"ready: {path}"
 
 
@@ -112,27 +116,36 @@ def available() -> bool:
   return status().startswith("ready")
 
 
+def panel_width() -> int:
+  """P, the output columns per panel of the built library (needs `available()`)."""
+  if not available():
+    raise RuntimeError(f"panel_dot is {status()}: there is no panel width.")
+  return _width[0]
+
+
 def packable(kernel: Array) -> bool:
-  """Whether a `[K, N]` weight can be packed: float32 and N a multiple of `PANEL`."""
-  return kernel.ndim == 2 and kernel.dtype == jnp.float32 and kernel.shape[1] % PANEL == 0
+  """Whether a `[K, N]` weight can be packed: float32 and N a multiple of `panel_width()`."""
+  return (kernel.ndim == 2 and kernel.dtype == jnp.float32
+          and kernel.shape[1] % panel_width() == 0)
 
 
 def pack(kernel: Array) -> Array:
-  """`[K, N]` -> `[N / PANEL, K, PANEL]` panels (`packable(kernel)` must hold)."""
+  """`[K, N]` -> `[N / P, K, P]` panels, P = `panel_width()` (`packable(kernel)` must hold)."""
   k, n = kernel.shape
-  return kernel.reshape(k, n // PANEL, PANEL).transpose(1, 0, 2)
+  width = panel_width()
+  return kernel.reshape(k, n // width, width).transpose(1, 0, 2)
 
 
 def unpack(panels: Array) -> Array:
-  """`pack`'s inverse: `[N / PANEL, K, PANEL]` -> `[K, N]`."""
-  p, k, _ = panels.shape
-  return panels.transpose(1, 0, 2).reshape(k, p * PANEL)
+  """`pack`'s inverse: `[N / P, K, P]` -> `[K, N]`."""
+  p, k, width = panels.shape
+  return panels.transpose(1, 0, 2).reshape(k, p * width)
 
 
 def dot(x: Array, panels: Array) -> Array:
   """`x [..., K] @ unpack(panels)` -> float32 `[..., N]` (needs `available()`)."""
-  p, k, _ = panels.shape
+  p, k, width = panels.shape
   if x.shape[-1] != k:
     raise ValueError(f"panel_dot.dot: x has {x.shape[-1]} features, the panels {k}.")
-  out = jax.ShapeDtypeStruct(x.shape[:-1] + (p * PANEL,), jnp.float32)
+  out = jax.ShapeDtypeStruct(x.shape[:-1] + (p * width,), jnp.float32)
   return jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")(x.astype(jnp.float32), panels)
