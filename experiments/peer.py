@@ -32,6 +32,7 @@ from absl import app, flags
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
 from specdec_jax.data import layout
+from specdec_jax.decoding import buckets
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import T5Draft
 from specdec_jax.decoding.speculative import speculative_sample
@@ -110,7 +111,8 @@ def main(argv: list[str]) -> None:
   decoders = _decoders(target_dir, draft_dir, shared.gamma, shared.max_decode_len)
   pairs, source = prompts.load_examples(_TASK.value, "test", _NUM.value)
   processor = spm.SentencePieceProcessor(model_file=shared.vocab_path)
-  inputs = prompts.tokenize(processor, [x for x, _ in pairs], shared.input_len)[:, None]
+  inputs = [buckets.to_bucket(x[None]) for x in prompts.tokenize(
+      processor, [x for x, _ in pairs], shared.input_len)]  # Both sides' encoders alike.
 
   names = list(decoders)
   with contention.quiet("experiments.peer") as guard:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specdec_jax import validation
+from specdec_jax.decoding import buckets
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer, T5Scorer
 from specdec_jax.models import cached_decoder
@@ -72,7 +73,8 @@ def temperature_sample(model: T5Model, params: dict, inputs: Array, *, max_decod
   Args:
     model: the model (static: one compiled program per model config).
     params: its parameters.
-    inputs: int32 `[batch, input_len]` encoder tokens, 0-padded.
+    inputs: int32 `[batch, input_len]` encoder tokens, 0-padded; the padding is
+      cut to a length bucket first (`buckets.to_bucket`).
     max_decode_len: the most tokens to generate per row.
     temperature: 0 for greedy; otherwise the softmax temperature.
     top_k: keep the k most likely tokens (0: all).
@@ -95,8 +97,8 @@ def temperature_sample(model: T5Model, params: dict, inputs: Array, *, max_decod
                                       top_p=top_p, rng=rng)
   # Prepared once per set of parameters (remembered), outside the loop's program.
   scorer = T5Scorer(model, model.prepare(params))
-  return decode(scorer, args.inputs, args.rng, max_decode_len=args.max_decode_len,
-                warp=Warp.of(args), eos_id=args.eos_id)
+  return decode(scorer, buckets.to_bucket(args.inputs), args.rng,
+                max_decode_len=args.max_decode_len, warp=Warp.of(args), eos_id=args.eos_id)
 
 
 def decode(scorer: Scorer, inputs: Array, rng: Array, *, max_decode_len: int, warp: Warp,
@@ -152,11 +154,14 @@ def _temperature_sample(scorer: Scorer, context: object, rng: Array, *, max_deco
 def _sampling_step(scorer: Scorer, state: SamplingLoopState, *, warp: Warp,
                    eos_id: int) -> SamplingLoopState:
   """One step for every row: score a chunk of one token, sample; finished rows emit padding."""
-  logits, scorer_state = scorer.score(state.scorer_state, state.last_token[:, None])
-  rng, step_rng = jax.random.split(state.rng)
-  token = warp.sample(step_rng, logits[:, 0])
-  token = jnp.where(state.done, scorer.pad_id, token)
-  sequences = jax.lax.dynamic_update_slice(state.sequences, token[:, None], (0, state.step))
+  with jax.named_scope("score"):
+    logits, scorer_state = scorer.score(state.scorer_state, state.last_token[:, None])
+  with jax.named_scope("sample"):
+    rng, step_rng = jax.random.split(state.rng)
+    token = warp.sample(step_rng, logits[:, 0])
+    token = jnp.where(state.done, scorer.pad_id, token)
+  with jax.named_scope("write"):
+    sequences = jax.lax.dynamic_update_slice(state.sequences, token[:, None], (0, state.step))
   return SamplingLoopState(step=state.step + 1, sequences=sequences, last_token=token,
                            done=state.done | (token == eos_id), scorer_state=scorer_state,
                            rng=rng)

@@ -29,7 +29,7 @@ import numpy as np
 from flax import struct
 
 from specdec_jax import stats, validation
-from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import acceptance, buckets
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer, T5Scorer
@@ -110,31 +110,50 @@ class SpeculativeOutput:
 
 
 @struct.dataclass
+class IterationRecords:
+  """What each iteration of the loop did, per row (the statistics are reduced after the loop).
+
+  Attributes:
+    accepted: int32 `[batch, max_decode_len]`, n = proposals the rule accepted
+      at iteration i (column i); 0 for iterations not run.
+    emitted: int32 `[batch, max_decode_len]`, tokens the row emitted at
+      iteration i (0 once the row is finished).
+    beta_sum: float32 `[batch, max_decode_len]`, the sum of beta over the
+      verified positions whose token was emitted at iteration i; at
+      temperature 0 it follows from `accepted` and `emitted` and is `[batch, 0]`.
+  """
+
+  accepted: Array
+  emitted: Array
+  beta_sum: Array
+
+
+@struct.dataclass
 class SpeculativeLoopState:
   """State of the speculative while loop.
 
   Attributes:
+    iteration: int32 `[]`, iterations run so far.
     tokens: int32 `[batch, max_decode_len + gamma + 2]`, the decoder start token
       at index 0, then the generated tokens; beyond a row's length: scratch.
-    accepted_mask: bool, same shape: True where the token is an accepted proposal.
     lengths: int32 `[batch]`, m = tokens generated; `tokens[:, m]` is the last
       token, which neither model has processed.
     done: bool `[batch]`, True once a row emitted EOS or reached max_decode_len.
     target_state: the target scorer's state; its cache holds exactly m
       positions per row.
     draft_state: the draft's state (see `drafts.Draft`).
-    rng: PRNG key for the remaining iterations.
-    stats: running `SpeculativeStats`.
+    rng: PRNG key for the remaining iterations (unused at temperature 0).
+    records: the `IterationRecords` so far.
   """
 
+  iteration: Array
   tokens: Array
-  accepted_mask: Array
   lengths: Array
   done: Array
   target_state: object
   draft_state: object
   rng: Array
-  stats: SpeculativeStats
+  records: IterationRecords
 
 
 def speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array, *,
@@ -152,7 +171,8 @@ def speculative_sample(target: T5Model, target_params: dict, draft: Draft, input
     target: the target model (static).
     target_params: its parameters.
     draft: a `drafts.Draft` with the target's vocabulary.
-    inputs: int32 `[batch, input_len]` encoder tokens, 0-padded.
+    inputs: int32 `[batch, input_len]` encoder tokens, 0-padded; the padding is
+      cut to a length bucket first (`buckets.to_bucket`).
     gamma: proposals per iteration (>= 1).
     max_decode_len: the most tokens to generate per row.
     temperature: 0 for greedy; otherwise the softmax temperature.
@@ -180,9 +200,10 @@ def speculative_sample(target: T5Model, target_params: dict, draft: Draft, input
       top_p=top_p, rng=rng)
   # Prepared once per set of parameters (remembered), outside the loop's program.
   scorer = T5Scorer(target, target.prepare(target_params))
-  return speculative_decode(scorer, draft, args.inputs, args.rng, gamma=args.gamma,
-                            max_decode_len=args.max_decode_len, warp=Warp.of(args),
-                            eos_id=args.eos_id, draft_inputs=args.draft_inputs)
+  return speculative_decode(scorer, draft, buckets.to_bucket(args.inputs), args.rng,
+                            gamma=args.gamma, max_decode_len=args.max_decode_len,
+                            warp=Warp.of(args), eos_id=args.eos_id,
+                            draft_inputs=buckets.to_bucket(args.draft_inputs))
 
 
 def speculative_decode(target: Scorer, draft: Draft, inputs: Array, rng: Array, *, gamma: int,
@@ -226,23 +247,24 @@ def _speculative_sample(target: Scorer, context: object, draft: Draft, draft_inp
                         verify: Callable[..., acceptance.VerifyOutput]) -> SpeculativeOutput:
   """The loop, given the target's context (`target.encode(inputs)`)."""
   cache_len = max_decode_len + gamma + 1
-  target_state = target.init_state(context, cache_len)
-  batch = target.cached_lengths(target_state).shape[0]
-  zeros = jnp.zeros((batch,), jnp.int32)
-  buffer = jnp.full((batch, max_decode_len + gamma + 2), target.pad_id, jnp.int32)
-  init = SpeculativeLoopState(
-      tokens=buffer.at[:, 0].set(target.start_token),
-      accepted_mask=jnp.zeros(buffer.shape, bool),
-      lengths=zeros,
-      done=jnp.zeros((batch,), bool),
-      target_state=target_state,
-      draft_state=draft.init_state(draft_inputs, cache_len, target.encoder_outputs(context)),
-      rng=rng,
-      stats=SpeculativeStats(
-          iterations=zeros, draft_forward_passes=zeros, tokens=zeros,
-          accepted_histogram=jnp.zeros((batch, gamma + 1), jnp.int32), accepted=zeros,
-          rejections=zeros, beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros,
-          loop_iterations=jnp.array(0, jnp.int32)))
+  with jax.named_scope("init"):
+    target_state = target.init_state(context, cache_len)
+    batch = target.cached_lengths(target_state).shape[0]
+    buffer = jnp.full((batch, max_decode_len + gamma + 2), target.pad_id, jnp.int32)
+    # An iteration emits at least one token per unfinished row: at most max_decode_len run.
+    records = jnp.zeros((batch, max_decode_len), jnp.int32)
+    init = SpeculativeLoopState(
+        iteration=jnp.array(0, jnp.int32),
+        tokens=buffer.at[:, 0].set(target.start_token),
+        lengths=jnp.zeros((batch,), jnp.int32),
+        done=jnp.zeros((batch,), bool),
+        target_state=target_state,
+        draft_state=draft.init_state(draft_inputs, cache_len, target.encoder_outputs(context)),
+        rng=rng,
+        records=IterationRecords(
+            accepted=records, emitted=records,
+            beta_sum=jnp.zeros((batch, 0 if warp.temperature == 0 else max_decode_len),
+                               jnp.float32)))
 
   def cond(state: SpeculativeLoopState) -> Array:
     return ~jnp.all(state.done)
@@ -254,8 +276,58 @@ def _speculative_sample(target: Scorer, context: object, draft: Draft, draft_inp
   final = jax.lax.while_loop(cond, body, init)
   valid = jnp.arange(max_decode_len)[None] < final.lengths[:, None]
   sequences = jnp.where(valid, final.tokens[:, 1:max_decode_len + 1], 0)
-  accepted_mask = valid & final.accepted_mask[:, 1:max_decode_len + 1]
-  return SpeculativeOutput(sequences, final.lengths, final.stats, accepted_mask)
+  stats = _reduce_records(final.records, final.iteration, gamma=gamma,
+                          forward_passes_per_proposal=draft.forward_passes_per_proposal)
+  accepted_mask = valid & _accepted_positions(final.records, max_decode_len)
+  return SpeculativeOutput(sequences, final.lengths, stats, accepted_mask)
+
+
+def _reduce_records(records: IterationRecords, iterations: Array, *, gamma: int,
+                    forward_passes_per_proposal: int) -> SpeculativeStats:
+  """The `SpeculativeStats` of a generation from its per-iteration records.
+
+  Statistics count only what the output holds: at an iteration that accepted
+  n proposals and emitted `count` tokens, verified position j scored the
+  emitted token j and counts iff j < count (its context is accepted text
+  before any EOS); the accepted proposals in the output are min(n, count).
+  """
+  n, count = records.accepted, records.emitted  # [batch, max_decode_len]
+  ran = count > 0  # An unfinished row emits at least one token.
+  emitted_accepted = jnp.minimum(n, count)
+  iterations_per_row = jnp.sum(ran, axis=1, dtype=jnp.int32)
+  beta_count = jnp.sum(jnp.minimum(count, gamma), axis=1, dtype=jnp.int32)
+  if records.beta_sum.shape[1]:
+    beta_sum = jnp.sum(records.beta_sum, axis=1)
+  else:  # Temperature 0: beta is 1 at the n accepted positions and 0 at the rejected one.
+    beta_sum = jnp.sum(emitted_accepted, axis=1).astype(jnp.float32)
+  histogram = jnp.sum((emitted_accepted[..., None] == jnp.arange(gamma + 1)) & ran[..., None],
+                      axis=1, dtype=jnp.int32)  # [batch, gamma + 1]
+  return SpeculativeStats(
+      iterations=iterations_per_row,
+      draft_forward_passes=iterations_per_row * gamma * forward_passes_per_proposal,
+      tokens=jnp.sum(count, axis=1, dtype=jnp.int32),
+      accepted_histogram=histogram,
+      accepted=jnp.sum(emitted_accepted, axis=1, dtype=jnp.int32),
+      rejections=jnp.sum((n < gamma) & (n < count), axis=1, dtype=jnp.int32),
+      beta_sum=beta_sum,
+      beta_count=beta_count,
+      loop_iterations=iterations)
+
+
+def _accepted_positions(records: IterationRecords, max_decode_len: int) -> Array:
+  """bool `[batch, max_decode_len]`: True where the output token is an accepted proposal.
+
+  Iteration i wrote its `count` tokens after the `ends[i - 1]` written before
+  it; the first min(n, count) of them are accepted proposals.
+  """
+  count = records.emitted  # [batch, iterations]
+  ends = jnp.cumsum(count, axis=1)  # [batch, iterations]
+  t = jnp.arange(max_decode_len)[None, :, None]  # [1, max_decode_len, 1]
+  iteration = jnp.sum(ends[:, None, :] <= t, axis=2)  # [batch, max_decode_len]
+  iteration = jnp.minimum(iteration, count.shape[1] - 1)
+  start = jnp.take_along_axis(ends - count, iteration, axis=1)
+  accepted = jnp.take_along_axis(jnp.minimum(records.accepted, count), iteration, axis=1)
+  return t[..., 0] - start < accepted
 
 
 def _write_rows(buffer: Array, chunk: Array, start: Array) -> Array:
@@ -267,62 +339,62 @@ def _speculative_step(target: Scorer, draft: Draft, state: SpeculativeLoopState,
                       max_decode_len: int, warp: Warp, eos_id: int,
                       verify: Callable[..., acceptance.VerifyOutput]) -> SpeculativeLoopState:
   """One draft-propose / target-verify / accept / rewind iteration for every row."""
-  rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
-  m = state.lengths  # [batch]
-  active = ~state.done  # [batch]
-
-  draft_state, proposals, q_logits = draft.propose(
-      state.draft_state, state.tokens, m, draft_rng, gamma=gamma, warp=warp)
-  last = jnp.take_along_axis(state.tokens, m[:, None], axis=1)  # [batch, 1]
-  chunk = jnp.concatenate([last, proposals], axis=1)  # [batch, gamma + 1]
-  p_logits, target_state = target.score(state.target_state, chunk)
-  if warp.temperature == 0:
-    verdict = acceptance.verify_greedy(proposals, p_logits)
+  if warp.temperature == 0:  # Greedy: no random numbers to draw.
+    rng = draft_rng = verify_rng = state.rng
   else:
-    verdict = verify(verify_rng, proposals, warp.probs(q_logits), warp.probs(p_logits))
-  n = verdict.num_accepted  # [batch]
+    rng, draft_rng, verify_rng = jax.random.split(state.rng, 3)
+  m = state.lengths  # [batch]
 
-  # The n accepted proposals, then the next token: n + 1 new tokens per row.
-  j = jnp.arange(gamma + 1)[None]  # [1, gamma + 1]
-  padded = jnp.pad(proposals, ((0, 0), (0, 1)))
-  new = jnp.where(j < n[:, None], padded, verdict.next_token[:, None])  # [batch, gamma + 1]
-  # Cut at the first EOS and at max_decode_len.
-  is_eos = (new == eos_id) & (j <= n[:, None])
-  first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), gamma + 1)  # [batch]
-  count = jnp.minimum(jnp.minimum(n + 1, first_eos + 1), max_decode_len - m)
-  count = jnp.where(active, count, 0)  # [batch]
-  new_lengths = m + count
-  done = state.done | (first_eos < count) | (new_lengths >= max_decode_len)
+  with jax.named_scope("draft"):
+    draft_state, proposals, q_logits = draft.propose(
+        state.draft_state, state.tokens, m, draft_rng, gamma=gamma, warp=warp)
+  with jax.named_scope("verify"):
+    last = jnp.take_along_axis(state.tokens, m[:, None], axis=1)  # [batch, 1]
+    chunk = jnp.concatenate([last, proposals], axis=1)  # [batch, gamma + 1]
+    p_logits, target_state = target.score(state.target_state, chunk)
+  with jax.named_scope("accept"):
+    if warp.temperature == 0:
+      verdict = acceptance.verify_greedy(proposals, p_logits)
+    else:
+      verdict = verify(verify_rng, proposals, warp.probs(q_logits), warp.probs(p_logits))
+    n = verdict.num_accepted  # [batch]
 
-  # Everything past a row's new length is scratch (finished rows included): the
-  # next write starts there, and the output masks it.
-  tokens = _write_rows(state.tokens, new, m + 1)
-  accepted_mask = _write_rows(state.accepted_mask, j < n[:, None], m + 1)
+    # The n accepted proposals, then the next token: n + 1 new tokens per row.
+    j = jnp.arange(gamma + 1)[None]  # [1, gamma + 1]
+    padded = jnp.pad(proposals, ((0, 0), (0, 1)))
+    new = jnp.where(j < n[:, None], padded, verdict.next_token[:, None])  # [batch, gamma + 1]
+    # Cut at the first EOS and at max_decode_len.
+    is_eos = (new == eos_id) & (j <= n[:, None])
+    first_eos = jnp.where(jnp.any(is_eos, 1), jnp.argmax(is_eos, 1), gamma + 1)  # [batch]
+    count = jnp.minimum(jnp.minimum(n + 1, first_eos + 1), max_decode_len - m)
+    count = jnp.where(state.done, 0, count)  # [batch]
+    new_lengths = m + count
+    done = state.done | (first_eos < count) | (new_lengths >= max_decode_len)
 
-  # Statistics count only what the output holds: position j scored new[j],
-  # emitted iff j < count (so its context is accepted text before any EOS).
-  stats = state.stats
-  beta_mask = j[:, :gamma] < count[:, None]  # [batch, gamma]
-  emitted_accepted = jnp.minimum(n, count)  # [batch]; 0 for finished rows.
-  stats = stats.replace(
-      iterations=stats.iterations + active,
-      draft_forward_passes=(stats.draft_forward_passes
-                            + active * gamma * draft.forward_passes_per_proposal),
-      tokens=stats.tokens + count,
-      accepted_histogram=stats.accepted_histogram + (
-          (jnp.arange(gamma + 1)[None] == emitted_accepted[:, None]) & active[:, None]),
-      accepted=stats.accepted + emitted_accepted,
-      rejections=stats.rejections + ((n < gamma) & (n < count)),
-      beta_sum=stats.beta_sum + jnp.sum(jnp.where(beta_mask, verdict.beta, 0.0), axis=1),
-      beta_count=stats.beta_count + jnp.sum(beta_mask, axis=1, dtype=jnp.int32),
-      loop_iterations=stats.loop_iterations + 1)
+  with jax.named_scope("write"):
+    # Everything past a row's new length is scratch (finished rows included): the
+    # next write starts there, and the output masks it.
+    tokens = _write_rows(state.tokens, new, m + 1)
+    records = state.records
+    at = (0, state.iteration)
+    records = records.replace(
+        accepted=jax.lax.dynamic_update_slice(records.accepted, n[:, None], at),
+        emitted=jax.lax.dynamic_update_slice(records.emitted, count[:, None], at))
+    if records.beta_sum.shape[1]:
+      # Position j scored new[j] and counts iff new[j] is emitted (j < count).
+      beta = jnp.sum(jnp.where(j[:, :gamma] < count[:, None], verdict.beta, 0.0), axis=1)
+      records = records.replace(
+          beta_sum=jax.lax.dynamic_update_slice(records.beta_sum, beta[:, None], at))
 
+  with jax.named_scope("rewind"):
+    target_state = target.rewind(target_state, new_lengths)
+    draft_state = draft.commit(draft_state, new_lengths)
   return SpeculativeLoopState(
+      iteration=state.iteration + 1,
       tokens=tokens,
-      accepted_mask=accepted_mask,
       lengths=new_lengths,
       done=done,
-      target_state=target.rewind(target_state, new_lengths),
-      draft_state=draft.commit(draft_state, new_lengths),
+      target_state=target_state,
+      draft_state=draft_state,
       rng=rng,
-      stats=stats)
+      records=records)

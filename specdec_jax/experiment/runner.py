@@ -29,6 +29,7 @@ from specdec_jax import auto_gamma, contention, distributed, partitioning
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import layout
 from specdec_jax.data.ngram_stats import load_ngram_stats
+from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft, NgramDraft, PromptLookupDraft, make_draft
 from specdec_jax.experiment import measure, prompts, results_io, settings, stand_ins
 from specdec_jax.experiment.record import PointRow
@@ -223,7 +224,7 @@ class _Bench:
     if not inputs:
       return []
     tokens = prompts.tokenize(self.processor, inputs, self.exp.input_len)
-    return [partitioning.shard_batch(b, self.mesh)
+    return [partitioning.shard_batch(buckets.to_bucket(b), self.mesh)
             for b in np.split(tokens, len(tokens) // batch_size)]
 
   def _pieces(self, ids: list[int]) -> list[str]:

@@ -1,0 +1,72 @@
+"""Both decoding loops lower for accelerators on this CPU, with no CPU-only op in them.
+
+`panel_dot` (an XLA:CPU custom call) and XLA:CPU compiler options are the CPU's
+alone: the weights an accelerator's decoder reads are prepared unpacked
+(`cached_decoder.PANEL_DOTS` holds only "cpu"), and the loops' compiler options
+are given at compilation for XLA:CPU only (`cached_decoder.loop_jit`). Lowering
+the loops for 'cuda' and 'tpu' here (jax's cross-platform lowering) shows that
+what those backends would compile holds nothing of the CPU's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import make_model
+
+from specdec_jax.decoding import acceptance, baseline, speculative
+from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import T5Scorer
+from specdec_jax.models import cached_decoder, panel_dot
+from specdec_jax.models.t5 import PreparedParams
+
+# What XLA:CPU alone runs: panel_dot's custom call target.
+CPU_ONLY = (panel_dot.TARGET,)
+# Every decoder matrix a whole number of panels, so packing (the control) packs them all.
+CONFIG = dict(vocab_size=128, d_model=64, d_kv=32, num_heads=2, d_ff=64)
+
+
+def _prepared(model, params, panels: bool) -> PreparedParams:
+  return PreparedParams(params, cached_decoder.prepare(model.config, params, panels=panels))
+
+
+def _lowered_loops(platform: str, panels: bool) -> dict[str, str]:
+  """The StableHLO text of the baseline's and the speculative loop, lowered for `platform`."""
+  target, params = make_model("test-v1_1", **CONFIG)
+  draft_model, draft_params = make_model("test-v1_1", seed=1, **CONFIG)
+  scorer = T5Scorer(target, _prepared(target, params, panels))
+  draft = T5Draft(draft_model, _prepared(draft_model, draft_params, panels))
+  inputs = jnp.arange(3, 11, dtype=jnp.int32)[None]
+  context = scorer.encode(inputs)
+  rng = jax.random.PRNGKey(0)
+  eos = target.config.eos_token_id
+  out = {}
+  for t in (0.0, 1.0):
+    loops = {
+        "baseline": (baseline._temperature_sample, (scorer, context, rng),  # noqa: SLF001
+                     dict(max_decode_len=8, warp=Warp(t), eos_id=eos)),
+        "speculative": (speculative._speculative_sample,  # noqa: SLF001
+                        (scorer, context, draft, inputs, rng),
+                        dict(gamma=3, max_decode_len=8, warp=Warp(t), eos_id=eos,
+                             verify=acceptance.verify)),
+    }
+    for name, (loop, args, kwargs) in loops.items():
+      jitted = jax.jit(loop.__wrapped__, static_argnames=tuple(kwargs))
+      lowered = jitted.trace(*args, **kwargs).lower(lowering_platforms=(platform,))
+      out[f"{name}, T={t:g}"] = lowered.as_text()
+  return out
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+def test_the_loops_lower_for_an_accelerator_with_no_cpu_only_op(platform):
+  for name, text in _lowered_loops(platform, panels=False).items():
+    assert "stablehlo.while" in text, name
+    assert not [op for op in CPU_ONLY if op in text], f"{name} for {platform}"
+
+
+def test_negative_control_weights_packed_for_the_cpu_leak_its_custom_call():
+  assert panel_dot.available(), panel_dot.status()
+  leaked = _lowered_loops("cuda", panels=True)
+  assert all(panel_dot.TARGET in text for text in leaked.values())
