@@ -242,7 +242,7 @@ def measure_loop_costs(target: T5Model, target_params: dict, draft: Draft,
                        t_chunk: Mapping[int, float], t_draft: float, rng: Array, repeats: int,
                        held_out: bool) -> tuple[LoopCosts, AlphaEstimate]:
   """Times both encoders and one decoding of each batch by each decoder (after one
-  untimed call each), and attributes to overhead what the model calls leave.
+  untimed call per batch shape), and attributes to overhead what the model calls leave.
 
   Args:
     target: the target model.
@@ -267,17 +267,20 @@ def measure_loop_costs(target: T5Model, target_params: dict, draft: Draft,
       "baseline": lambda i: temperature_sample(target, target_params, batches[i], **kwargs),
       "speculative": lambda i: speculative_sample(target, target_params, draft, batches[i],
                                                   gamma=gamma, **kwargs)}
-  timings, outputs = benchmarking.time_interleaved(decoders, len(batches), 1,
-                                                   fetch=distributed.fetch)
+  timings, outputs = benchmarking.time_interleaved(
+      decoders, len(batches), 1, fetch=distributed.fetch,
+      warmup=benchmarking.first_of_each_shape(batches))
   prepared = target.prepare(target_params)
-  encode_target = benchmarking.time_calls(
-      lambda: target.encode(prepared, batches[0]), repeats).median_s
-  target_encoded = benchmarking.target_encoded_for(draft, target, target_params, batches[0])
   cache_len, _ = timing_geometry(max_decode_len, gamma)
   init_draft = jax.jit(lambda d, x, encoded: d.init_state(x, cache_len, encoded))
-  encode_draft = benchmarking.time_calls(
-      lambda: init_draft(draft, batches[0], target_encoded), repeats).median_s
   n = len(batches)
+  encode_target = encode_draft = 0.0  # Means over the batches: their lengths differ.
+  for x in batches:
+    encode_target += benchmarking.time_calls(
+        lambda x=x: target.encode(prepared, x), repeats).median_s / n
+    encoded = benchmarking.target_encoded_for(draft, target, target_params, x)
+    encode_draft += benchmarking.time_calls(
+        lambda x=x, e=encoded: init_draft(draft, x, e), repeats).median_s / n
   steps = sum(int(np.max(o.lengths)) for o in outputs["baseline"])
   iterations = sum(int(o.stats.loop_iterations) for o in outputs["speculative"])
   costs = LoopCosts(

@@ -85,12 +85,14 @@ class DecoderTiming:
   """Wall-clock times of one decoder in `time_interleaved`.
 
   Attributes:
-    first_s: its first call, on batch 0 (compilation included).
+    first_s: its first calls, one per warm-up batch (compilation included).
     calls_s: `[pass][batch]` seconds of every later call.
+    warmup: the warm-up batches, one per compiled program (`first_of_each_shape`).
   """
 
-  first_s: float
+  first_s: tuple[float, ...]
   calls_s: tuple[tuple[float, ...], ...]
+  warmup: tuple[int, ...] = (0,)
 
   @property
   def totals_s(self) -> tuple[float, ...]:
@@ -104,8 +106,18 @@ class DecoderTiming:
 
   @property
   def compile_s(self) -> float:
-    """First call minus the median later call on the same batch (batch 0)."""
-    return max(self.first_s - statistics.median(calls[0] for calls in self.calls_s), 0.0)
+    """The first calls less the median later calls on the same batches."""
+    steady = sum(statistics.median(calls[i] for calls in self.calls_s) for i in self.warmup)
+    return max(sum(self.first_s) - steady, 0.0)
+
+
+def first_of_each_shape(batches: Sequence[Any]) -> tuple[int, ...]:
+  """The index of the first batch of each distinct shape (each compiles its own program)."""
+  seen: dict[tuple, int] = {}
+  for i, batch in enumerate(batches):
+    shape = tuple(getattr(x, "shape", ()) for x in jax.tree.leaves(batch))
+    seen.setdefault(shape, i)
+  return tuple(seen.values())
 
 
 def rotated(names: Sequence[str], shift: int) -> list[str]:
@@ -116,14 +128,17 @@ def rotated(names: Sequence[str], shift: int) -> list[str]:
 
 def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int,
                      passes: int, *, fetch: Callable[[Any], Any] = jax.device_get,
-                     check: Callable[[int, dict[str, Any]], None] | None = None
+                     check: Callable[[int, dict[str, Any]], None] | None = None,
+                     warmup: Sequence[int] = (0,)
                      ) -> tuple[dict[str, DecoderTiming], dict[str, list]]:
   """Times decoders against each other over the same batches.
 
-  Each decoder's first call (on batch 0) is timed apart. Then, in each of
-  `passes` passes, every batch is decoded by every decoder, in the order of
-  `decoders` rotated by pass + batch (so each decoder goes first equally often
-  on every batch over passes). Outputs are fetched after their call's timing.
+  Each decoder's first calls, on the `warmup` batches (one per compiled
+  program: batches of another shape compile their own), are timed apart. Then,
+  in each of `passes` passes, every batch is decoded by every decoder, in the
+  order of `decoders` rotated by pass + batch (so each decoder goes first
+  equally often on every batch over passes). Outputs are fetched after their
+  call's timing.
 
   Args:
     decoders: name -> function of a batch index returning the decoder's output
@@ -133,6 +148,8 @@ def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int
     fetch: brings one output to the host (default `jax.device_get`).
     check: called after each batch of each pass with the batch index and
       {name: fetched output}; raise in it to stop (e.g. greedy outputs that differ).
+    warmup: the batches called once before the passes (`first_of_each_shape`
+      of the batches; default batch 0, for batches of one shape).
 
   Returns:
     {name: DecoderTiming}, and the first pass's fetched outputs per decoder (a
@@ -140,8 +157,11 @@ def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int
   """
   if passes < 1:
     raise ValueError(f"passes must be >= 1, got {passes}.")
+  if not warmup or not all(0 <= i < num_batches for i in warmup):
+    raise ValueError(f"warmup must list batch indices in [0, {num_batches}), got {warmup}.")
   names = list(decoders)
-  first = {name: timed(lambda fn=fn: fn(0))[0] for name, fn in decoders.items()}
+  first = {name: tuple(timed(lambda fn=fn, i=i: fn(i))[0] for i in warmup)
+           for name, fn in decoders.items()}
   calls_s: dict[str, list[list[float]]] = {name: [] for name in names}
   outputs: dict[str, list] = {name: [] for name in names}
   for rep in range(passes):
@@ -158,7 +178,8 @@ def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int
           outputs[name].append(batch_out[name])
       if check is not None:
         check(i, batch_out)
-  timings = {name: DecoderTiming(first[name], tuple(tuple(c) for c in calls_s[name]))
+  timings = {name: DecoderTiming(first[name], tuple(tuple(c) for c in calls_s[name]),
+                                 tuple(warmup))
              for name in names}
   return timings, outputs
 

@@ -88,7 +88,8 @@ def _time_decoders(exp: Experiment, point: Point, target: T5Model, target_params
                                                   gamma=point.gamma, rng=rngs[i], **kwargs)}
   return benchmarking.time_interleaved(
       decoders, len(batches), exp.repetitions, fetch=distributed.fetch,
-      check=_greedy_check(point) if point.temperature == 0 else None)
+      check=_greedy_check(point) if point.temperature == 0 else None,
+      warmup=benchmarking.first_of_each_shape(batches))
 
 
 def _identity(exp: Experiment, point: Point) -> dict[str, Any]:

@@ -40,10 +40,15 @@ Array = jax.Array
 # XLA options for the programs that run decoding loops. On XLA:CPU (jaxlib
 # 0.10), dots with 2-16 rows (a verification chunk, a small batch) otherwise go
 # to YNNPACK, which costs 1.3-1.6X XLA's own emitter there (2-core Zen 4,
-# results/decode_step); one-row dots never do. Other backends ignore the option.
-# Encoders run as their own programs and keep the default (YNNPACK wins at
-# input_len rows).
-COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# results/decode_step); one-row dots never do. The dots left to XLA in a
+# decoder call (attention over the cache) are a few microseconds of work that
+# Eigen would split between threads: of 2-8 query rows, single-threaded costs
+# 0.4-0.6X as much (2-core Zen 3; the weight products are panel_dot's, which
+# shares its own work between the threads). Other backends ignore both options.
+# Encoders run as their own programs and keep the defaults (YNNPACK and threads
+# win at input_len rows).
+COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "",
+                    "xla_cpu_multi_thread_eigen": False}
 
 # The most rows (batch * k) a decoder call multiplies by the weights one row at
 # a time (a row-vector product per row) instead of in one matrix product, per
