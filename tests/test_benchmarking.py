@@ -14,6 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_environment_names_the_code_it_measured():
   env = benchmarking.environment()
   assert env["backend"] and env["cpu_count"] >= 1
+  with open("/proc/cpuinfo") as f:
+    avx512 = " avx512f " in f.read().replace("\n", " ")
+  assert (env["cpu_vectors"] == "avx512f") == avx512
   head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
                         capture_output=True, text=True).stdout.strip()
   if not head:  # Not a git checkout (an installed copy): nothing to name.
