@@ -497,9 +497,11 @@ def check_draft(draft: Any, vocab_size: int, inputs: Array, draft_inputs: Any,
                      f"({vocab_size}); both must share one vocabulary.")
   width = getattr(getattr(draft, "model", None), "encoder_d_model", None)
   if getattr(draft, "reads_target_encoder", False) and width != encoder_width:
-    raise ValueError(f"The draft reads encoder outputs {width} wide, but the target's are "
-                     f"{encoder_width} wide (None: it has no encoder): a shared-encoder draft "
-                     "works only with the target it was trained on (see its model card).")
+    target = ("has no encoder" if encoder_width is None
+              else f"has encoder outputs {encoder_width} wide (its d_model is {encoder_width})")
+    raise ValueError(f"The draft reads encoder outputs {width} wide, but the target {target}: "
+                     "a shared-encoder draft works only with the target it was trained on (see "
+                     "its model card).")
   if draft_inputs is None:
     return inputs
   draft_inputs = check_token_ids("draft_inputs", draft_inputs, vocab_size)

@@ -42,3 +42,16 @@ def _random_params(name: str, seed: int, model: T5Model) -> dict:
 def family(request) -> str:
   """Both architecture families users bring: T5 v1.0 and T5.1.1 / Flan-T5."""
   return request.param
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+  """PyTorch on one thread for a module: its pool spins badly on a loaded 2-core machine,
+  and the models it runs in the tests are small."""
+  import torch  # noqa: PLC0415  (only the modules that compare against PyTorch need it)
+
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(threads)
+

@@ -370,10 +370,15 @@ def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
   rows = results_io.read_rows(str(out / results_io.RESULTS_FILE))
   assert len(rows) == 1 and rows[0]["speedup_measured"] > 0 and rows[0]["greedy_identical"]
   head = ("| task | draft | T | gamma | batch | base ms/tok | spec ms/tok | speedup | "
-          "alpha (beta) | alpha (S/(S+R)) | c | tokens/call | Thm 3.8 | cost model | reference |")
+          "per example (p10-p90) | alpha (beta) | alpha (S/(S+R)) | c | tokens/call | "
+          "Thm 3.8 | efficiency | cost model | reference |")
   assert head in done.stdout
   line = next(x for x in done.stdout.splitlines() if x.startswith("| ende | draft_small | 0 |"))
-  assert f"**{rows[0]['speedup_measured']:.2f}X**" in line
+  row = rows[0]
+  assert f"**{row['speedup_measured']:.2f}X**" in line
+  low, mid, high = row["speedup_spread"]  # One example: its speedup is every percentile.
+  assert low == mid == high and f"| {low:.2f}-{high:.2f}X |" in line
+  assert f"| {row['speedup_measured'] / row['speedup_predicted_thm38']:.2f} |" in line
   reference = results_io.read_rows(os.path.join(layout.REPO_ROOT, "results", "quickstart",
                                                 results_io.RESULTS_FILE))
   committed = next(r for r in reference if r["temperature"] == 0)

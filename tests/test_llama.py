@@ -15,7 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_speculative import LENGTH, VOCAB, _chi_square_p_value, accept_all
+from test_speculative import (
+    LENGTH,
+    VOCAB,
+    _chi_square_p_value,
+    accept_all,
+    sequence_distribution,
+)
 
 from specdec_jax import validation
 from specdec_jax.decoding import baseline, speculative
@@ -165,17 +171,7 @@ def _exact_distribution(model: LlamaModel, params: dict, warp: Warp) -> dict:
   seqs = list(itertools.product(range(VOCAB), repeat=LENGTH))
   text = jnp.asarray([PROMPT + list(s[:-1]) for s in seqs], jnp.int32)
   logits = model.logits(params, text)[:, len(PROMPT) - 1:]  # [n, LENGTH, VOCAB]
-  probs = np.asarray(warp.probs(logits), np.float64)
-  dist = {}
-  for seq, pr in zip(seqs, probs, strict=True):
-    p, kept = 1.0, []
-    for i, token in enumerate(seq):
-      p *= pr[i, token]
-      kept.append(token)
-      if token == EOS:
-        break
-    dist[(tuple(kept) + (0,) * (LENGTH - len(kept)), len(kept))] = p
-  return dist
+  return sequence_distribution(seqs, np.asarray(warp.probs(logits), np.float64), EOS)
 
 
 @pytest.fixture(scope="module")

@@ -32,13 +32,7 @@ MESSAGES = ["What is the capital of France?",
             "Summarize: cp copies files and directories."]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-  """PyTorch's thread pool spins badly on a loaded 2-core machine."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -33,13 +33,7 @@ def _inputs(batch: int = 3, length: int = 9, vocab: int = 97, seed: int = 0) -> 
   return inputs.astype(np.int32)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-  """PyTorch's thread pool spins badly on a loaded 2-core machine; tiny models need one."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _hf_model(tmp_path_factory, model: T5Model, params: dict) -> T5ForConditionalGeneration:

@@ -161,6 +161,18 @@ def _exact_distribution(model, params, inputs_row, warp_kwargs, eos_id):
   inputs = jnp.broadcast_to(inputs_row, (len(seqs), inputs_row.shape[0]))
   probs = np.asarray(sampling.probs_from_logits(model.logits(params, inputs, decoder_inputs),
                                                 **warp_kwargs), np.float64)
+  return sequence_distribution(seqs, probs, eos_id)
+
+
+def sequence_distribution(seqs: list[tuple[int, ...]], probs: np.ndarray,
+                          eos_id: int) -> dict:
+  """{(tokens 0-padded after EOS, length): p} from each sequence's teacher-forced probabilities.
+
+  Args:
+    seqs: every sequence of LENGTH tokens.
+    probs: `[len(seqs), LENGTH, VOCAB]`, the distribution of token i given seq[:i].
+    eos_id: where a sequence ends (sequences equal up to it share one entry).
+  """
   dist = {}
   for seq, pr in zip(seqs, probs, strict=True):
     p, kept = 1.0, []

@@ -43,10 +43,13 @@ def bucket_length(length: int, input_len: int) -> int:
 def to_bucket(inputs: ArrayT, pad_id: int = 0) -> ArrayT:
   """`inputs [batch, input_len]` cut to `bucket_length` of its longest row.
 
-  A row's length runs to its last token that is not `pad_id`. Traced inputs (under
-  `jit`) are returned as they are: their values, and so the bucket, are unknown.
+  A row's length runs to its last token that is not `pad_id`. Inputs whose values
+  this process cannot read are returned as they are: traced ones (under `jit`), and
+  a global array with rows on other processes (cut the host batch before sharding
+  it, as `experiment.runner` does).
   """
-  if isinstance(inputs, jax.core.Tracer) or inputs.ndim != 2:
+  if (isinstance(inputs, jax.core.Tracer) or inputs.ndim != 2
+      or (isinstance(inputs, jax.Array) and not inputs.is_fully_addressable)):
     return inputs
   real = np.asarray(inputs) != pad_id  # [batch, input_len]
   lengths = np.where(real.any(axis=1), real.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -111,9 +112,14 @@ def _times(timings: dict[str, benchmarking.DecoderTiming], outputs: dict[str, li
     fields.update({f"{name}_s": list(timing.totals_s), f"{name}_median_s": timing.median_s,
                    f"{name}_compile_s": timing.compile_s, f"{name}_tokens": tokens,
                    f"{name}_ms_per_token": 1e3 * timing.median_s / max(tokens, 1)})
+  per_batch = {name: [statistics.median(calls[i] for calls in timing.calls_s)
+                      / max(int(np.sum(outputs[name][i].lengths)), 1)
+                      for i in range(len(outputs[name]))] for name, timing in timings.items()}
+  speedups = np.divide(per_batch["baseline"], per_batch["speculative"])
   return fields | dict(
       speedup_measured=fields["baseline_ms_per_token"] / fields["speculative_ms_per_token"],
-      speedup_walltime_ratio=fields["baseline_median_s"] / fields["speculative_median_s"])
+      speedup_walltime_ratio=fields["baseline_median_s"] / fields["speculative_median_s"],
+      speedup_spread=[float(q) for q in np.percentile(speedups, [10, 50, 90])])
 
 
 def _acceptance(pooled: stats.Pooled) -> dict[str, Any]:

@@ -102,6 +102,11 @@ class PointRow:
     gamma_choice: `auto_gamma.GammaChoice.to_json()` of that choice (the gamma
       and why), None for a fixed gamma. Rows measured before the whole cost
       model decided hold that older record's fields.
+    speedup_spread: the 10th, 50th and 90th percentiles over batches of each
+      batch's speedup (its median seconds over passes, per generated token, of
+      the baseline over the speculative decoder): how much the measured
+      speedup varies between examples. None in rows measured before it was
+      recorded (the key is then absent).
   """
 
   experiment: str
@@ -165,6 +170,12 @@ class PointRow:
   date: str
   gamma_auto: bool
   gamma_choice: dict[str, Any] | None
+  speedup_spread: list[float] | None = None
+
+  @property
+  def efficiency(self) -> float:
+    """The measured speedup over Theorem 3.8's with the row's own alpha, c and gamma."""
+    return self.speedup_measured / self.speedup_predicted_thm38
 
   @classmethod
   def from_json(cls, row: Mapping[str, Any]) -> PointRow:
@@ -185,6 +196,8 @@ class PointRow:
     row = dataclasses.asdict(self)
     for name in _INT_KEYED:
       row[name] = {str(k): v for k, v in row[name].items()}
+    if row["speedup_spread"] is None:  # Rows from before it was recorded stay as they were.
+      del row["speedup_spread"]
     return row
 
   @property

@@ -241,16 +241,19 @@ def summary_table(rows: list[PointRow], reference_rows: list[PointRow]) -> str:
   """
   reference = {r.key: r.speedup_measured for r in reference_rows}
   head = ("| task | draft | T | gamma | batch | base ms/tok | spec ms/tok | speedup | "
-          "alpha (beta) | alpha (S/(S+R)) | c | tokens/call | Thm 3.8 | cost model | "
-          "reference |")
+          "per example (p10-p90) | alpha (beta) | alpha (S/(S+R)) | c | tokens/call | "
+          "Thm 3.8 | efficiency | cost model | reference |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
   for r in rows:
     ref = reference.get(r.key)
+    spread = (f"{r.speedup_spread[0]:.2f}-{r.speedup_spread[2]:.2f}X"
+              if r.speedup_spread else "-")
     lines.append(
         f"| {r.task} | {r.draft} | {r.temperature:g} | {r.gamma_label} | {r.batch_size} | "
         f"{r.baseline_ms_per_token:.2f} | {r.speculative_ms_per_token:.2f} | "
-        f"**{r.speedup_measured:.2f}X** | {r.alpha_beta:.3f} | {r.alpha_empirical:.3f} | "
-        f"{r.c:.3f} | {r.tokens_per_iteration:.2f} | {r.speedup_predicted_thm38:.2f}X | "
+        f"**{r.speedup_measured:.2f}X** | {spread} | {r.alpha_beta:.3f} | "
+        f"{r.alpha_empirical:.3f} | {r.c:.3f} | {r.tokens_per_iteration:.2f} | "
+        f"{r.speedup_predicted_thm38:.2f}X | {r.efficiency:.2f} | "
         f"{r.speedup_predicted_cost_model:.2f}X | "
         + (f"{ref:.2f}X |" if ref is not None else "- |"))
   return "\n".join(lines)

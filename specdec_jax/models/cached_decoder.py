@@ -305,7 +305,7 @@ def prepare(config: T5Config, params: dict, panels: bool = False) -> DecodeWeigh
                        logits=layout(logits))
 
 
-def _write(cache: Array, chunk: Array, start: Array, axis: int) -> Array:
+def write_positions(cache: Array, chunk: Array, start: Array, axis: int) -> Array:
   """Writes `chunk` into `cache` along the position `axis` at per-row `start`.
 
   Args:
@@ -339,7 +339,7 @@ def row_dots(rows: int) -> bool:
   return 1 < rows <= ROW_DOTS_MAX_ROWS.get(jax.default_backend(), 1)
 
 
-def _dense(x: Array, kernel: Array, by_row: bool) -> Array:
+def dense(x: Array, kernel: Array, by_row: bool) -> Array:
   """`x [batch, k, d_in] @ kernel [d_in, d_out]`, one row-vector product per row if `by_row`.
 
   A kernel packed into panels (`[d_out / P, d_in, P]`) goes to `panel_dot.dot`.
@@ -358,26 +358,26 @@ def _layer(config: T5Config, w: LayerWeights, x: Array, *, self_bias: Array, sel
            start: Array, by_row: bool) -> tuple[Array, Array, Array]:
   """One decoder block over a chunk `x [batch, k, d_model]`; returns x and the layer's cache.
 
-  `by_row`: weight products one row at a time (`_dense`).
+  `by_row`: weight products one row at a time (`dense`).
   """
   dtype, eps, heads = config.compute_dtype, config.layer_norm_epsilon, config.num_heads
   inner = heads * config.d_kv
-  dense = functools.partial(_dense, by_row=by_row)
+  matmul = functools.partial(dense, by_row=by_row)
   h = layers.rms_norm(x, w.self_norm, eps, dtype)
-  qkv = dense(h, w.qkv)  # [batch, k, 3 * inner]
+  qkv = matmul(h, w.qkv)  # [batch, k, 3 * inner]
   q, k, v = (layers.split_heads(qkv[..., i * inner:(i + 1) * inner], heads) for i in range(3))
-  cache_k = _write(cache_k, layers.key_layout(k), start, axis=2)
-  cache_v = _write(cache_v, layers.value_layout(v), start, axis=1)
-  x = x + dense(layers.attention(q, cache_k, cache_v, self_bias, self_mask, dtype), w.self_out)
+  cache_k = write_positions(cache_k, layers.key_layout(k), start, axis=2)
+  cache_v = write_positions(cache_v, layers.value_layout(v), start, axis=1)
+  x = x + matmul(layers.attention(q, cache_k, cache_v, self_bias, self_mask, dtype), w.self_out)
   h = layers.rms_norm(x, w.cross_norm, eps, dtype)
-  q = layers.split_heads(dense(h, w.cross_query), heads)
-  x = x + dense(layers.attention(q, cross_k, cross_v, None, cross_mask, dtype), w.cross_out)
-  h = dense(layers.rms_norm(x, w.mlp_norm, eps, dtype), w.wi)
+  q = layers.split_heads(matmul(h, w.cross_query), heads)
+  x = x + matmul(layers.attention(q, cross_k, cross_v, None, cross_mask, dtype), w.cross_out)
+  h = matmul(layers.rms_norm(x, w.mlp_norm, eps, dtype), w.wi)
   if config.gated:
     h = layers.gated_gelu(h[..., :config.d_ff], h[..., config.d_ff:])
   else:
     h = jax.nn.relu(h)
-  return x + dense(h, w.wo), cache_k, cache_v
+  return x + matmul(h, w.wo), cache_k, cache_v
 
 
 def decode_chunk(config: T5Config, weights: DecodeWeights, encoded: EncodedInputs,
@@ -409,5 +409,5 @@ def decode_chunk(config: T5Config, weights: DecodeWeights, encoded: EncodedInput
     keys.append(cache_k)
     values.append(cache_v)
   x = layers.rms_norm(x, weights.final_norm, config.layer_norm_epsilon, dtype)
-  logits = _dense(x, weights.logits, by_row)
+  logits = dense(x, weights.logits, by_row)
   return logits, DecoderCache(tuple(keys), tuple(values), cache.lengths + k)

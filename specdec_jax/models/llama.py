@@ -254,7 +254,7 @@ class _Decoder(nn.Module):
 class LlamaLayerWeights:
   """One layer's weights, prepared for generation (`prepare`).
 
-  Each `[K, N]` matrix is `[N / 64, K, 64]` panels instead where `prepare`
+  Each `[K, N]` matrix is `[N / P, K, P]` panels instead where `prepare`
   packed it (`panel_dot.pack`).
 
   Attributes:
@@ -354,12 +354,12 @@ def _layer(config: LlamaConfig, w: LlamaLayerWeights, x: Array, *, positions: Ar
   """One layer over a chunk `x [batch, k, d_model]`; returns x and the layer's cache."""
   dtype, eps, d = config.compute_dtype, config.layer_norm_epsilon, config.head_dim
   heads, kv_heads = config.num_heads, config.num_kv_heads
-  dense = functools.partial(cached_decoder._dense, by_row=by_row)  # noqa: SLF001
+  dense = functools.partial(cached_decoder.dense, by_row=by_row)
   qkv = dense(layers.rms_norm(x, w.attn_norm, eps, dtype), w.qkv)
   q = layers.split_heads(qkv[..., :heads * d], heads)
   k = layers.split_heads(qkv[..., heads * d:(heads + kv_heads) * d], kv_heads)
   v = layers.split_heads(qkv[..., (heads + kv_heads) * d:], kv_heads)
-  write = cached_decoder._write  # noqa: SLF001
+  write = cached_decoder.write_positions
   cache_k = write(cache_k, layers.key_layout(rope(k, positions, config.rope_theta)), start,
                   axis=2)
   cache_v = write(cache_v, layers.value_layout(v), start, axis=1)
@@ -394,7 +394,7 @@ def decode_chunk(config: LlamaConfig, weights: LlamaWeights, cache: DecoderCache
     keys.append(cache_k)
     values.append(cache_v)
   x = layers.rms_norm(x, weights.final_norm, config.layer_norm_epsilon, config.compute_dtype)
-  logits = cached_decoder._dense(x, weights.logits, by_row)  # noqa: SLF001
+  logits = cached_decoder.dense(x, weights.logits, by_row)
   return logits, DecoderCache(tuple(keys), tuple(values), cache.lengths + k)
 
 
