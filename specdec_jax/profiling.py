@@ -3,10 +3,11 @@
 The account of a decoding loop (`account`): every op of the compiled program
 is listed from its optimized HLO with its kind (a weight product, an attention
 dot, a cache write, a reduction, ...) and its phase, the innermost
-`jax.named_scope` of the loop's step that made it (`PHASES`: the speculative
-step's "draft", "verify", "accept", "write", "stats", "rewind"; the baseline
-step's "score", "sample", "write"); the program then runs under `jax.profiler`
-with XLA:CPU's per-op trace events, so each op's time is summed into its
+`jax.named_scope` of the loop that made it (`PHASES`: the speculative loop's
+"init" before it, and its step's "draft", "verify", "accept", "write",
+"rewind"; the baseline step's "score", "sample", "write"); the program then
+runs under `jax.profiler` with XLA:CPU's per-op trace events, so each op's time
+is summed into its
 (phase, kind). The traced run is slower than an untraced one (the profiler's
 own cost per op), so the account reports both: the untraced wall time per
 iteration, and the traced time of each part with its share.
@@ -36,9 +37,9 @@ import jax
 
 TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"
 
-# The named scopes of the loops' steps (speculative._speculative_step,
-# baseline._sampling_step), innermost first where they nest.
-PHASES = ("draft", "verify", "accept", "write", "stats", "rewind", "score", "sample")
+# The named scopes of the loops (speculative._speculative_step and its set-up,
+# baseline._sampling_step).
+PHASES = ("init", "draft", "verify", "accept", "write", "rewind", "score", "sample")
 OUTSIDE = "loop control"  # Ops of no phase: the loop's condition, copies of its state.
 FREE = ("get-tuple-element", "constant", "parameter", "tuple", "bitcast")  # No thunk.
 CONTROL = ("while", "conditional", "call")  # Their events span the ops they run.
@@ -78,17 +79,19 @@ class Op:
 
   @property
   def kind(self) -> str:
-    """What the op does, from its opcode, name and output shape."""
+    """What the op does, from its opcode, its name (a fusion's names what it fuses) and
+    its output shape."""
     name, opcode = self.name, self.opcode
+    text = f"{name} {opcode}"
     if opcode == "custom-call" and name.startswith("ffi_call"):
       return "weight products (panel_dot)"
     if opcode == "dot" or name.startswith(("dot", "ynn_fusion")):
       return "attention dots" if self.shape.count(",") >= 2 else "weight products (XLA)"
-    if "dynamic-update-slice" in name or "scatter" in name:
+    if "dynamic-update-slice" in text or "scatter" in text:
       return "cache / buffer writes"
-    if "gather" in name:
+    if "gather" in text:
       return "gathers"
-    if "reduce" in name or "rsqrt" in name or "exponential" in name or "divide" in name:
+    if any(op in text for op in ("reduce", "rsqrt", "exponential", "divide")):
       return "norms, softmax, reductions"
     if opcode == "copy" or name.startswith("copy"):
       return "copies"
@@ -98,24 +101,36 @@ class Op:
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\(")
 
 
+def _control_flow_computations(hlo: str) -> set[str]:
+  """The computations that while loops, conditionals and calls in `hlo` run."""
+  names = set(re.findall(r"\b(?:body|condition)=%?([\w.\-]+)", hlo))
+  for group in re.findall(r"branch_computations=\{([^}]*)\}", hlo):
+    names.update(b.strip().lstrip("%") for b in group.split(","))
+  names.update(re.findall(r" call\(.*?to_apply=%?([\w.\-]+)", hlo))
+  return names
+
+
 def parse_ops(hlo: str) -> dict[str, Op]:
   """Every instruction of `hlo` (an optimized module's text) that runs as its own op.
 
-  Instructions inside fused computations are not ops of their own (their
-  fusion is) and are left out, as are `FREE` and `CONTROL` ones. An op that
+  Only the entry computation's instructions and those of the computations that
+  control flow runs (while bodies and conditions, branches, calls) are ops of
+  their own; a fusion's body, a reducer or a comparator runs inside its op.
+  `FREE` and `CONTROL` instructions are left out. An op that
   XLA made without a JAX name stack (e.g. the partial sums it splits a long
   reduction into) takes the one of the op before it in its computation, which
   the schedule runs just before it.
   """
-  ops, fused, previous = {}, False, ""
+  run = _control_flow_computations(hlo)
+  ops, runs, previous = {}, False, ""
   for line in hlo.splitlines():
     if line and not line.startswith(" "):  # A computation's header (or its closing brace).
-      fused = line.startswith(("%fused", "fused", "%wrapped_", "wrapped_")) or "_fusion" in (
-          line.split(" ")[0])
+      header = line.split(" ")[0]
+      runs = header == "ENTRY" or header.lstrip("%") in run
       previous = ""
       continue
     m = _INSTRUCTION.match(line)
-    if m is None or fused or m.group(3) in FREE + CONTROL:
+    if m is None or not runs or m.group(3) in FREE + CONTROL:
       continue
     op_name = re.search(r'op_name="([^"]*)"', line)
     previous = op_name.group(1) if op_name else previous
