@@ -19,8 +19,28 @@ def check_dtype(name: str, value: Any) -> None:
                      "'bfloat16'.") from e
 
 
+class ModelConfig:
+  """What every model config shares: its dtypes by name (`dtype` for compute,
+  `param_dtype` for storage, both fields of the dataclass), and `replace`."""
+
+  dtype: str
+  param_dtype: str
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def parameter_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.param_dtype)
+
+  def replace(self, **kwargs: Any) -> Any:
+    """A copy with `kwargs` changed (checked again by the dataclass)."""
+    return dataclasses.replace(self, **kwargs)
+
+
 @dataclasses.dataclass(frozen=True)
-class T5Config:
+class T5Config(ModelConfig):
   """Hyper-parameters of a T5 encoder-decoder.
 
   Covers T5 v1.0 (`feed_forward_proj="relu"`, logits tied to the embedding and
@@ -66,16 +86,6 @@ class T5Config:
   def gated(self) -> bool:
     return self.feed_forward_proj == "gated-gelu"
 
-  @property
-  def compute_dtype(self) -> jnp.dtype:
-    return jnp.dtype(self.dtype)
-
-  @property
-  def parameter_dtype(self) -> jnp.dtype:
-    return jnp.dtype(self.param_dtype)
-
-  def replace(self, **kwargs: Any) -> T5Config:
-    return dataclasses.replace(self, **kwargs)
 
   def to_hf_dict(self) -> dict[str, Any]:
     """The `config.json` contents HuggingFace's `T5ForConditionalGeneration` reads."""

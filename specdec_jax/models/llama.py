@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -45,14 +44,14 @@ from flax import struct
 
 from specdec_jax.models import cached_decoder, layers, panel_dot
 from specdec_jax.models.cached_decoder import DecoderCache
-from specdec_jax.models.config import check_dtype
+from specdec_jax.models.config import ModelConfig, check_dtype
 from specdec_jax.models.layers import Dense, LogicalRules, RMSNorm
 
 Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(ModelConfig):
   """Hyper-parameters of a Llama-architecture decoder (tied embeddings).
 
   Field names follow `T5Config` where the meaning is the same (`d_model`,
@@ -88,16 +87,6 @@ class LlamaConfig:
     for name in ("dtype", "param_dtype"):
       check_dtype(name, getattr(self, name))
 
-  @property
-  def compute_dtype(self) -> jnp.dtype:
-    return jnp.dtype(self.dtype)
-
-  @property
-  def parameter_dtype(self) -> jnp.dtype:
-    return jnp.dtype(self.param_dtype)
-
-  def replace(self, **kwargs: Any) -> LlamaConfig:
-    return dataclasses.replace(self, **kwargs)
 
 
 # A tiny config of the same architecture for tests (GQA with groups of 2).
