@@ -1,4 +1,4 @@
-"""Tests of the distillation data command, its format, reader and seqio Tasks.
+"""Tests of the distillation data (library and command), its format, reader and seqio Tasks.
 
 A tiny random teacher over the real SentencePiece vocabulary decodes a tiny corpus.
 """
@@ -16,11 +16,11 @@ import pytest
 import sentencepiece as spm
 from conftest import make_model
 
-from experiments import distill_data
-from experiments.distill_data import DistillConfig, DistillError
 from specdec_jax import atomic_io
 from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 from specdec_jax.data import corpora, distill, layout
+from specdec_jax.distillation import decode
+from specdec_jax.distillation.decode import DistillConfig, DistillError
 from specdec_jax.models import T5Model
 
 # The module-scoped fixtures run once: every test of this file on one worker.
@@ -74,7 +74,7 @@ def setup(tmp_path_factory):
 def finished(setup):
   """The config of one uninterrupted run, after it."""
   _, _, config = setup
-  summary = distill_data.distill_data(config, progress=False)
+  summary = decode.distill_data(config, progress=False)
   assert summary["ende"]["complete"] and summary["mansum"]["complete"]
   return config
 
@@ -142,7 +142,7 @@ def test_command_line_run_writes_shards_and_manifest(setup, tmp_path):
 
 def test_an_interrupted_run_resumes_to_the_same_data(finished, tmp_path):
   config = dataclasses.replace(finished, output_dir=str(tmp_path / "distill"))
-  first = distill_data.distill_data(config, max_shards=2, progress=False)
+  first = decode.distill_data(config, max_shards=2, progress=False)
   assert first["ende"]["shards"] == 2 and not first["ende"]["complete"]
   assert not os.path.exists(os.path.join(config.root, "mansum", distill.MANIFEST))
   # A kill between writing shard 2 and listing it leaves a file that is never read.
@@ -150,10 +150,10 @@ def test_an_interrupted_run_resumes_to_the_same_data(finished, tmp_path):
     f.write(b"partial")
   with pytest.raises(distill.ShardError, match="2 of 3 shards"):
     distill.read_distilled("ende", root=config.root)
-  second = distill_data.distill_data(config, progress=False)
+  second = decode.distill_data(config, progress=False)
   assert second["ende"]["decoded"] == 1 and second["mansum"]["decoded"] == 3
   assert _shard_bytes(config.root) == _shard_bytes(finished.root)
-  again = distill_data.distill_data(config, progress=False)  # Finished: nothing to do.
+  again = decode.distill_data(config, progress=False)  # Finished: nothing to do.
   assert again["ende"]["decoded"] == 0 and again["mansum"]["decoded"] == 0
 
 
@@ -164,16 +164,16 @@ def no_decoding(monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("decoded before the error")
 
-  monkeypatch.setattr(distill_data, "decode_shard", fail)
+  monkeypatch.setattr(decode, "decode_shard", fail)
 
 
 def test_bad_teacher_path_is_an_error_before_any_work(finished, tmp_path, no_decoding):
   with pytest.raises(DistillError, match="is not a directory"):
-    distill_data.distill_data(
+    decode.distill_data(
         dataclasses.replace(finished, teacher=str(tmp_path / "nowhere")), progress=False)
   os.makedirs(tmp_path / "empty")
   with pytest.raises(DistillError, match="cannot be loaded"):
-    distill_data.distill_data(
+    decode.distill_data(
         dataclasses.replace(finished, teacher=str(tmp_path / "empty")), progress=False)
 
 
@@ -184,14 +184,14 @@ def test_vocabulary_mismatch_is_an_error_before_any_work(finished, tmp_path, no_
                                  vocab_size=60, minloglevel=2)
   small = str(tmp_path / "small.model")
   with pytest.raises(DistillError, match="vocab_size=8192 .* has 60 pieces"):
-    distill_data.distill_data(dataclasses.replace(finished, vocab=small), progress=False)
+    decode.distill_data(dataclasses.replace(finished, vocab=small), progress=False)
   # A teacher that ships its own, other vocabulary (same size) is refused too.
   teacher = str(tmp_path / "teacher")
   shutil.copytree(finished.teacher, teacher)
   with open(os.path.join(teacher, "spiece.model"), "wb") as f:
     f.write(b"another vocabulary")
   with pytest.raises(DistillError, match="teacher ships .*spiece.model, which differs"):
-    distill_data.distill_data(dataclasses.replace(finished, teacher=teacher), progress=False)
+    decode.distill_data(dataclasses.replace(finished, teacher=teacher), progress=False)
 
 
 @pytest.mark.parametrize("damage,message", [
@@ -205,7 +205,7 @@ def test_empty_or_corrupt_shard_is_an_error_before_any_work(finished, tmp_path, 
     f.write(damage)
   config = dataclasses.replace(finished, output_dir=root)
   with pytest.raises(distill.ShardError, match=f"{bad}.*{message}.*delete") as info:
-    distill_data.distill_data(config, progress=False)
+    decode.distill_data(config, progress=False)
   assert "rerun" in str(info.value)
   with pytest.raises(distill.ShardError, match=message):
     distill.read_distilled("ende", root=root)
@@ -215,20 +215,20 @@ def test_empty_or_corrupt_shard_is_an_error_before_any_work(finished, tmp_path, 
 def test_other_settings_in_the_output_dir_are_an_error(finished, no_decoding, change):
   key = next(iter(change))
   with pytest.raises(DistillError, match=f"other settings .*{key}"):
-    distill_data.distill_data(dataclasses.replace(finished, **change), progress=False)
+    decode.distill_data(dataclasses.replace(finished, **change), progress=False)
 
 
 def test_more_samples_are_added_to_an_earlier_run(finished, tmp_path):
   more = dataclasses.replace(finished, num_samples=2, tasks=("mansum",))
   direct = dataclasses.replace(more, output_dir=str(tmp_path / "direct"))
-  distill_data.distill_data(direct, progress=False)
+  decode.distill_data(direct, progress=False)
   added = dataclasses.replace(more, output_dir=str(tmp_path / "added"))
   shutil.copytree(os.path.join(finished.root, "mansum"), os.path.join(added.root, "mansum"))
   manifest = distill.read_manifest(os.path.join(added.root, "mansum"))
   for entry in manifest["shards"]:
     entry.pop("decodings")  # As the first version of the command wrote them.
   distill.write_manifest(os.path.join(added.root, "mansum"), manifest)
-  summary = distill_data.distill_data(added, progress=False)
+  summary = decode.distill_data(added, progress=False)
   assert summary["mansum"]["complete"] and summary["mansum"]["decoded"] == 3
   data = distill.read_distilled("mansum", root=added.root)
   assert data.outputs.shape[1] == 3 and data.temperatures.tolist() == [0.0, 1.0, 1.0]
