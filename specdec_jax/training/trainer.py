@@ -180,6 +180,29 @@ def loss_terms(logits: Array, batch: Batch, cfg: LossConfig,
     (scalar loss, {"loss", "label_loss", "distill_loss", "z_loss", "accuracy", "tokens"}),
     all means over weighted tokens except "tokens" (their count).
   """
+  distill = None
+  if cfg.distill_weight > 0:
+    if teacher_logits is None:
+      raise ValueError("LossConfig.distill_weight > 0 needs teacher logits; pass a teacher.")
+    divergence = DIVERGENCES[cfg.distill_divergence]
+    distill = divergence(logits, teacher_logits, cfg.distill_temperature)
+  return weighted_loss_terms(logits, batch, cfg, distill)
+
+
+def weighted_loss_terms(logits: Array, batch: Batch, cfg: LossConfig,
+                        distill: Array | None) -> tuple[Array, dict[str, Array]]:
+  """`loss_terms` from a per-token teacher term computed elsewhere.
+
+  Args:
+    logits: student logits `[b, T, V]`.
+    batch: the batch (targets and loss weights are used).
+    cfg: the loss configuration.
+    distill: float32 `[b, T]`, the teacher term per token; None iff
+      `cfg.distill_weight == 0`.
+
+  Returns:
+    As `loss_terms`.
+  """
   weights = batch["decoder_loss_weights"].astype(jnp.float32)
   targets = batch["decoder_target_tokens"]
   n = jnp.maximum(jnp.sum(weights), 1.0)
@@ -188,13 +211,7 @@ def loss_terms(logits: Array, batch: Batch, cfg: LossConfig,
     return jnp.sum(per_token * weights) / n
 
   label = mean(token_cross_entropy(logits, targets, cfg.label_smoothing))
-  if cfg.distill_weight > 0:
-    if teacher_logits is None:
-      raise ValueError("LossConfig.distill_weight > 0 needs teacher logits; pass a teacher.")
-    divergence = DIVERGENCES[cfg.distill_divergence]
-    distill = mean(divergence(logits, teacher_logits, cfg.distill_temperature))
-  else:
-    distill = jnp.zeros((), jnp.float32)
+  distill = jnp.zeros((), jnp.float32) if distill is None else mean(distill)
   log_z = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
   z = mean(jnp.square(log_z))
   total = (1.0 - cfg.distill_weight) * label + cfg.distill_weight * distill + cfg.z_loss * z
