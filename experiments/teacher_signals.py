@@ -1,0 +1,80 @@
+"""The target's signals along its distillation data, computed once and stored.
+
+  python -m experiments.teacher_signals [--tasks=ende,mansum] [--top_k=32]
+      [--teacher=assets/models/target] [--data_dir=data_cache] [--batch_size=32]
+      [--follow] [--max_shards=K]
+
+For every shard of `<data_dir>/distill/<corpus>/` (made by `python -m
+experiments.distill_data`): the target's encoder outputs (float16) and, at every position
+of every stored output, its top-k log-probabilities and the log of the mass left over,
+written to `<data_dir>/distill/<corpus>/signals/` (format:
+`specdec_jax/data/teacher_signals.py`; the computation: `specdec_jax/distillation/signals.py`).
+Killed at any point, a rerun resumes after the shards already written. With `--follow` it
+trails a running `distill_data`, polling its manifest until the decoding is complete and
+every shard has its signals. The command registers itself
+(`specdec_jax.contention.register_job`), so every timing command pauses it while it times.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from absl import app, flags
+
+from specdec_jax import contention
+from specdec_jax.data import distill, layout
+from specdec_jax.distillation.signals import SignalsConfig, compute_signals
+from specdec_jax.distillation.teacher import DEFAULT_TEACHER, DistillError
+
+# Flags in their own namespace: their names are other commands' too (tests load several).
+_FLAGS = flags.FlagValues()
+_TASKS = flags.DEFINE_list("tasks", list(layout.CORPORA), "Corpora to compute signals for.",
+                           flag_values=_FLAGS)
+_TOP_K = flags.DEFINE_integer("top_k", 32, "Log-probabilities stored per position.",
+                              flag_values=_FLAGS)
+_TEACHER = flags.DEFINE_string(
+    "teacher", DEFAULT_TEACHER, "The target that decoded the data: a HF T5 directory "
+    "(config.json + safetensors).", flag_values=_FLAGS)
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", None, f"Prepared data directory holding distill/; default "
+    f"${layout.DATA_DIR_ENV} or <repo>/data_cache.", flag_values=_FLAGS)
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", 32, "Examples per call (the decoder runs over all their decodings).",
+    flag_values=_FLAGS)
+_FOLLOW = flags.DEFINE_boolean(
+    "follow", False, "Keep polling the distillation manifests (every 60 s) until the "
+    "decoding is complete and every shard has its signals.", flag_values=_FLAGS)
+_MAX_SHARDS = flags.DEFINE_integer(
+    "max_shards", None, "Stop after writing this many new shards (a rerun resumes).",
+    flag_values=_FLAGS)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """This command's flags first, then absl's own (logging, --help) from what remains."""
+  return flags.FLAGS(_FLAGS(argv, known_only=True))
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config = SignalsConfig(
+      teacher=_TEACHER.value, data_dir=_DATA_DIR.value or layout.default_data_dir(),
+      tasks=tuple(_TASKS.value), top_k=_TOP_K.value, batch_size=_BATCH_SIZE.value)
+  t0 = time.time()
+  contention.register_job("teacher_signals")  # Timing commands pause it (SIGSTOP / SIGCONT).
+  try:
+    summary = compute_signals(config, follow=_FOLLOW.value, max_shards=_MAX_SHARDS.value,
+                              report=lambda line: print(line, flush=True))
+  except (DistillError, distill.ShardError, FileNotFoundError) as e:
+    sys.exit(f"teacher_signals: error: {e}")
+  for corpus, s in summary.items():
+    state = "complete" if s["complete"] else "incomplete (rerun to resume)"
+    ran = (f"this run computed {s['computed']} examples in {s['seconds']:.0f} s "
+           f"({s['examples_per_s']} examples/s)" if s["computed"] else "nothing to compute")
+    print(f"{corpus}: signals for {s['shards']} of {s['num_shards']} shards, {state}; {ran}")
+  print(f"{config.root}: done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=_parse_flags)

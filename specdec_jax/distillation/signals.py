@@ -1,0 +1,410 @@
+"""The target's signals along its own distillation data, computed once (no TensorFlow).
+
+For every shard of a corpus's distillation data (`specdec_jax.data.distill`) the target
+runs once, teacher-forced along each stored output, and its encoder outputs and top-k
+log-probabilities are written to `<data_dir>/distill/<corpus>/signals/` (format:
+`specdec_jax/data/teacher_signals.py`), so a draft's training step no longer runs it.
+
+A shard's rows are grouped by (input bucket, output bucket) (`buckets.bucket_length`:
+powers of two from 16), cut at `batch_size` examples and padded to a power of two of
+rows, so a handful of shapes compile. Per batch the encoder runs once per input and the
+decoder over all D decodings of its examples, in float32 (highest matmul precision on
+every backend). Each shard is written atomically, then the manifest. A rerun skips the
+shards listed with a file whose sha256 matches and that were computed from the
+distillation shard listed now; `follow` keeps polling the distillation manifest until
+its decoding is complete and every shard has its signals, so a run can trail a running
+`python -m experiments.distill_data`. The command is `python -m experiments.teacher_signals`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from specdec_jax import atomic_io
+from specdec_jax.data import corpora, distill, layout
+from specdec_jax.data import teacher_signals as ts
+from specdec_jax.decoding.buckets import bucket_length
+from specdec_jax.distillation.teacher import (
+    DEFAULT_TEACHER,
+    DistillError,
+    load_teacher,
+    lock_directory,
+)
+from specdec_jax.models import T5Config, T5Model
+
+Array = jax.Array
+LOCK = ".signals.lock"
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalsConfig:
+  """Everything a run depends on (the flags, as values).
+
+  Attributes:
+    teacher: HF T5 directory of the target (the one that decoded the data).
+    data_dir: prepared data directory; its `distill/` holds the distillation data.
+    tasks: corpora to compute signals for.
+    top_k: log-probabilities stored per position.
+    batch_size: examples per call (the decoder runs over batch_size x D rows).
+  """
+  teacher: str = DEFAULT_TEACHER
+  data_dir: str = dataclasses.field(default_factory=layout.default_data_dir)
+  tasks: tuple[str, ...] = tuple(layout.CORPORA)
+  top_k: int = 32
+  batch_size: int = 32
+
+  @property
+  def root(self) -> str:
+    return distill.distill_root(self.data_dir)
+
+
+def top_k_logprobs(logits: Array, k: int) -> tuple[Array, Array, Array]:
+  """The k largest log-probabilities of each distribution and the log of the rest.
+
+  Args:
+    logits: float32 `[..., V]`.
+    k: 1 <= k <= V.
+
+  Returns:
+    ids int32 `[..., k]` (most probable first), their log-probabilities float32
+    `[..., k]`, and the log of the probability outside them float32 `[...]`: a
+    logsumexp over the other logits minus one over all, floored at `ts.LOG_TINY`.
+  """
+  vocab = logits.shape[-1]
+  flat = jnp.asarray(logits).reshape(-1, vocab)                          # [N, V]
+  log_z = jax.nn.logsumexp(flat, axis=-1)                                 # [N]
+  values, ids = jax.lax.top_k(flat, k)                                    # [N, k]
+  rows = jnp.arange(flat.shape[0])[:, None]                               # [N, 1]
+  rest = jax.nn.logsumexp(flat.at[rows, ids].set(-jnp.inf), axis=-1)     # [N]
+  shape = logits.shape[:-1]
+  return (ids.reshape(shape + (k,)), (values - log_z[:, None]).reshape(shape + (k,)),
+          jnp.maximum(rest - log_z, ts.LOG_TINY).reshape(shape))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def batch_signals(model: T5Model, top_k: int, params: dict, inputs: Array,
+                  decoder_inputs: Array) -> tuple[Array, Array, Array, Array]:
+  """The target's signals for a batch of examples and all their decodings.
+
+  Args:
+    model: the target.
+    top_k: log-probabilities kept per position.
+    params: its parameters.
+    inputs: int32 `[b, L_in]` encoder tokens, 0-padded.
+    decoder_inputs: int32 `[b, D, L_out]` teacher-forced decoder inputs (0, then each
+      decoding's outputs shifted right).
+
+  Returns:
+    hidden float32 `[b, L_in, d_model]` (the encoder's final outputs), topk_ids int32
+    `[b, D, L_out, k]`, topk_logprobs float32 `[b, D, L_out, k]` and rest_logprob
+    float32 `[b, D, L_out]` (see `top_k_logprobs`).
+  """
+  b, d, length = decoder_inputs.shape
+  encoded = model.encode(params, inputs)                                  # b rows
+  # Each example's encoding once per decoding: b * D rows. The leading axis of every
+  # array is the batch, alone or batch-major with heads ([b * heads, ...]).
+  repeated = jax.tree.map(
+      lambda x: jnp.repeat(x.reshape(b, -1, *x.shape[1:]), d, axis=0).reshape(
+          -1, *x.shape[1:]), encoded)
+  logits = model.decode_logits(params, repeated, decoder_inputs.reshape(b * d, length))
+  ids, logprobs, rest = top_k_logprobs(logits.astype(jnp.float32), top_k)
+  return (encoded.hidden, ids.reshape(b, d, length, top_k),
+          logprobs.reshape(b, d, length, top_k), rest.reshape(b, d, length))
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+  """Rows of a shard computed in one call.
+
+  Attributes:
+    rows: int64 `[m]` the shard's rows.
+    padded: rows of the call (m, rounded up to a power of two, at most batch_size;
+      padded with copies of the last row).
+    input_bucket: encoder length of the call.
+    output_bucket: decoder length of the call.
+  """
+  rows: np.ndarray
+  padded: int
+  input_bucket: int
+  output_bucket: int
+
+
+def plan_batches(input_lengths: np.ndarray, output_lengths: np.ndarray, input_width: int,
+                 output_width: int, batch_size: int) -> list[Batch]:
+  """A shard's rows grouped by (input bucket, output bucket), cut at `batch_size`.
+
+  Args:
+    input_lengths: int `[n]`.
+    output_lengths: int `[n, D]`; a row's output bucket holds its longest decoding.
+    input_width: the inputs' padded length (the largest bucket).
+    output_width: the outputs' padded length.
+    batch_size: most rows per batch.
+  """
+  in_b = np.array([bucket_length(int(v), input_width) for v in input_lengths])
+  out_b = np.array([bucket_length(int(v), output_width) for v in output_lengths.max(axis=1)])
+  order = np.lexsort((np.arange(len(in_b)), out_b, in_b))
+  batches, lo = [], 0
+  while lo < len(order):
+    key = (in_b[order[lo]], out_b[order[lo]])
+    hi = lo + 1
+    while (hi < len(order) and hi - lo < batch_size
+           and (in_b[order[hi]], out_b[order[hi]]) == key):
+      hi += 1
+    padded = min(1 << (hi - lo - 1).bit_length(), batch_size)
+    batches.append(Batch(order[lo:hi].astype(np.int64), padded, int(key[0]), int(key[1])))
+    lo = hi
+  return batches
+
+
+def shard_signals(model: T5Model, params: dict, arrays: dict[str, np.ndarray], top_k: int,
+                  batch_size: int) -> dict[str, np.ndarray]:
+  """The signals of one distillation shard.
+
+  Args:
+    model: the target, float32 compute.
+    params: its parameters.
+    arrays: the shard (`distill.load_shard`).
+    top_k: log-probabilities kept per position.
+    batch_size: most examples per call.
+
+  Returns:
+    The signals shard's arrays (`ts.SIGNAL_FIELDS`, in `ts.DTYPES`; shapes in
+    specdec_jax/data/teacher_signals.py).
+
+  Raises:
+    ValueError: an encoder output does not fit float16.
+  """
+  inputs, outputs = arrays["inputs"], arrays["outputs"]                   # [n, W_in], [n, D, W_out]
+  in_len, out_len = arrays["input_lengths"], arrays["output_lengths"]     # [n], [n, D]
+  n, d = out_len.shape
+  l_in, l_out = int(in_len.max()), int(out_len.max())
+  decoder_inputs = np.pad(outputs[..., :-1], ((0, 0), (0, 0), (1, 0)))   # [n, D, W_out]
+  hidden = np.zeros((n, l_in, model.config.d_model), np.float32)
+  ids = np.zeros((n, d, l_out, top_k), np.int32)
+  logprobs = np.zeros((n, d, l_out, top_k), np.float32)
+  rest = np.zeros((n, d, l_out), np.float32)
+  with jax.default_matmul_precision("highest"):
+    for batch in plan_batches(in_len, out_len, inputs.shape[1], outputs.shape[2], batch_size):
+      m = len(batch.rows)
+      rows = np.concatenate([batch.rows, np.repeat(batch.rows[-1:], batch.padded - m)])
+      out = batch_signals(model, top_k, params, inputs[rows, :batch.input_bucket],
+                          decoder_inputs[rows, :, :batch.output_bucket])
+      h, i, p, r = (np.asarray(x)[:m] for x in out)
+      a, b = min(batch.input_bucket, l_in), min(batch.output_bucket, l_out)
+      hidden[batch.rows, :a] = h[:, :a]
+      ids[batch.rows, :, :b], logprobs[batch.rows, :, :b] = i[:, :, :b], p[:, :, :b]
+      rest[batch.rows, :, :b] = r[:, :, :b]
+  in_mask = np.arange(l_in) < in_len[:, None]                            # [n, L_in]
+  out_mask = np.arange(l_out) < out_len[..., None]                       # [n, D, L_out]
+  hidden = np.where(in_mask[..., None], hidden, 0)
+  largest = float(np.abs(hidden).max())
+  if largest > np.finfo(np.float16).max:
+    raise ValueError(f"the target's encoder outputs reach {largest:.4g}, beyond float16's "
+                     f"range; {ts.FORMAT} stores them as float16.")
+  return {
+      "index": arrays["index"].astype(np.int64), "encoder_hidden": hidden.astype(np.float16),
+      "topk_ids": np.where(out_mask[..., None], ids, 0).astype(np.int16),
+      "topk_logprobs": np.where(out_mask[..., None], logprobs, 0).astype(np.float16),
+      "rest_logprob": np.where(out_mask, rest, 0).astype(np.float32)}
+
+
+def _check_config(config: SignalsConfig) -> None:
+  unknown = sorted(set(config.tasks) - set(layout.CORPORA))
+  if unknown or not config.tasks:
+    raise DistillError(f"--tasks={list(config.tasks)}: use some of {sorted(layout.CORPORA)}.")
+  for name in ("top_k", "batch_size"):
+    if getattr(config, name) < 1:
+      raise DistillError(f"--{name}={getattr(config, name)} must be >= 1.")
+
+
+def _check_teacher(config: SignalsConfig, cfg: T5Config) -> None:
+  if config.top_k > cfg.vocab_size:
+    raise DistillError(f"--top_k={config.top_k} exceeds the target's vocab_size "
+                       f"{cfg.vocab_size}: pass a smaller --top_k.")
+  if cfg.vocab_size > np.iinfo(np.int16).max + 1:
+    raise DistillError(f"the target's vocab_size {cfg.vocab_size} does not fit {ts.FORMAT}'s "
+                       "int16 topk_ids.")
+
+
+@dataclasses.dataclass
+class _CorpusState:
+  """One corpus's signals: the manifest being extended, and its current entries.
+
+  Attributes:
+    directory: the corpus's distillation directory.
+    manifest: the signals manifest (written after each shard).
+    done: shard -> entry of the signals files that are whole (sha256 checked).
+    written: the manifest as last written (None: not yet).
+  """
+  directory: str
+  manifest: dict
+  done: dict[int, dict]
+  written: dict | None = None
+
+  @property
+  def signals_dir(self) -> str:
+    return ts.signals_dir(self.directory)
+
+  def current(self, entry: dict) -> bool:
+    """Whether the distillation shard `entry` has signals computed from it."""
+    done = self.done.get(entry["shard"])
+    return done is not None and done["distill_sha256"] == entry["sha256"]
+
+  def save(self) -> None:
+    self.manifest["shards"] = [self.done[k] for k in sorted(self.done)]
+    if self.manifest != self.written:
+      ts.write_manifest(self.signals_dir, self.manifest)
+      self.written = _copy(self.manifest)
+
+
+def _copy(manifest: dict) -> dict:
+  return {**manifest, "shards": list(manifest["shards"])}
+
+
+def _open_corpus(corpus: str, directory: str, distilled: dict, settings: dict) -> _CorpusState:
+  """Reads (and checks) a corpus's earlier signals, or starts its manifest.
+
+  Raises:
+    DistillError: the signals directory holds another run's settings.
+  """
+  sig_dir = ts.signals_dir(directory)
+  if not os.path.exists(os.path.join(sig_dir, ts.MANIFEST)):
+    manifest = {"format": ts.FORMAT, "corpus": corpus, "settings": settings,
+                "num_shards": distilled["num_shards"], "shards": [], "complete": False}
+    return _CorpusState(directory, manifest, {})
+  manifest = ts.read_manifest(sig_dir)
+  old = manifest["settings"]
+  changed = sorted(k for k in settings.keys() | old.keys() if settings.get(k) != old.get(k))
+  if changed:
+    diff = "; ".join(f"{k}: {old.get(k)!r} there, {settings.get(k)!r} now" for k in changed)
+    raise DistillError(f"{sig_dir} holds signals with other settings ({diff}): rerun with "
+                       f"its flags to resume it, or delete {sig_dir} to start afresh.")
+  done = {}
+  for entry in manifest["shards"]:
+    path = os.path.join(sig_dir, entry["file"])
+    if not os.path.exists(path) or corpora.sha256_file(path) != entry["sha256"]:
+      logging.warning("%s is listed but missing or corrupt; computing it again.", path)
+      continue
+    done[entry["shard"]] = entry
+  state = _CorpusState(directory, manifest, done, written=_copy(manifest))
+  state.manifest["shards"] = [done[k] for k in sorted(done)]
+  return state
+
+
+def _compute_shard(model: T5Model, params: dict, state: _CorpusState, entry: dict,
+                   config: SignalsConfig) -> dict:
+  """Computes and writes one shard's signals; returns its manifest entry."""
+  t0 = time.perf_counter()
+  arrays = distill.load_shard(state.directory, entry)
+  signals = shard_signals(model, params, arrays, config.top_k, config.batch_size)
+  data = ts.shard_bytes(signals)
+  name = ts.signal_name(entry["shard"])
+  atomic_io.atomic_write_bytes(os.path.join(state.signals_dir, name), data)
+  seconds = time.perf_counter() - t0
+  n, d, l_out = signals["rest_logprob"].shape
+  return {"shard": entry["shard"], "file": name, "count": n, "decodings": d,
+          "input_length": signals["encoder_hidden"].shape[1], "output_length": l_out,
+          "sha256": distill.sha256_bytes(data), "distill_file": entry["file"],
+          "distill_sha256": entry["sha256"], "seconds": round(seconds, 3),
+          "examples_per_s": round(n / seconds, 2)}
+
+
+def compute_signals(config: SignalsConfig, *, follow: bool = False, poll_seconds: float = 60.0,
+                    max_shards: int | None = None,
+                    report: Callable[[str], None] | None = None) -> dict[str, dict]:
+  """Computes (or resumes) the signals of every corpus in `config.tasks`.
+
+  Args:
+    config: the settings.
+    follow: keep polling the distillation manifests (every `poll_seconds`) until each
+      says complete and every shard has its signals; without it, compute the signals of
+      the shards listed now and return.
+    poll_seconds: the pause between looks while following.
+    max_shards: stop after writing this many new shards (None: no limit).
+    report: called with a line per shard written and per wait.
+
+  Returns:
+    Per corpus: {"shards", "num_shards", "complete", "computed", "seconds",
+    "examples_per_s"} (computed and seconds count only this run's shards).
+
+  Raises:
+    DistillError: a bad setting or teacher, another run writing, signals of other
+      settings, or a teacher that is not the one that decoded the data.
+    FileNotFoundError: no distillation data for a corpus (without `follow`).
+    distill.ShardError: a listed distillation shard is missing or corrupt.
+  """
+  _check_config(config)
+  cfg, params, teacher_sha = load_teacher(config.teacher)
+  _check_teacher(config, cfg)
+  settings = {"top_k": config.top_k, "teacher_sha256": teacher_sha,
+              "vocab_size": cfg.vocab_size, "d_model": cfg.d_model}
+  report = report or (lambda line: None)
+  lock = lock_directory(config.root, LOCK, "teacher_signals")
+  try:
+    model = T5Model(cfg.replace(dtype="float32"))
+    params = jax.device_put(jax.tree.map(lambda x: np.asarray(x, np.float32), params))
+    states: dict[str, _CorpusState] = {}
+    summary = {c: {"computed": 0, "seconds": 0.0} for c in config.tasks}
+    written = 0
+    while True:
+      waiting = []
+      for corpus in config.tasks:
+        directory = distill.task_dir(config.root, corpus)
+        if follow and not os.path.exists(os.path.join(directory, distill.MANIFEST)):
+          waiting.append(f"{corpus}: not decoded yet")
+          continue
+        distilled = distill.read_manifest(directory)
+        if distilled["settings"]["teacher_sha256"] != teacher_sha:
+          raise DistillError(
+              f"--teacher={config.teacher} is not the target that decoded {directory} (its "
+              f"sha256 {teacher_sha[:12]}..., the data's "
+              f"{distilled['settings']['teacher_sha256'][:12]}...): pass that target.")
+        if corpus not in states:
+          states[corpus] = _open_corpus(corpus, directory, distilled, settings)
+        state = states[corpus]
+        state.manifest["num_shards"] = distilled["num_shards"]
+        for entry in sorted(distilled["shards"], key=lambda e: e["shard"]):
+          if state.current(entry):
+            continue
+          if max_shards is not None and written >= max_shards:
+            break
+          done = _compute_shard(model, params, state, entry, config)
+          state.done[entry["shard"]] = done
+          state.manifest["complete"] = False
+          state.save()
+          written += 1
+          summary[corpus]["computed"] += done["count"]
+          summary[corpus]["seconds"] += done["seconds"]
+          report(f"{corpus} shard {entry['shard']}: {done['count']} examples x "
+                 f"{done['decodings']} decodings in {done['seconds']:.1f} s "
+                 f"({done['examples_per_s']} examples/s)")
+        state.manifest["complete"] = distilled["complete"] and all(
+            state.current(e) for e in distilled["shards"])
+        state.save()
+        if not state.manifest["complete"]:
+          waiting.append(f"{corpus}: {len(distilled['shards'])} of {distilled['num_shards']} "
+                         f"shards decoded, {len(state.done)} with signals")
+      if not follow or not waiting or (max_shards is not None and written >= max_shards):
+        break
+      report(f"waiting for the distillation data ({'; '.join(waiting)}); next look in "
+             f"{poll_seconds:.0f} s")
+      time.sleep(poll_seconds)
+  finally:
+    lock.close()
+  for corpus, s in summary.items():
+    state = states.get(corpus)
+    s.update(shards=len(state.done) if state else 0,
+             num_shards=state.manifest["num_shards"] if state else None,
+             complete=bool(state and state.manifest["complete"]),
+             seconds=round(s["seconds"], 1),
+             examples_per_s=round(s["computed"] / s["seconds"], 2) if s["seconds"] else None)
+  return summary
