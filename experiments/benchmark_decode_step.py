@@ -12,7 +12,10 @@ halfway into a `Settings.max_decode_len` generation. Three paths:
             dot-friendly cache layouts, `cached_decoder.COMPILER_OPTIONS`) with
             XLA's weight products (`PANEL_DOTS` off; calls of up to
             `ROW_DOTS_MAX_ROWS` rows multiplied row by row);
-  new:      the same with the weights packed for `panel_dot` (the default).
+  f32_panels: the same with the weights packed for `panel_dot` as float32 panels
+            (`cached_decoder.HALF_PANELS` off);
+  new:      the default: panels in float16 where that holds the weights exactly
+            (the shipped checkpoints are float16), half the bytes per call.
 
 each on both cores and pinned to one (`os.sched_setaffinity` on every thread of
 the process). All combinations are interleaved within each repetition; medians
@@ -66,7 +69,7 @@ _REPETITIONS = flags.DEFINE_integer("repetitions", 7, "Timed runs of every loop 
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", os.path.join("results", "decode_step"),
                                   "Where results.jsonl and tables.md go.")
 
-PATHS = ("round1", "xla_dots", "new")
+PATHS = ("round1", "xla_dots", "f32_panels", "new")
 CORES = (2, 1)
 
 
@@ -122,6 +125,11 @@ def _xla_dots_weights(model: T5Model, params: dict):
     return model.prepare(params)
 
 
+def _f32_panel_weights(config, params: dict) -> cached_decoder.DecodeWeights:
+  """The decoder's weights packed as float32 panels (`HALF_PANELS` off)."""
+  return cached_decoder.prepare(config, params, panels=cached_decoder.panel_dots(), half=False)
+
+
 def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int,
            position: int) -> dict[tuple[str, int], callable]:
   """(path, k) -> a function of no arguments running one timed loop."""
@@ -131,8 +139,10 @@ def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int
   old = round1.T5Model(old_cfg)
   old_encoded = old.encode(params, inputs)
   new = T5Model(cfg)
-  prepared = {"new": new.prepare(params), "xla_dots": _xla_dots_weights(new, params)}
-  new_encoded = new.encode(prepared["new"], inputs)
+  prepared = {"new": new.prepare(params).decoder,
+              "xla_dots": _xla_dots_weights(new, params).decoder,
+              "f32_panels": _f32_panel_weights(cfg, params)}
+  new_encoded = new.encode(params, inputs)
   start = jnp.full((inputs.shape[0],), position, jnp.int32)
   loops = {}
   for k in range(1, _MAX_K.value + 1):
@@ -142,7 +152,7 @@ def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int
         calls=_CALLS.value)
     for path, weights in prepared.items():
       loops[(path, k)] = functools.partial(
-          benchmarking.chunk_loop, new, weights.decoder, new_encoded, tokens, start,
+          benchmarking.chunk_loop, new, weights, new_encoded, tokens, start,
           cache_len=cache_len, calls=_CALLS.value)
   return loops
 

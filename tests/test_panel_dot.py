@@ -64,6 +64,46 @@ def test_leading_dimensions_packing_and_its_inverse():
     panel_dot.dot(x[..., :47], panels)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 6, 7, 13])
+def test_float16_panels_give_the_float32_panels_products_bit_for_bit(rows):
+  rng = np.random.RandomState(rows)
+  w = jnp.asarray(rng.standard_normal((96, 6 * panel_dot.panel_width())).astype(np.float16),
+                  jnp.float32)
+  x = jnp.asarray(rng.standard_normal((rows, 96)), jnp.float32)
+  half = panel_dot.pack(w, half=True)
+  assert half.dtype == jnp.float16 and panel_dot.pack(w).dtype == jnp.float32
+  np.testing.assert_array_equal(panel_dot.unpack(half), w)
+  np.testing.assert_array_equal(panel_dot.dot(x, half), panel_dot.dot(x, panel_dot.pack(w)))
+
+
+def test_prepare_packs_float16_panels_only_where_float16_holds_the_weights():
+  model, params = make_model("test-v1_1", **PANEL_CONFIG)
+  params = jax.device_put(params)
+  assert not panel_dot.exact_in_half(params)  # Random float32 weights: float32 panels.
+  assert model.prepare(params).decoder.layers[0].wo.dtype == jnp.float32
+  halved = jax.tree.map(lambda x: x.astype(jnp.float16).astype(jnp.float32), params)
+  assert panel_dot.exact_in_half(halved) and cached_decoder.half_panels(halved["decoder"])
+  decoder = model.prepare(halved).decoder
+  assert {w.dtype for w in (decoder.layers[0].qkv, decoder.layers[0].wo, decoder.logits)} == {
+      jnp.dtype(jnp.float16)}
+  # The same logits as float32 panels of the same weights, bit for bit.
+  f32 = cached_decoder.prepare(model.config, halved, panels=True, half=False)
+  inputs = jnp.ones((1, 5), jnp.int32)
+  encoded = model.encode(halved, inputs)
+  tokens = jnp.asarray([[3, 4, 5]], jnp.int32)
+  a, _ = model.decode_chunk(decoder, encoded, model.init_cache(1, 8), tokens)
+  b, _ = model.decode_chunk(f32, encoded, model.init_cache(1, 8), tokens)
+  np.testing.assert_array_equal(a, b)
+  # Tied logits are the embedding scaled by d_model^-0.5: not float16 values, float32 panels.
+  tied, tied_params = make_model("test-v1_0", **PANEL_CONFIG)
+  tied_halved = jax.tree.map(lambda x: x.astype(jnp.float16).astype(jnp.float32),
+                             jax.device_put(tied_params))
+  tied_decoder = tied.prepare(tied_halved).decoder
+  assert tied.config.tie_word_embeddings
+  assert tied_decoder.logits.dtype == jnp.float32
+  assert tied_decoder.layers[0].wo.dtype == jnp.float16
+
+
 def test_only_float32_matrices_of_whole_panels_are_packable():
   p = panel_dot.panel_width()
   assert panel_dot.packable(jnp.zeros((8, 4 * p), jnp.float32))

@@ -286,16 +286,20 @@ class LlamaWeights:
     return self.replace(layers=self.layers[:num_layers])
 
 
-def prepare(config: LlamaConfig, params: dict, panels: bool = False) -> LlamaWeights:
+def prepare(config: LlamaConfig, params: dict, panels: bool = False,
+            half: bool = False) -> LlamaWeights:
   """The weights of a parameter tree, fused and cast for generation.
 
   With `panels` (`cached_decoder.panel_dots()`), every matrix that
-  `panel_dot.packable` is stored as panels and multiplied by `panel_dot.dot`.
+  `panel_dot.packable` is stored as panels and multiplied by `panel_dot.dot`; in
+  float16 with `half` (`cached_decoder.half_panels(params)` must hold).
   """
   dtype = config.compute_dtype
 
-  def layout(w: Array) -> Array:
-    return panel_dot.pack(w) if panels and panel_dot.packable(w) else w
+  def layout(w: Array, exact_in_half: bool = True) -> Array:
+    if not (panels and panel_dot.packable(w)):
+      return w
+    return panel_dot.pack(w, half and exact_in_half)
 
   def kernel(tree: dict) -> Array:
     return jnp.asarray(tree["kernel"], dtype)
@@ -309,7 +313,7 @@ def prepare(config: LlamaConfig, params: dict, panels: bool = False) -> LlamaWei
                            kernel(att["value"])], axis=1)
     prepared.append(LlamaLayerWeights(
         attn_norm=p["pre_attention_layer_norm"]["scale"],
-        qkv=layout(qkv),
+        qkv=layout(qkv, False),  # The query scaled: not float16 values in general.
         attn_out=layout(kernel(att["out"])),
         mlp_norm=p["pre_mlp_layer_norm"]["scale"],
         wi=layout(jnp.concatenate([kernel(mlp["wi_0"]), kernel(mlp["wi_1"])], axis=1)),
@@ -425,11 +429,12 @@ class LlamaModel:
     """
     if isinstance(params, LlamaWeights):
       return params
-    return self._prepare(params, cached_decoder.panel_dots())
+    return self._prepare(params, cached_decoder.panel_dots(),
+                         cached_decoder.half_panels(params))
 
-  @functools.partial(jax.jit, static_argnums=(0, 2))
-  def _prepare(self, params: dict, panels: bool) -> LlamaWeights:
-    return prepare(self.config, params, panels)
+  @functools.partial(jax.jit, static_argnums=(0, 2, 3))
+  def _prepare(self, params: dict, panels: bool, half: bool) -> LlamaWeights:
+    return prepare(self.config, params, panels, half)
 
   def init_cache(self, batch_size: int, max_len: int, num_layers: int | None = None
                  ) -> DecoderCache:

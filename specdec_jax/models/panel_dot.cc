@@ -2,7 +2,9 @@
 // stored as [N / P, K, P] panels of P = SpecdecPanelWidth() columns (see panel_dot.py).
 //
 // One decoding step multiplies a few rows (batch x chunk length) by every weight
-// matrix once, so it is bound by reading the weights.  A panel is one contiguous
+// matrix once, so it is bound by reading the weights.  The panels are float32, or
+// float16 widened to float32 in registers (half the bytes to read; `pack` stores
+// float16 only where it holds every weight exactly).  A panel is one contiguous
 // walk down K for P output columns, P = two vector registers of columns with
 // AVX2 (16 registers), four with AVX-512 (32): wide enough that each broadcast
 // of x feeds several FMAs, narrow enough that up to kGroupRows rows' partial sums
@@ -18,8 +20,13 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <type_traits>
 
 #include "xla/ffi/api/ffi.h"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace ffi = xla::ffi;
 
@@ -47,6 +54,21 @@ inline void Pause() {
 #endif
 }
 
+// kWidth weights of a panel row as floats: a float32 load, or float16 widened.
+inline vec Load(const float* w) { return vec(*reinterpret_cast<const vecu*>(w)); }
+
+inline vec Load(const uint16_t* w) {
+#if defined(__AVX512F__)
+  return vec(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))));
+#elif defined(__F16C__) && defined(__AVX__)
+  return vec(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+#else
+  vec out;
+  for (int j = 0; j < kWidth; ++j) out[j] = static_cast<float>(*reinterpret_cast<const _Float16*>(w + j));
+  return out;
+#endif
+}
+
 constexpr int kVectors = kRegisters / 8;        // Vectors per panel row: 2 or 4.
 constexpr int64_t kPanel = kVectors * kWidth;   // Output columns per panel.
 // Rows per pass: R x kVectors sums + kVectors weights + 1 broadcast registers.
@@ -56,8 +78,8 @@ constexpr int64_t kMinChunkBytes = 1 << 16;     // Less weight than this stays o
 
 // y[r, col:col + kPanel] (+)= x[r, k0:k1] @ panel[k0:k1] for R rows; x is [R, K]
 // with row stride K, y [R, N]; the first block (k0 == 0) starts from 0.
-template <int R>
-inline void Block(const float* x, const float* panel, float* y, int64_t k, int64_t n,
+template <int R, typename W>
+inline void Block(const float* x, const W* panel, float* y, int64_t k, int64_t n,
                   int64_t col, int64_t k0, int64_t k1) {
   vec acc[R][kVectors];
   for (int r = 0; r < R; ++r) {
@@ -65,10 +87,10 @@ inline void Block(const float* x, const float* panel, float* y, int64_t k, int64
     for (int j = 0; j < kVectors; ++j) acc[r][j] = k0 == 0 ? vec{} : vec(sums[j]);
   }
   for (int64_t i = k0; i < k1; ++i) {
-    const vecu* w = reinterpret_cast<const vecu*>(panel + i * kPanel);
+    const W* w = panel + i * kPanel;
     vec wv[kVectors];
     for (int j = 0; j < kVectors; ++j) {
-      wv[j] = w[j];
+      wv[j] = Load(w + j * kWidth);
       if constexpr (R > 1) __asm__("" : "+x"(wv[j]));  // Loaded once for all R rows.
     }
     for (int r = 0; r < R; ++r) {
@@ -84,16 +106,17 @@ inline void Block(const float* x, const float* panel, float* y, int64_t k, int64
 
 // One row through two adjacent panels at once: twice the independent sums of
 // one panel, to cover the FMA latency while the weights stream (nothing is reused).
-void PairBlock(const float* x, const float* panels, float* y, int64_t k, int64_t col) {
+template <typename W>
+void PairBlock(const float* x, const W* panels, float* y, int64_t k, int64_t col) {
   vec acc[2][kVectors] = {};
-  const float* second = panels + k * kPanel;
+  const W* second = panels + k * kPanel;
   for (int64_t i = 0; i < k; ++i) {
-    const vecu* w0 = reinterpret_cast<const vecu*>(panels + i * kPanel);
-    const vecu* w1 = reinterpret_cast<const vecu*>(second + i * kPanel);
+    const W* w0 = panels + i * kPanel;
+    const W* w1 = second + i * kPanel;
     const float s = x[i];
     for (int j = 0; j < kVectors; ++j) {
-      acc[0][j] += s * vec(w0[j]);
-      acc[1][j] += s * vec(w1[j]);
+      acc[0][j] += s * Load(w0 + j * kWidth);
+      acc[1][j] += s * Load(w1 + j * kWidth);
     }
   }
   for (int h = 0; h < 2; ++h) {
@@ -103,7 +126,8 @@ void PairBlock(const float* x, const float* panels, float* y, int64_t k, int64_t
 }
 
 // One block for `rows` (1..kGroupRows) rows.
-void GroupBlock(int64_t rows, const float* x, const float* panel, float* y, int64_t k,
+template <typename W>
+void GroupBlock(int64_t rows, const float* x, const W* panel, float* y, int64_t k,
                 int64_t n, int64_t col, int64_t k0, int64_t k1) {
   static_assert(kGroupRows == 6, "the cases below are 1..6 rows");
   switch (rows) {
@@ -118,7 +142,8 @@ void GroupBlock(int64_t rows, const float* x, const float* panel, float* y, int6
 
 // Panels [p0, p1) for all m rows: one row two panels at a time, up to
 // kGroupRows in one pass over each panel, more in groups of equal size, block by block.
-void Panels(const float* x, const float* w, float* y, int64_t m, int64_t k, int64_t n,
+template <typename W>
+void Panels(const float* x, const W* w, float* y, int64_t m, int64_t k, int64_t n,
             int64_t p0, int64_t p1) {
   if (m == 1) {  // Pairs of panels, then the odd one out.
     for (; p0 + 1 < p1; p0 += 2) PairBlock(x, w + p0 * k * kPanel, y, k, p0 * kPanel);
@@ -126,7 +151,7 @@ void Panels(const float* x, const float* w, float* y, int64_t m, int64_t k, int6
   const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
   const int64_t block = groups == 1 ? k : kBlock;
   for (int64_t p = p0; p < p1; ++p) {
-    const float* panel = w + p * k * kPanel;
+    const W* panel = w + p * k * kPanel;
     const int64_t col = p * kPanel;
     for (int64_t k0 = 0; k0 < k; k0 += block) {
       const int64_t k1 = std::min(k, k0 + block);
@@ -143,9 +168,10 @@ void Panels(const float* x, const float* w, float* y, int64_t m, int64_t k, int6
 // finishes even if no pool thread ever starts (the pool may be busy); a pool
 // task that starts late finds nothing left and returns.  Shared by pointer so
 // such a task never reads a finished call's stack.
+template <typename W>
 struct Job {
   const float* x;
-  const float* w;
+  const W* w;
   float* y;
   int64_t m, k, n, panels, chunks;
   std::atomic<int64_t> next{0};
@@ -159,8 +185,10 @@ struct Job {
   }
 };
 
-ffi::Error PanelDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+template <ffi::DataType T>
+ffi::Error PanelDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
                     ffi::ResultBuffer<ffi::F32> y) {
+  using W = std::conditional_t<T == ffi::F32, float, uint16_t>;
   const auto dims = w.dimensions();
   if (dims.size() != 3 || dims[2] != kPanel) {
     return ffi::Error::InvalidArgument("panel_dot: weights must be [N / P, K, P] panels, "
@@ -170,15 +198,15 @@ ffi::Error PanelDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
   if (k == 0 || x.element_count() % k != 0 || y->element_count() != x.element_count() / k * n) {
     return ffi::Error::InvalidArgument("panel_dot: x must be [..., K] and y [..., N]");
   }
-  auto job = std::make_shared<Job>();
+  auto job = std::make_shared<Job<W>>();
   job->x = x.typed_data();
-  job->w = w.typed_data();
+  job->w = reinterpret_cast<const W*>(w.untyped_data());
   job->y = y->typed_data();
   job->m = x.element_count() / k;
   job->k = k;
   job->n = n;
   job->panels = panels;
-  const int64_t bytes = panels * k * kPanel * static_cast<int64_t>(sizeof(float));
+  const int64_t bytes = panels * k * kPanel * static_cast<int64_t>(sizeof(W));
   const int64_t threads = std::max<int64_t>(
       1, std::min<int64_t>(pool.num_threads(), bytes / kMinChunkBytes));
   job->chunks = std::min<int64_t>(panels, 4 * threads);
@@ -190,11 +218,19 @@ ffi::Error PanelDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecPanelDot, PanelDot,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecPanelDot, PanelDot<ffi::F32>,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+// The same product over float16 panels.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecPanelDotF16, PanelDot<ffi::F16>,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 // The panel width P this build multiplies (panel_dot.py packs weights to it).

@@ -309,20 +309,22 @@ class T5Model:
     leaves = jax.tree.leaves(params)
     if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
       # Traced or numpy: no memory.
-      return PreparedParams(params, self._prepare_decoder(params, panels))
-    key = (self.config, panels, tuple(map(id, leaves)))
+      half = cached_decoder.half_panels(params["decoder"])
+      return PreparedParams(params, self._prepare_decoder(params, panels, half))
+    key = (self.config, panels, cached_decoder.HALF_PANELS, tuple(map(id, leaves)))
     if key in _PREPARED:
       _PREPARED.move_to_end(key)
       return _PREPARED[key][1]
-    prepared = PreparedParams(params, self._prepare_decoder(params, panels))
+    half = cached_decoder.half_panels(params["decoder"])
+    prepared = PreparedParams(params, self._prepare_decoder(params, panels, half))
     _PREPARED[key] = (leaves, prepared)
     if len(_PREPARED) > _PREPARED_MAX:
       _PREPARED.popitem(last=False)
     return prepared
 
-  @functools.partial(jax.jit, static_argnums=(0, 2))
-  def _prepare_decoder(self, params: dict, panels: bool) -> DecodeWeights:
-    return cached_decoder.prepare(self.config, params, panels)
+  @functools.partial(jax.jit, static_argnums=(0, 2, 3))
+  def _prepare_decoder(self, params: dict, panels: bool, half: bool) -> DecodeWeights:
+    return cached_decoder.prepare(self.config, params, panels, half)
 
   def init_cache(self, batch_size: int, max_len: int) -> DecoderCache:
     """An empty cache of `max_len` positions per row (all lengths 0), constrained to
