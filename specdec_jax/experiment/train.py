@@ -6,6 +6,14 @@ resumably; evaluates; exports (HuggingFace format; a shared-encoder draft in our
 few), `hf/` (HF T5 format with the vocabulary as `spiece.model`) and `train_summary.json`.
 Rerunning resumes from the latest checkpoint (SIGTERM / Ctrl-C save one first); a
 finished run is not retrained. The steps, losses and optimizer are `specdec_jax.training`.
+
+Two sources of batches: the seqio mixture (`train.source = "pipeline"`; a teacher term
+runs the target in every step), or the target's stored signals (`"signals"`:
+`data.teacher_signals`, held in memory by `training.signals_source`; the step runs the
+student alone, `training.sparse_distill`). With `train.alpha_every_steps` the draft's
+acceptance rate against the target is measured during training
+(`experiment.alpha_tracking`: `alpha_curve.json`, `best/`), and the best parameters by
+alpha, not the last ones, are exported to `hf/`.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import hashlib  # noqa: E402
+import math  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 
 import gin  # noqa: E402
 import jax  # noqa: E402
@@ -35,15 +44,29 @@ from specdec_jax.checkpoints import (  # noqa: E402
     save_hf_checkpoint,
     save_shared_encoder_checkpoint,
 )
-from specdec_jax.data import corpora, layout, pipeline, vocab  # noqa: E402
+from specdec_jax.data import corpora, layout, pipeline, teacher_signals, vocab  # noqa: E402
+from specdec_jax.distillation.teacher import load_teacher  # noqa: E402
+from specdec_jax.experiment.alpha_tracking import (  # noqa: E402
+    AlphaProbe,
+    AlphaTracker,
+    held_out_inputs,
+)
 from specdec_jax.models import T5Model  # noqa: E402
 from specdec_jax.models.shared_encoder import SharedEncoderModel  # noqa: E402
-from specdec_jax.training import batching, evaluation, optimizer, trainer  # noqa: E402
+from specdec_jax.training import (  # noqa: E402
+    batching,
+    evaluation,
+    optimizer,
+    signals_source,
+    sparse_distill,
+    trainer,
+)
 from specdec_jax.training.checkpointing import Checkpointer, StopFlag  # noqa: E402
 from specdec_jax.training.model_config import model_config  # noqa: E402
 
 SUMMARY = "train_summary.json"
 STUDENTS = ("t5", "shared_encoder")
+SOURCES = ("pipeline", "signals")
 HF_DIR = "hf"
 
 
@@ -63,7 +86,9 @@ def _validation_batches(tasks: tuple[str, ...], batch_size: int, inputs_length: 
 
 
 def _run_validation(eval_step, params: dict, val: dict[str, list[dict]]) -> dict[str, float]:
-  """Per-task and token-weighted overall validation loss."""
+  """Per-task and token-weighted overall validation loss ({} without tasks)."""
+  if not val:
+    return {}
   losses, total_loss, total_tokens = {}, 0.0, 0
   for task, batches in val.items():
     loss, tokens = evaluation.validation_loss(eval_step, params, batches)
@@ -75,33 +100,51 @@ def _run_validation(eval_step, params: dict, val: dict[str, list[dict]]) -> dict
 
 
 @gin.configurable(denylist=["model_dir", "eval_only"])
-def train(model_dir: str, eval_only: bool = False, *, total_steps: int = gin.REQUIRED,
-          mixture: str = "specdec_mix", batch_size: int = 64, inputs_length: int = 128,
-          targets_length: int = 64, seed: int = 0, bucket_window: int = 32,
-          log_every: int = 50, eval_every: int = 1000, save_every_minutes: float = 10.0,
-          save_every_steps: int = 0, keep_checkpoints: int = 2, teacher_dir: str | None = None,
-          student: str = "t5", init_from: str | None = None,
+def train(model_dir: str, eval_only: bool = False, *, total_steps: int | None = None,
+          passes: float | None = None, source: str = "pipeline", mixture: str = "specdec_mix",
+          signals_tasks: tuple[str, ...] = ("ende", "mansum"), batch_size: int = 64,
+          inputs_length: int = 128, targets_length: int = 64, seed: int = 0,
+          bucket_window: int = 32, log_every: int = 50, eval_every: int = 1000,
+          save_every_minutes: float = 10.0, save_every_steps: int = 0,
+          keep_checkpoints: int = 2, teacher_dir: str | None = None, student: str = "t5",
+          init_from: str | None = None,
           val_tasks: tuple[str, ...] = ("specdec_ende", "specdec_mansum"),
-          test_examples: int | None = None, eval_batch_size: int = 64) -> dict:
+          test_examples: int | None = None, eval_batch_size: int = 64,
+          alpha_every_steps: int = 0, alpha_examples: int = 128,
+          alpha_tasks: tuple[str, ...] = ("ende", "mansum"),
+          alpha_temperatures: tuple[float, ...] = (0.0, 1.0), alpha_gamma: int = 3,
+          alpha_batch_size: int = 32, alpha_select_task: str = "ende") -> dict:
   """Trains (resuming), then evaluates and exports; returns the summary.
 
   Args:
     model_dir: run directory.
-    eval_only: skip training; evaluate and export the latest checkpoint.
+    eval_only: skip training; evaluate and export the latest checkpoint (the best one by
+      alpha, if alpha was measured).
     total_steps: optimizer steps (one batch each).
-    mixture: seqio Task or Mixture to train on.
+    passes: with source "signals", the length of the run in passes over the data instead:
+      total_steps = ceil(passes * steps per pass), replacing `total_steps`.
+    source: "pipeline": batches of `mixture` through seqio (the target runs in the step
+      for a teacher term, or as a shared-encoder student's encoder); "signals": the
+      target's stored signals along the distillation data of `signals_tasks`, held in
+      memory (`training.signals_source`); the step runs the student alone
+      (`training.sparse_distill`, LossConfig's terms on the stored top-k).
+    mixture: seqio Task or Mixture to train on (source "pipeline").
+    signals_tasks: corpora whose distillation data and signals are read (source
+      "signals"; `<data_dir>/distill/<corpus>/`).
     batch_size: rows per batch.
-    inputs_length: encoder length (longer inputs are cut).
-    targets_length: decoder length (longer targets are cut); also the test decode length.
-    seed: parameter init, dropout, shuffle and bucketing seed.
-    bucket_window: pipeline batches sorted together by length (see `batching`).
+    inputs_length: encoder length (longer inputs are cut); also alpha's input length.
+    targets_length: decoder length (longer targets are cut); also the test and alpha
+      decode length.
+    seed: parameter init, dropout, shuffle and bucketing seed; alpha's sampling seed.
+    bucket_window: batches sorted together by length (see `batching`).
     log_every: steps between progress lines.
     eval_every: steps between validation losses.
     save_every_minutes: wall-clock minutes between checkpoints.
     save_every_steps: also save every this many steps (0: off).
     keep_checkpoints: checkpoints kept.
-    teacher_dir: HF-format teacher: for distillation (`LossConfig.distill_weight > 0`),
-      and the target whose encoder a shared-encoder student reads.
+    teacher_dir: HF-format teacher (the target): for distillation in the step
+      (`LossConfig.distill_weight > 0`, source "pipeline"), the encoder a shared-encoder
+      student reads, and the target alpha is measured against.
     student: "t5" (a T5 of `model_config()`), or "shared_encoder": a decoder of
       `model_config()`'s decoder settings that reads the teacher's encoder outputs
       (`models.shared_encoder`; needs `teacher_dir`).
@@ -110,17 +153,25 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int = gin.REQ
     val_tasks: tasks whose validation loss is reported.
     test_examples: cap on test examples per task decoded (None: all).
     eval_batch_size: rows per validation / test-decoding batch.
+    alpha_every_steps: measure the student's alpha against the teacher every this many
+      steps, and at the first and last step (`experiment.alpha_tracking`); the export is
+      then the best parameters by alpha. 0: off (the last parameters are exported).
+    alpha_examples: held-out inputs per task, evenly spaced through its validation split.
+    alpha_tasks: corpora alpha is measured on.
+    alpha_temperatures: sampling temperatures alpha is measured at.
+    alpha_gamma: draft tokens per target call when measuring alpha.
+    alpha_batch_size: rows decoded together when measuring alpha.
+    alpha_select_task: the task whose alpha, averaged over the temperatures, picks the
+      best parameters.
   """
   os.makedirs(model_dir, exist_ok=True)
-  if student not in STUDENTS:
-    raise ValueError(f"train.student={student!r} is unknown; use one of {STUDENTS}.")
-  if student == "shared_encoder" and not teacher_dir:
-    raise ValueError("train.student='shared_encoder' reads the target's encoder: set "
-                     "train.teacher_dir to the target's checkpoint directory.")
+  _check_settings(student=student, source=source, teacher_dir=teacher_dir,
+                  total_steps=total_steps, passes=passes, alpha_every_steps=alpha_every_steps,
+                  alpha_tasks=alpha_tasks, alpha_select_task=alpha_select_task)
   cfg = model_config()
   loss_cfg = trainer.LossConfig()
-  schedule = optimizer.learning_rate_schedule(total_steps)
-  tx = optimizer.make_optimizer(schedule)
+  if source == "signals":
+    sparse_distill.check_loss_config(loss_cfg)
   teacher_model, teacher_params = None, None
   if teacher_dir:
     teacher_cfg, teacher_params = load_hf_checkpoint(teacher_dir, dropout_rate=0.0)
@@ -128,9 +179,16 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int = gin.REQ
     teacher_params = jax.device_put(teacher_params)
   model = (SharedEncoderModel(cfg, teacher_model.config.d_model) if student == "shared_encoder"
            else T5Model(cfg))
-  # The teacher joins the train step for its logits, or as a shared-encoder student's encoder.
-  step_teacher = teacher_model if (loss_cfg.distill_weight > 0
-                                   or student == "shared_encoder") else None
+  signals = None
+  if source == "signals":
+    signals = _signals_batches(model, signals_tasks, teacher_dir, batch_size=batch_size,
+                               seed=seed, window=bucket_window)
+    if passes is not None:
+      total_steps = math.ceil(passes * signals.steps_per_pass)
+      print(f"{passes:g} passes of {signals.steps_per_pass} steps: {total_steps} steps.",
+            flush=True)
+  schedule = optimizer.learning_rate_schedule(total_steps)
+  tx = optimizer.make_optimizer(schedule)
   init_params = _initial_params(model, init_from, seed)
 
   state = trainer.TrainState.create(init_params, tx)
@@ -151,15 +209,35 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int = gin.REQ
   if student == "shared_encoder":
     eval_step = functools.partial(eval_step, teacher_params=teacher_params)
   val = _validation_batches(val_tasks, eval_batch_size, inputs_length, targets_length)
+  export = _exporter(model, teacher_dir)
+  tracker = None
+  if alpha_every_steps:
+    probe = AlphaProbe(teacher_model, teacher_params,
+                       held_out_inputs(alpha_tasks, alpha_examples, inputs_length),
+                       tuple(alpha_temperatures), alpha_gamma, targets_length,
+                       alpha_batch_size, seed)
+    tracker = AlphaTracker(
+        model_dir, probe, model=model, every_steps=alpha_every_steps, total_steps=total_steps,
+        select_task=alpha_select_task, export=export,
+        passes=signals.passes if signals else None,
+        recipe=_recipe(model_dir, model, source=source, init_from=init_from,
+                       batch_size=batch_size, loss_cfg=loss_cfg))
   if not eval_only and int(state.step) < total_steps:
-    train_step = trainer.make_train_step(model, tx, loss_cfg, step_teacher)
-    source = pipeline.get_batches(mixture, "train", batch_size, inputs_length, targets_length,
-                                  shuffle=True, seed=seed)
-    batches = batching.bucketed_batches(source, window=bucket_window, seed=seed,
-                                        start_batch=int(state.step))
+    if signals is not None:
+      train_step = sparse_distill.make_signals_train_step(model, tx, loss_cfg)
+      batches = signals.batches(int(state.step))
+    else:
+      # The teacher joins the step for its logits, or as a shared-encoder student's encoder.
+      step_teacher = teacher_model if (loss_cfg.distill_weight > 0
+                                       or student == "shared_encoder") else None
+      train_step = functools.partial(trainer.make_train_step(model, tx, loss_cfg, step_teacher),
+                                     teacher_params=step_teacher and teacher_params)
+      source_batches = pipeline.get_batches(mixture, "train", batch_size, inputs_length,
+                                            targets_length, shuffle=True, seed=seed)
+      batches = batching.bucketed_batches(source_batches, window=bucket_window, seed=seed,
+                                          start_batch=int(state.step))
     state, counters = _train_loop(state, counters, batches, train_step, eval_step, val,
-                                  ckpt, schedule, step_teacher and teacher_params,
-                                  total_steps=total_steps,
+                                  ckpt, schedule, tracker, total_steps=total_steps,
                                   seed=seed, log_every=log_every, eval_every=eval_every,
                                   save_every_minutes=save_every_minutes,
                                   save_every_steps=save_every_steps)
@@ -167,11 +245,99 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int = gin.REQ
       ckpt.close()
       return {}
   ckpt.close()
-  return _finish(model_dir, model, state, counters, eval_step, val, n_params,
+  params, exported_step = state.params, int(state.step)
+  if tracker is not None and tracker.best is not None:
+    params, exported_step = jax.device_put(load_model(tracker.best_dir)[1]), tracker.best["step"]
+    print(f"Exporting the best parameters by alpha: step {exported_step} (score "
+          f"{tracker.best['score']:.4f}).", flush=True)
+  return _finish(model_dir, model, params, exported_step, state, counters, eval_step, val,
+                 n_params, export=export, alpha_best=tracker and tracker.best,
                  targets_length=targets_length, inputs_length=inputs_length,
                  total_steps=total_steps, test_examples=test_examples,
                  eval_batch_size=eval_batch_size, teacher_dir=teacher_dir, loss_cfg=loss_cfg,
-                 mixture=mixture, init_from=init_from)
+                 data={"source": source, "mixture": mixture, "signals_tasks": signals_tasks,
+                       "data_dir": layout.default_data_dir()},
+                 init_from=init_from)
+
+
+def _check_settings(*, student: str, source: str, teacher_dir: str | None,
+                    total_steps: int | None, passes: float | None,
+                    alpha_every_steps: int, alpha_tasks: tuple[str, ...],
+                    alpha_select_task: str) -> None:
+  """Raises ValueError, naming the setting and the fix, before anything loads."""
+  if student not in STUDENTS:
+    raise ValueError(f"train.student={student!r} is unknown; use one of {STUDENTS}.")
+  if source not in SOURCES:
+    raise ValueError(f"train.source={source!r} is unknown; use one of {SOURCES}.")
+  if student == "shared_encoder" and not teacher_dir:
+    raise ValueError("train.student='shared_encoder' reads the target's encoder: set "
+                     "train.teacher_dir to the target's checkpoint directory.")
+  if alpha_every_steps and not teacher_dir:
+    raise ValueError("train.alpha_every_steps measures alpha against the target: set "
+                     "train.teacher_dir to the target's checkpoint directory.")
+  if alpha_every_steps < 0:
+    raise ValueError(f"train.alpha_every_steps must be >= 0 (0: off), got {alpha_every_steps}.")
+  if alpha_every_steps and alpha_select_task not in alpha_tasks:
+    raise ValueError(f"train.alpha_select_task={alpha_select_task!r} is not measured: use one "
+                     f"of train.alpha_tasks {tuple(alpha_tasks)}.")
+  if passes is not None and (source != "signals" or passes <= 0):
+    raise ValueError(f"train.passes={passes} counts passes over the stored signals: use it "
+                     "with train.source='signals' and a value > 0, or set train.total_steps.")
+  if passes is None and (not isinstance(total_steps, int) or total_steps < 1):
+    raise ValueError(f"train.total_steps={total_steps!r}: set it to the steps to train (>= 1)"
+                     ", or train.passes with train.source='signals'.")
+
+
+def _signals_batches(model: T5Model | SharedEncoderModel, tasks: tuple[str, ...],
+                     teacher_dir: str | None, *, batch_size: int, seed: int,
+                     window: int) -> signals_source.SignalsBatches:
+  """The stored signals of `tasks`, in memory, as batches (a T5 student's without the
+  encoder outputs, which it does not read), after checking that `teacher_dir` made them."""
+  t0 = time.monotonic()
+  if teacher_dir:
+    sha = load_teacher(teacher_dir)[2]
+    for task in tasks:
+      directory = teacher_signals.corpus_signals_dir(task)
+      if teacher_signals.read_manifest(directory)["settings"]["teacher_sha256"] != sha:
+        raise ValueError(f"{directory} holds the signals of another target than "
+                         f"train.teacher_dir={teacher_dir!r}: set train.teacher_dir to the "
+                         "target that made them, or recompute them with it (`python -m "
+                         "experiments.teacher_signals`).")
+  shared = isinstance(model, SharedEncoderModel)
+  data = signals_source.read_packed(tasks, with_hidden=shared)
+  if shared and data.hidden_width != model.encoder_d_model:
+    raise ValueError(f"The stored encoder outputs are {data.hidden_width} wide, the student "
+                     f"reads {model.encoder_d_model} (train.teacher_dir's d_model): train "
+                     "against the target that made the signals.")
+  print(f"Read the stored signals of {', '.join(tasks)}: {data.num_examples} inputs, "
+        f"{data.num_pairs} pairs, top-{data.top_k}, {data.nbytes / 2**30:.2f} GiB in memory "
+        f"({time.monotonic() - t0:.0f} s).", flush=True)
+  return signals_source.SignalsBatches(data, batch_size=batch_size, seed=seed, window=window)
+
+
+def _exporter(model: T5Model | SharedEncoderModel, teacher_dir: str | None
+              ) -> Callable[[str, dict], None]:
+  """`(directory, params)` -> the model written there in its export format, with the
+  vocabulary: HF T5, or a shared-encoder draft naming its target."""
+  extra_files = {"spiece.model": vocab.default_vocab_path()}
+  if isinstance(model, SharedEncoderModel):
+    metadata = {"target": _target_identity(teacher_dir)}
+    return lambda path, params: save_shared_encoder_checkpoint(
+        path, model, params, extra_files=extra_files, metadata=metadata)
+  return lambda path, params: save_hf_checkpoint(path, model.config, params,
+                                                 extra_files=extra_files)
+
+
+def _recipe(model_dir: str, model: T5Model | SharedEncoderModel, *, source: str,
+            init_from: str | None, batch_size: int, loss_cfg: trainer.LossConfig) -> dict:
+  """What a run trains, as its alpha curve records it."""
+  cfg = model.config
+  return {"name": os.path.basename(os.path.normpath(model_dir)), "source": source,
+          "student": "shared_encoder" if isinstance(model, SharedEncoderModel) else "t5",
+          "init_from": init_from, "d_model": cfg.d_model,
+          "decoder_layers": cfg.num_decoder_layers,
+          "batch_size": batch_size, "distill_weight": loss_cfg.distill_weight,
+          "distill_divergence": loss_cfg.distill_divergence}
 
 
 def _initial_params(model: T5Model | SharedEncoderModel, init_from: str | None,
@@ -221,22 +387,47 @@ def _counter_arrays(counters: dict) -> dict:
 
 
 def _train_loop(state, counters, batches: Iterator[dict], train_step, eval_step, val, ckpt,
-                schedule, teacher_params, *, total_steps: int, seed: int, log_every: int,
-                eval_every: int, save_every_minutes: float, save_every_steps: int):
-  """Steps until `total_steps` or a stop signal; saves periodically and on the way out."""
+                schedule, tracker: AlphaTracker | None, *, total_steps: int, seed: int,
+                log_every: int, eval_every: int, save_every_minutes: float,
+                save_every_steps: int):
+  """Steps until `total_steps` or a stop signal; saves periodically and on the way out.
+
+  `train_step(state, batch, rng)`. Where `tracker` is due (the first step, every N-th,
+  the last) a checkpoint is saved and alpha measured; the measurements' time is not
+  counted in the run's `wall_time_s`.
+  """
   rng = jax.random.PRNGKey(seed + 1)
   start_step = int(state.step)
   wall0 = counters["wall_time_s"]
   t_start = t_log = t_save = time.monotonic()
+  alpha_s = 0.0  # Spent measuring alpha in this session.
   tokens_since_log, shapes_seen = 0, set()
   metric_sums, steps_since_log = None, 0  # Progress lines report means since the last one.
+  alpha_sums, steps_since_alpha = None, 0  # Curve entries: means since the last one.
 
   def snapshot():
-    counters["wall_time_s"] = wall0 + time.monotonic() - t_start
+    counters["wall_time_s"] = wall0 + time.monotonic() - t_start - alpha_s
     return {"state": state, "counters": _counter_arrays(counters)}
+
+  def measure_alpha(step: int) -> None:
+    nonlocal alpha_s, alpha_sums, steps_since_alpha
+    ckpt.save(step, snapshot())  # A restarted run re-measures only what the curve lacks.
+    t0 = time.monotonic()
+    means = ({} if alpha_sums is None else
+             {k: float(v) / steps_since_alpha for k, v in jax.device_get(alpha_sums).items()})
+    entry = tracker.measure(step, state.params, wall_time_s=counters["wall_time_s"],
+                            train=means)
+    alpha_s += time.monotonic() - t0
+    alpha_sums, steps_since_alpha = None, 0
+    print(f"step {step} alpha " + " ".join(f"{task} {k} {a:.4f}" for task, by_t in
+                                           entry["alpha"].items() for k, a in by_t.items())
+          + f" (score {entry['score']:.4f}, best {tracker.best['score']:.4f} at step "
+          f"{tracker.best['step']}; {entry['alpha_eval_s']:.0f} s)", flush=True)
 
   with StopFlag() as stop:
     try:
+      if tracker is not None and tracker.due(start_step):
+        measure_alpha(start_step)
       while int(state.step) < total_steps and not stop.requested:
         batch = next(batches)
         shape = (batch["encoder_input_tokens"].shape, batch["decoder_target_tokens"].shape)
@@ -247,10 +438,11 @@ def _train_loop(state, counters, batches: Iterator[dict], train_step, eval_step,
         n_in = int(np.count_nonzero(batch["encoder_input_tokens"]))
         n_tgt = int(batch["decoder_loss_weights"].sum())
         step_rng = jax.random.fold_in(rng, state.step)
-        state, metrics = train_step(state, batch, step_rng, teacher_params)
-        metric_sums = metrics if metric_sums is None else jax.tree.map(
-            jnp.add, metric_sums, metrics)
-        steps_since_log += 1
+        state, metrics = train_step(state, batch, step_rng)
+        add = lambda sums, m=metrics: m if sums is None else jax.tree.map(jnp.add, sums, m)
+        metric_sums, steps_since_log = add(metric_sums), steps_since_log + 1
+        if tracker is not None:
+          alpha_sums, steps_since_alpha = add(alpha_sums), steps_since_alpha + 1
         counters["input_tokens"] += n_in
         counters["target_tokens"] += n_tgt
         tokens_since_log += n_in + n_tgt
@@ -258,19 +450,22 @@ def _train_loop(state, counters, batches: Iterator[dict], train_step, eval_step,
         if step % log_every == 0 or step == total_steps:
           now = time.monotonic()
           rate = tokens_since_log / (now - t_log)
-          eta = (now - t_start) / (step - start_step) * (total_steps - step)
+          eta = (now - t_start - alpha_s) / (step - start_step) * (total_steps - step)
           m = {k: float(v) / steps_since_log for k, v in jax.device_get(metric_sums).items()}
           print(f"step {step}/{total_steps} mean of {steps_since_log} steps: loss "
                 f"{m['loss']:.4f} (label {m['label_loss']:.4f} distill "
                 f"{m['distill_loss']:.4f}) acc {m['accuracy']:.3f} gnorm {m['grad_norm']:.2f} "
                 f"| lr {float(schedule(step)):.2e} | "
-                f"{rate:.0f} tok/s | elapsed {_fmt_duration(wall0 + now - t_start)} "
+                f"{rate:.0f} tok/s | elapsed {_fmt_duration(wall0 + now - t_start - alpha_s)} "
                 f"ETA {_fmt_duration(eta)}", flush=True)
           t_log, tokens_since_log, metric_sums, steps_since_log = now, 0, None, 0
-        if step % eval_every == 0:
+        if step % eval_every == 0 and val:
           losses = _run_validation(eval_step, state.params, val)
           print(f"step {step} validation loss " + " ".join(
               f"{k} {v:.4f}" for k, v in losses.items()), flush=True)
+        if tracker is not None and tracker.due(step):
+          measure_alpha(step)
+          t_log = time.monotonic()  # The measurement is no part of the next line's rate.
         if (time.monotonic() - t_save >= 60 * save_every_minutes
             or (save_every_steps and step % save_every_steps == 0)):
           ckpt.save(step, snapshot())
@@ -282,31 +477,27 @@ def _train_loop(state, counters, batches: Iterator[dict], train_step, eval_step,
   return state, counters
 
 
-def _finish(model_dir: str, model: T5Model, state, counters, eval_step, val, n_params: int,
-            *, targets_length: int, inputs_length: int, total_steps: int,
+def _finish(model_dir: str, model: T5Model | SharedEncoderModel, params: dict,
+            exported_step: int, state, counters, eval_step, val, n_params: int, *,
+            export: Callable[[str, dict], None], alpha_best: dict | None,
+            targets_length: int, inputs_length: int, total_steps: int,
             test_examples: int | None, eval_batch_size: int, teacher_dir: str | None,
-            loss_cfg: trainer.LossConfig, mixture: str, init_from: str | None) -> dict:
-  """Validation loss, test BLEU / ROUGE-L, export and `train_summary.json`.
+            loss_cfg: trainer.LossConfig, data: dict, init_from: str | None) -> dict:
+  """Validation loss, test BLEU / ROUGE-L, export of `params` (those of step
+  `exported_step`) and `train_summary.json`.
 
   A shared-encoder draft decodes only beside its target, so it gets no BLEU / ROUGE-L
   (its acceptance rate, `experiments.measure_alpha`, is what it is for).
   """
-  params = state.params
   losses = _run_validation(eval_step, params, val)
   quality = {c: (None, 0, 0.0, []) for c in ("ende", "mansum")}
-  extra_files = {"spiece.model": vocab.default_vocab_path()}
-  if isinstance(model, SharedEncoderModel):
-    save_shared_encoder_checkpoint(os.path.join(model_dir, HF_DIR), model, params,
-                                   extra_files=extra_files,
-                                   metadata={"target": _target_identity(teacher_dir)})
-  else:
+  if not isinstance(model, SharedEncoderModel):
     quality = _test_quality(model, params, inputs_length=inputs_length,
                             targets_length=targets_length, test_examples=test_examples,
                             eval_batch_size=eval_batch_size)
     print(f"test BLEU (ende) {quality['ende'][0]:.2f}  ROUGE-L (mansum) "
           f"{quality['mansum'][0]:.2f}", flush=True)
-    save_hf_checkpoint(os.path.join(model_dir, HF_DIR), model.config, params,
-                       extra_files=extra_files)
+  export(os.path.join(model_dir, HF_DIR), params)
   summary = {
       "model_config": model.config.to_hf_dict(),
       "student": "shared_encoder" if isinstance(model, SharedEncoderModel) else "t5",
@@ -314,6 +505,8 @@ def _finish(model_dir: str, model: T5Model, state, counters, eval_step, val, n_p
       "params": n_params,
       "steps": int(state.step),
       "total_steps": total_steps,
+      "exported_step": exported_step,
+      "alpha_best": alpha_best,
       "input_tokens_seen": counters["input_tokens"],
       "target_tokens_seen": counters["target_tokens"],
       "train_wall_time_s": counters["wall_time_s"],
@@ -328,7 +521,7 @@ def _finish(model_dir: str, model: T5Model, state, counters, eval_step, val, n_p
                "distill_weight": loss_cfg.distill_weight,
                "distill_temperature": loss_cfg.distill_temperature,
                "distill_divergence": loss_cfg.distill_divergence},
-      "data": {"mixture": mixture, "data_dir": layout.default_data_dir()},
+      "data": data,
       "gin_config": gin.config_str(),
   }
   atomic_io.write_json(os.path.join(model_dir, SUMMARY), summary)

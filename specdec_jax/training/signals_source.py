@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from specdec_jax.data import teacher_signals
 from specdec_jax.training import batching
 
 Batch = dict[str, np.ndarray]
@@ -136,6 +137,25 @@ class PackedSignals:
         raise ValueError(f"The shards hold {what} {sorted(widths)}: signals of different "
                          "settings cannot be mixed; recompute them with one setting.")
     return cls(**{name: np.concatenate(p) if p else None for name, p in parts.items()})
+
+
+def read_packed(tasks: Iterable[str], *, data_dir: str | None = None,
+                with_hidden: bool = True) -> PackedSignals:
+  """The distillation data and signals of `tasks` (corpora), packed.
+
+  Args:
+    tasks: corpora, e.g. ("ende", "mansum"); their pairs are pooled (each pass visits
+      every pair of every corpus once).
+    data_dir: a prepared data directory; default `layout.default_data_dir()`.
+    with_hidden: pack the target's encoder outputs.
+
+  Raises:
+    As `teacher_signals.iter_joined` (missing, unfinished or bad data) and
+    `PackedSignals.from_shards`.
+  """
+  shards = (shard for task in tasks
+            for shard in teacher_signals.iter_joined(task, data_dir))
+  return PackedSignals.from_shards(shards, with_hidden=with_hidden)
 
 
 class SignalsBatches:

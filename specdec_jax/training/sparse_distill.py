@@ -163,6 +163,14 @@ def student_logits(model: T5Model | SharedEncoderModel, params: dict, batch: Bat
   return model.logits(params, batch["encoder_input_tokens"], targets, dropout_rng=dropout_rng)
 
 
+def check_loss_config(cfg: LossConfig) -> None:
+  """Raises ValueError unless `cfg` can be computed from stored signals (T=1 only)."""
+  if cfg.distill_temperature != 1.0:
+    raise ValueError(f"LossConfig.distill_temperature={cfg.distill_temperature}: the stored "
+                     "signals are the target's log-probabilities at T=1, which fix no other "
+                     "temperature; set LossConfig.distill_temperature = 1.0.")
+
+
 def make_signals_train_step(model: T5Model | SharedEncoderModel,
                             optimizer: optax.GradientTransformation, loss_cfg: LossConfig
                             ) -> Callable[[TrainState, Batch, Array],
@@ -173,12 +181,9 @@ def make_signals_train_step(model: T5Model | SharedEncoderModel,
   Metrics are `trainer.loss_terms`' plus "grad_norm".
 
   Raises:
-    ValueError: `loss_cfg.distill_temperature` is not 1 (the signals are at T=1).
+    ValueError: see `check_loss_config`.
   """
-  if loss_cfg.distill_temperature != 1.0:
-    raise ValueError(f"LossConfig.distill_temperature={loss_cfg.distill_temperature}: the "
-                     "stored signals are the target's log-probabilities at T=1, which fix no "
-                     "other temperature; set LossConfig.distill_temperature = 1.0.")
+  check_loss_config(loss_cfg)
 
   def step(state: TrainState, batch: Batch, rng: Array):
     def loss_fn(params):

@@ -1,0 +1,192 @@
+"""Training from stored signals end to end: a tiny target makes the signals of a tiny
+distillation directory, the driver trains a shared-encoder draft on them with no target
+in the step, measures alpha during training, keeps the best parameters by alpha and
+exports them; a restarted run continues the curve; the curves are gathered and drawn."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import gin
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from specdec_jax import atomic_io
+from specdec_jax.checkpoints import load_model, save_hf_checkpoint
+from specdec_jax.data import corpora, distill, layout
+from specdec_jax.distillation import signals
+from specdec_jax.distillation.teacher import load_teacher
+from specdec_jax.experiment import alpha_curves, alpha_tracking
+from specdec_jax.experiment.train import train
+from specdec_jax.models import T5Model, get_config
+from specdec_jax.models.layers import ParamInfo
+
+# The module-scoped fixtures run once: every test of this file on one worker.
+pytestmark = pytest.mark.xdist_group("train_signals")
+
+VOCAB = 8192  # The SentencePiece vocabulary the held-out inputs are tokenised with.
+INPUTS_LENGTH, MAX_DECODE_LEN, DECODINGS = 32, 6, 2
+SOURCES = ["Choose Tools - Options.", "Resize the overview.", "Press Ctrl + F.",
+           "Inserts a new row above the current row in the table.", "Click OK.",
+           "Opens the Styles deck."]
+STUDENT = {"d_model": 16, "num_heads": 2, "d_kv": 8, "d_ff": 32, "num_layers": 1,
+           "num_decoder_layers": 1, "dropout_rate": 0.0, "vocab_size": VOCAB}
+
+
+def _write_teacher(path: str, seed: int = 0) -> None:
+  """A tiny random T5 over the vocabulary (the declared shapes filled here: no
+  initialiser to compile)."""
+  model = T5Model(get_config("test-v1_1", vocab_size=VOCAB))
+  rng = np.random.default_rng(seed)
+
+  def fill(where, info: ParamInfo) -> np.ndarray:
+    if "scale" in jax.tree_util.keystr(where):
+      return np.ones(info.shape, np.float32)
+    return (rng.standard_normal(info.shape) / np.sqrt(info.shape[0])).astype(np.float32)
+
+  save_hf_checkpoint(path, model.config, jax.tree_util.tree_map_with_path(
+      fill, model.param_info(), is_leaf=lambda x: isinstance(x, ParamInfo)))
+
+
+def _write_corpora(data_dir: str) -> None:
+  """Every split of both corpora (the held-out inputs are the validation split's)."""
+  for corpus in layout.CORPORA:
+    for split in layout.SPLITS:
+      rows = [corpora.Example(f"{corpus}{i}", text, "x", f"page{i}")
+              for i, text in enumerate(SOURCES)]
+      corpora.write_jsonl(layout.corpus_file(data_dir, corpus, split), rows)
+
+
+def _write_distill(data_dir: str, corpus: str, teacher_sha: str, seed: int) -> None:
+  """A complete distillation directory of random outputs, in 2 shards of 4 rows."""
+  rng = np.random.default_rng(seed)
+  n, shard_size = 8, 4
+  in_len = np.sort(rng.integers(4, 17, n)).astype(np.int32)  # One bucket: one program.
+  out_len = rng.integers(2, MAX_DECODE_LEN + 1, (n, DECODINGS)).astype(np.int32)
+  inputs = np.zeros((n, INPUTS_LENGTH), np.int32)
+  outputs = np.zeros((n, DECODINGS, MAX_DECODE_LEN), np.int32)
+  for i in range(n):
+    inputs[i, :in_len[i]] = np.append(rng.integers(2, VOCAB, in_len[i] - 1), 1)
+    for d in range(DECODINGS):
+      outputs[i, d, :out_len[i, d]] = np.append(rng.integers(2, VOCAB, out_len[i, d] - 1), 1)
+  rows = {"ids": np.array([f"row{i}" for i in range(n)]), "index": np.arange(n),
+          "inputs": inputs, "input_lengths": in_len, "outputs": outputs,
+          "output_lengths": out_len, "truncated": np.zeros((n, DECODINGS), bool)}
+  directory = distill.task_dir(distill.distill_root(data_dir), corpus)
+  entries = []
+  for shard, start in enumerate(range(0, n, shard_size)):
+    data = distill.shard_bytes({k: v[start:start + shard_size] for k, v in rows.items()})
+    atomic_io.atomic_write_bytes(os.path.join(directory, distill.shard_name(shard)), data)
+    entries.append({"shard": shard, "file": distill.shard_name(shard), "start": start,
+                    "stop": start + shard_size, "count": shard_size, "decodings": DECODINGS,
+                    "sha256": distill.sha256_bytes(data)})
+  distill.write_manifest(directory, {
+      "format": distill.FORMAT, "corpus": corpus,
+      "settings": {"teacher_sha256": teacher_sha, "inputs_length": INPUTS_LENGTH,
+                   "max_decode_len": MAX_DECODE_LEN, "temperatures": [0.0, 1.0]},
+      "num_examples": n, "num_shards": len(entries), "shards": entries, "complete": True})
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  """(teacher dir, data dir with distillation data and its signals)."""
+  root = tmp_path_factory.mktemp("train_signals")
+  teacher = str(root / "teacher")
+  _write_teacher(teacher)
+  data_dir = str(root / "data")
+  _write_corpora(data_dir)
+  sha = load_teacher(teacher)[2]
+  for seed, corpus in enumerate(layout.CORPORA):
+    _write_distill(data_dir, corpus, sha, seed)
+  signals.compute_signals(signals.SignalsConfig(teacher=teacher, data_dir=data_dir,
+                                                top_k=8, batch_size=4))
+  return teacher, data_dir
+
+
+@pytest.fixture
+def run(data, monkeypatch):
+  """`run(model_dir, **train_kwargs)`: the driver on the tiny data with a tiny draft."""
+  teacher, data_dir = data
+  monkeypatch.setenv(layout.DATA_DIR_ENV, data_dir)
+  gin.clear_config()
+  for name, value in STUDENT.items():
+    gin.bind_parameter(f"model_config.{name}", value)
+  gin.bind_parameter("LossConfig.distill_weight", 0.5)
+  gin.bind_parameter("learning_rate_schedule.warmup_steps", 1)
+
+  def call(model_dir: str, **kwargs):
+    settings = dict(source="signals", student="shared_encoder", teacher_dir=teacher,
+                    batch_size=4, bucket_window=2, inputs_length=INPUTS_LENGTH,
+                    targets_length=MAX_DECODE_LEN, log_every=2, val_tasks=(),
+                    alpha_every_steps=3, alpha_examples=4, alpha_batch_size=4,
+                    alpha_tasks=("ende",), alpha_temperatures=(1.0,))
+    return train(model_dir, **{**settings, **kwargs})
+
+  yield call
+  gin.clear_config()
+
+
+def test_training_from_signals_tracks_alpha_and_exports_the_best(run, tmp_path):
+  model_dir = str(tmp_path / "draft")
+  assert run(model_dir, total_steps=3)["exported_step"] in (0, 3)
+  first = alpha_tracking.read_curve(model_dir)
+  assert [e["step"] for e in first["entries"]] == [0, 3]
+  # Restarted with a longer budget, the run continues the curve from its checkpoint.
+  summary = run(model_dir, passes=1.5)  # 32 pairs, 8 steps a pass: 12 steps.
+  curve = alpha_tracking.read_curve(model_dir)
+  assert [e["step"] for e in curve["entries"]] == [0, 3, 6, 9, 12]
+  assert curve["entries"][:2] == first["entries"]
+  assert curve["entries"][-1]["passes"] == 1.5
+  walls = [e["wall_time_s"] for e in curve["entries"]]
+  assert walls == sorted(walls)
+  for entry in curve["entries"]:
+    assert set(entry["alpha"]["ende"]) == {"T=1"}
+    assert 0.0 < entry["alpha"]["ende"]["T=1"] == entry["score"] <= 1.0
+  assert curve["entries"][-1]["train"]["loss"] > 0
+  best = max(curve["entries"], key=lambda e: e["score"])
+  assert curve["best"] == {"step": best["step"], "score": best["score"]}
+  assert summary["exported_step"] == best["step"] and summary["steps"] == 12
+  assert curve["recipe"]["source"] == "signals"
+  # hf/ holds the best parameters, in the shared-encoder format.
+  exported = load_file(os.path.join(model_dir, "hf", "model.safetensors"))
+  kept = load_file(os.path.join(model_dir, alpha_tracking.BEST_DIR, "model.safetensors"))
+  assert exported.keys() == kept.keys()
+  for name in exported:
+    np.testing.assert_array_equal(exported[name], kept[name])
+  model, _ = load_model(os.path.join(model_dir, "hf"))
+  assert type(model).__name__ == "SharedEncoderModel"
+  with open(os.path.join(model_dir, "hf", "config.json")) as f:
+    assert json.load(f)["target"]["path"]
+  # Other measurement settings in the same directory are refused.
+  with pytest.raises(ValueError, match="other settings"):
+    run(model_dir, total_steps=15, alpha_examples=3)
+  # The curves of runs, gathered: JSON and figure.
+  curves = alpha_curves.collect([model_dir])
+  assert [p["step"] for p in curves["draft"]["points"]] == [0, 3, 6, 9, 12]
+  assert curves["draft"]["best"] == curve["best"]
+  figure = alpha_curves.fig_alpha_curves(curves, str(tmp_path / "curves.png"))
+  assert os.path.getsize(figure) > 0
+  with pytest.raises(ValueError, match="two runs called 'draft'"):
+    alpha_curves.collect([model_dir, model_dir])
+
+
+def test_bad_settings_fail_before_any_work(run, tmp_path):
+  model_dir = str(tmp_path / "bad")
+  with pytest.raises(ValueError, match="train.source"):
+    run(model_dir, source="disk", total_steps=2)
+  with pytest.raises(ValueError, match="train.passes"):
+    run(model_dir, source="pipeline", passes=2.0)
+  with pytest.raises(ValueError, match="train.total_steps"):
+    run(model_dir)
+  with pytest.raises(ValueError, match="alpha_select_task"):
+    run(model_dir, total_steps=2, alpha_select_task="mansum")
+  other = str(tmp_path / "other_target")
+  _write_teacher(other, seed=1)
+  with pytest.raises(ValueError, match="signals of another target"):
+    run(model_dir, total_steps=2, teacher_dir=other)
+  with pytest.raises(ValueError, match="distill_temperature"):
+    gin.bind_parameter("LossConfig.distill_temperature", 2.0)
+    run(model_dir, total_steps=2, alpha_every_steps=0)
