@@ -9,12 +9,14 @@ from the prepared corpora (`python -m specdec_jax.data.prepare`), wrapped in
 the model's own chat template: "Translate to German: <En-De source>" and
 "Summarize in one sentence: <man-page DESCRIPTION>" (cut at a word boundary
 so that the whole prompt fits `--prompt_len` tokens), examples evenly spaced
-through each test split. Drafts:
+through each test split (`specdec_jax.experiment.chat_prompts`, which
+`experiments.run`'s llama_gguf target builds its prompts with too). Drafts:
 
   * layer_skip_L: the target's first L layers, its final norm and head (no training);
   * unigram / bigram: fit on the target's own greedy outputs for the
     validation splits' prompts of both tasks (the paper's trivial drafts fit
-    on target outputs; counts include the start token -> first token pair);
+    on target outputs; counts include the start token -> first token pair;
+    `experiment.llama_target.fit_ngram_drafts`);
   * prompt_lookup: the continuation of the longest n-gram found in the prompt.
 
 For each draft, task and temperature this runs the speculative loop
@@ -43,14 +45,16 @@ from absl import app, flags  # noqa: E402
 
 from specdec_jax import atomic_io, benchmarking, stats, validation  # noqa: E402
 from specdec_jax.data import layout  # noqa: E402
-from specdec_jax.decoding import baseline, speculative  # noqa: E402
-from specdec_jax.decoding.drafts import Draft, NgramDraft, PromptLookupDraft  # noqa: E402
+from specdec_jax.decoding import speculative  # noqa: E402
+from specdec_jax.decoding.drafts import Draft, PromptLookupDraft  # noqa: E402
 from specdec_jax.decoding.llama_scorer import (  # noqa: E402
     LayerSkipDraft,
     LlamaScorer,
     pad_prompts,
 )
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
+from specdec_jax.experiment.chat_prompts import INSTRUCTIONS, build_prompts  # noqa: E402
+from specdec_jax.experiment.llama_target import fit_ngram_drafts  # noqa: E402
 from specdec_jax.models import gguf_loader  # noqa: E402
 from specdec_jax.models.llama import LlamaModel  # noqa: E402
 
@@ -69,67 +73,13 @@ _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed of the T = 1 runs.")
 _OUTPUT = flags.DEFINE_string("output", f"{layout.REPO_ROOT}/results/alpha/llama.json",
                               "The JSON written.")
 
-INSTRUCTIONS = {"ende": "Translate to German: ", "mansum": "Summarize in one sentence: "}
 TEMPERATURES = (0.0, 1.0)
-
-
-def _split_rows(task: str, split: str, count: int) -> list[str]:
-  """`count` source texts evenly spaced through a prepared split."""
-  with open(layout.corpus_file(layout.default_data_dir(), task, split), encoding="utf-8") as f:
-    rows = [json.loads(line)["inputs"] for line in f if line.strip()]
-  picks = np.linspace(0, len(rows) - 1, min(count, len(rows))).round().astype(int)
-  return [rows[i] for i in picks]
-
-
-def build_prompts(vocabulary: gguf_loader.GGUFVocabulary, task: str, split: str,
-                  count: int, width: int) -> list[list[int]]:
-  """Chat-template prompts of `count` examples, each at most `width` tokens.
-
-  The source text is cut at a word boundary until the prompt fits.
-  """
-  tokenizer = vocabulary.tokenizer()
-  prompts = []
-  for text in _split_rows(task, split, count):
-    words = text.split()
-    while True:
-      content = INSTRUCTIONS[task] + " ".join(words)
-      ids = tokenizer.encode(vocabulary.chat_prompt([{"role": "user", "content": content}])).ids
-      if len(ids) <= width or len(words) <= 1:
-        break
-      words = words[:max(1, len(words) - max(1, (len(ids) - width) // 2))]
-    prompts.append(ids[:width])
-  return prompts
 
 
 def _batches(prompts: list[list[int]], size: int, width: int) -> Iterator[jax.Array]:
   """int32 `[size, width]` batches of the prompts, 0-padded (the last may be smaller)."""
   for start in range(0, len(prompts), size):
     yield jnp.asarray(pad_prompts(prompts[start:start + size], width))
-
-
-def fit_ngram_drafts(target: LlamaScorer, prompts: list[list[int]], *, eos: int,
-                     width: int) -> tuple[dict[str, NgramDraft], int]:
-  """Unigram and bigram drafts fit on the target's greedy outputs for `prompts`.
-
-  Returns:
-    The drafts and the number of output tokens they were fit on.
-  """
-  vocab = target.vocab_size
-  unigram = np.zeros(vocab, np.int64)
-  bigram: dict[tuple[int, int], int] = {}
-  for inputs in _batches(prompts, _BATCH_SIZE.value, width):
-    out = baseline.decode(target, inputs, jax.random.PRNGKey(0),
-                          max_decode_len=_MAX_DECODE_LEN.value, warp=Warp(), eos_id=eos)
-    for row, length in zip(np.asarray(out.sequences), np.asarray(out.lengths), strict=True):
-      tokens = [target.start_token] + row[:length].tolist()  # The loops' view: start first.
-      np.add.at(unigram, tokens[1:], 1)
-      for pair in zip(tokens[:-1], tokens[1:], strict=True):
-        bigram[pair] = bigram.get(pair, 0) + 1
-  pairs = np.asarray(list(bigram), np.int32)
-  counts = np.asarray(list(bigram.values()), np.int64)
-  drafts = {name: NgramDraft.from_counts(unigram, pairs[:, 0], pairs[:, 1], counts, order=order)
-            for name, order in (("unigram", 1), ("bigram", 2))}
-  return drafts, int(unigram.sum())
 
 
 def measure(target: LlamaScorer, draft: Draft, prompts: list[list[int]], *, temperature: float,
@@ -192,7 +142,8 @@ def main(argv: list[str]) -> None:
   if any(name in ("unigram", "bigram") for name, *_ in todo):
     fit = [p for task in INSTRUCTIONS
            for p in build_prompts(vocabulary, task, "validation", _FIT_EXAMPLES.value, width)]
-    ngrams, fit_tokens = fit_ngram_drafts(target, fit, eos=eos, width=width)
+    ngrams, fit_tokens = fit_ngram_drafts(target, _batches(fit, _BATCH_SIZE.value, width),
+                                          eos_id=eos, max_decode_len=_MAX_DECODE_LEN.value)
     drafts.update(ngrams)
   for name, task, key, temperature in todo:
     row = measure(target, drafts[name], tests[task], temperature=temperature, eos=eos,

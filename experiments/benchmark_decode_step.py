@@ -54,6 +54,7 @@ from absl import app, flags
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import layout
+from specdec_jax.decoding.scorer import T5Context, T5Scorer
 from specdec_jax.experiment import family, gin_flags, settings
 from specdec_jax.models import T5Model, cached_decoder
 
@@ -143,6 +144,10 @@ def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int
               "xla_dots": _xla_dots_weights(new, params).decoder,
               "f32_panels": _f32_panel_weights(cfg, params)}
   new_encoded = new.encode(params, inputs)
+  # Each path's weights are in its state's context; `score` never reads the scorer's own.
+  scorer = T5Scorer(new, {})
+  states = {path: benchmarking.initial_state(scorer, T5Context(weights, new_encoded), cache_len)
+            for path, weights in prepared.items()}
   start = jnp.full((inputs.shape[0],), position, jnp.int32)
   loops = {}
   for k in range(1, _MAX_K.value + 1):
@@ -150,10 +155,9 @@ def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int
     loops[("round1", k)] = functools.partial(
         _round1_loop, old, params, old_encoded, tokens, start, cache_len=cache_len,
         calls=_CALLS.value)
-    for path, weights in prepared.items():
-      loops[(path, k)] = functools.partial(
-          benchmarking.chunk_loop, new, weights, new_encoded, tokens, start,
-          cache_len=cache_len, calls=_CALLS.value)
+    for path, state in states.items():
+      loops[(path, k)] = functools.partial(benchmarking.chunk_loop, scorer, state, tokens, start,
+                                           calls=_CALLS.value)
   return loops
 
 

@@ -74,6 +74,7 @@ from specdec_jax.data import layout
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import Draft, make_draft
 from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import T5Scorer
 from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.experiment import prompts
 from specdec_jax.models import PreparedParams, T5Config, T5Model
@@ -352,7 +353,8 @@ def measure_target_steps(rec: Recorder, settings: Settings, target: T5Model,
   """The `target_step` row of one dtype and batch size; returns {k: seconds per call}."""
   cache_len, position = step_geometry(settings)
   times = benchmarking.target_step_times(
-      target, params, inputs, chunk_lengths=range(1, settings.max_k + 1), cache_len=cache_len,
+      T5Scorer(target, params), inputs, chunk_lengths=range(1, settings.max_k + 1),
+      cache_len=cache_len,
       position=position, calls=settings.timing_calls, repeats=settings.timing_repeats)
   t_chunk = {k: t.seconds for k, t in times.items()}
   row = rec.add({
@@ -383,7 +385,7 @@ def check_cache_length(rec: Recorder, settings: Settings, target: T5Model,
   cache_len, position = step_geometry(settings)
   lengths = [cache_len, settings.long_cache_len]
   long_step = benchmarking.target_step_times(
-      target, params, inputs, chunk_lengths=[1], cache_len=settings.long_cache_len,
+      T5Scorer(target, params), inputs, chunk_lengths=[1], cache_len=settings.long_cache_len,
       position=position, calls=settings.timing_calls, repeats=settings.timing_repeats)[1]
   batch = int(inputs.shape[0])
   kv_bytes = [2 * cfg.num_decoder_layers * batch * cfg.num_heads * cfg.d_kv * n
@@ -493,7 +495,8 @@ def measure_point(settings: Settings, point: Point, target: T5Model, params: Pre
       cache_len=settings.max_decode_len + settings.gamma + 1,
       position=settings.max_decode_len // 2, calls=settings.timing_calls,
       repeats=settings.timing_repeats, seed=SEED,
-      target_encoded=benchmarking.target_encoded_for(draft, target, params, batches[0]))
+      target_encoded=benchmarking.target_encoded_for(draft, T5Scorer(target, params),
+                                                     batches[0]))
   return decode_row(settings, point, timings, outputs, draft_cost, t_chunk)
 
 

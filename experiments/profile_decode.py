@@ -43,6 +43,7 @@ from specdec_jax import atomic_io, benchmarking, contention  # noqa: E402
 from specdec_jax.checkpoints import load_hf_checkpoint  # noqa: E402
 from specdec_jax.decoding.drafts import T5Draft  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
+from specdec_jax.decoding.scorer import T5Scorer  # noqa: E402
 from specdec_jax.experiment import gin_flags, settings  # noqa: E402
 from specdec_jax.models import T5Model  # noqa: E402
 
@@ -122,16 +123,15 @@ def main(argv: list[str]) -> None:
   inputs = jnp.asarray(rng.randint(5, 8000, (1, shared.input_len)), jnp.int32)
   gamma, calls = shared.gamma, _CALLS.value
   cache_len, position = shared.max_decode_len + gamma + 1, shared.max_decode_len // 2
-  encoded = target.encode(prepared, inputs)
+  scorer = T5Scorer(target, prepared)
+  state = benchmarking.initial_state(scorer, scorer.encode(inputs), cache_len)
   start = jnp.full((1,), position, jnp.int32)
   programs = {}
   for k in (1, gamma + 1):
     tokens = jnp.ones((1, k), jnp.int32)
-    fn = (lambda t=tokens: benchmarking.chunk_loop(
-        target, prepared.decoder, encoded, t, start, cache_len=cache_len, calls=calls))
-    hlo = benchmarking.chunk_loop.lower(
-        target, prepared.decoder, encoded, tokens, start, cache_len=cache_len,
-        calls=calls).compile().as_text()
+    fn = lambda t=tokens: benchmarking.chunk_loop(scorer, state, t, start, calls=calls)
+    hlo = benchmarking.chunk_loop.lower(scorer, state, tokens, start,
+                                        calls=calls).compile().as_text()
     programs[f"target, {k} token(s) per call"] = (fn, hlo, calls)
   state = draft.init_state(inputs, cache_len)
   lengths = jnp.full((1,), position, jnp.int32)

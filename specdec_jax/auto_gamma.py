@@ -42,6 +42,12 @@ one-line reason:
 T_verify(k) it measures for its rows anyway (`verify`). On the 2-core CPU, for
 the shipped family, a calibration takes seconds besides compilation.
 
+Everything here but the T5 conveniences `choose_gamma` and `measure_alpha`
+takes the target as a `scorer.Scorer` (any model: a T5, a decoder-only one)
+and times what the decoding loops call: `Scorer.score` for T_verify(k),
+`Draft.propose` for T_draft, and `baseline.decode` / `speculative_decode` for
+the loops' own work.
+
 Why here and not in `theory`: theory is plain NumPy formulas; choosing gamma
 needs the models, the decoders and the timing loops. The decision itself is
 `theory.CostModel.optimal_gamma`; this module measures its inputs and records
@@ -61,10 +67,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from specdec_jax import benchmarking, contention, distributed, theory, validation
-from specdec_jax.decoding.baseline import temperature_sample
+from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.decoding.scorer import Scorer, T5Scorer
 from specdec_jax.models import T5Model
 from specdec_jax.stats import Pooled, nondecreasing_fit
 
@@ -126,7 +132,7 @@ def measure_alpha(target: T5Model, target_params: dict, draft: Draft, batches: S
 
   Batch i samples with `fold_in(rng, i)`.
   """
-  outputs = [distributed.fetch(speculative_sample(
+  outputs = [distributed.fetch(speculative.speculative_sample(
       target, target_params, draft, batch, gamma=gamma, max_decode_len=max_decode_len,
       temperature=warp.temperature, top_k=warp.top_k, top_p=warp.top_p,
       rng=jax.random.fold_in(rng, i)).stats) for i, batch in enumerate(batches)]
@@ -162,16 +168,15 @@ class VerifyTimes:
     return self.t_chunk[1]
 
 
-def verify_times(target: T5Model, target_params: dict, inputs: Array, *, max_gamma: int,
-                 max_decode_len: int, calls: int, repeats: int,
-                 rounds: int = DEFAULT_TIMING_ROUNDS) -> VerifyTimes:
-  """Times T_verify(k), k = 1..max_gamma + 1, at the batch size of `inputs`, in `rounds`
-  rounds (k ascending, then descending, ...), inside `contention.quiet`.
+def verify_times(target: Scorer, inputs: Array, *, max_gamma: int, max_decode_len: int,
+                 calls: int, repeats: int, rounds: int = DEFAULT_TIMING_ROUNDS) -> VerifyTimes:
+  """Times T_verify(k) (`target.score` of k tokens), k = 1..max_gamma + 1, at the batch
+  size of `inputs`, in `rounds` rounds (k ascending, then descending, ...), inside
+  `contention.quiet`.
 
   Args:
-    target: the target.
-    target_params: its parameters.
-    inputs: int32 `[batch, input_len]` encoder tokens.
+    target: the target's scorer.
+    inputs: int32 `[batch, input_len]`, what `target.encode` takes.
     max_gamma: the largest gamma to price (sets the cache length too).
     max_decode_len: the decoders' output length (sets the cache length).
     calls: calls per timed loop.
@@ -182,7 +187,7 @@ def verify_times(target: T5Model, target_params: dict, inputs: Array, *, max_gam
   ks = list(range(1, max_gamma + 2))
   with contention.quiet("target step times") as guard:
     timed = [benchmarking.target_step_times(
-        target, target_params, inputs, chunk_lengths=ks[::-1] if r % 2 else ks,
+        target, inputs, chunk_lengths=ks[::-1] if r % 2 else ks,
         cache_len=cache_len, position=position, calls=calls, repeats=repeats)
         for r in range(rounds)]
   seconds = {k: [t[k].seconds for t in timed] for k in ks}
@@ -194,15 +199,15 @@ def verify_times(target: T5Model, target_params: dict, inputs: Array, *, max_gam
 
 
 def draft_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, max_decode_len: int,
-               max_gamma: int, calls: int, repeats: int, seed: int, target: T5Model,
-               target_params: dict) -> benchmarking.StepTimes:
+               max_gamma: int, calls: int, repeats: int, seed: int, target: Scorer
+               ) -> benchmarking.StepTimes:
   """T_draft: seconds per proposed token at this gamma and sampling setting (the target
   encodes `inputs` first, outside the timing, for a draft that reads its encoder)."""
   cache_len, position = timing_geometry(max_decode_len, max_gamma)
   return benchmarking.draft_token_time(
       draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len, position=position,
       calls=calls, repeats=repeats, seed=seed,
-      target_encoded=benchmarking.target_encoded_for(draft, target, target_params, inputs))
+      target_encoded=benchmarking.target_encoded_for(draft, target, inputs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,8 +215,11 @@ class LoopCosts:
   """What the decoders cost besides their model calls (`theory.CostModel`'s extra terms).
 
   Attributes:
-    encode_target_s: the target's encoder, seconds per batch.
-    encode_draft_s: the draft's encoder, seconds per batch (0 without one).
+    encode_target_s: the target's work once per sequence, seconds per batch:
+      `Scorer.encode` (a T5's encoder) and `Scorer.init_state` (an empty
+      cache; a decoder-only model's prefill of its prompt).
+    encode_draft_s: the draft's `init_state`, seconds per batch (its encoder,
+      a prefill; ~0 for a table look-up).
     step_overhead_s: seconds per baseline step beyond T_step.
     iteration_overhead_s: seconds per speculative iteration beyond gamma T_draft +
       T_verify(gamma + 1).
@@ -237,48 +245,57 @@ class LoopCosts:
         t_encode_draft=self.encode_draft_s)
 
 
-def measure_loop_costs(target: T5Model, target_params: dict, draft: Draft,
-                       batches: Sequence[Array], *, gamma: int, warp: Warp, max_decode_len: int,
+def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *, gamma: int,
+                       warp: Warp, max_decode_len: int, eos_id: int,
                        t_chunk: Mapping[int, float], t_draft: float, rng: Array, repeats: int,
                        held_out: bool) -> tuple[LoopCosts, AlphaEstimate]:
-  """Times both encoders and one decoding of each batch by each decoder (after one
-  untimed call per batch shape), and attributes to overhead what the model calls leave.
+  """Times both models' work once per sequence and one decoding of each batch by each
+  decoder (after one untimed call per batch shape), and attributes to overhead what the
+  model calls leave.
+
+  The target's work once per sequence is `encode` and the arrays `init_state`
+  makes (`benchmarking.state_arrays`: an empty cache; a decoder-only target's
+  prefill), the draft's its `init_state`.
 
   Args:
-    target: the target model.
-    target_params: its parameters.
+    target: the target's scorer.
     draft: the draft.
-    batches: int32 `[batch, input_len]` batches to decode.
+    batches: int32 `[batch, input_len]` batches to decode, checked against the
+      vocabulary (`validation.check_token_ids`) and cut to their length bucket:
+      the decoders here (`baseline.decode`, `speculative.speculative_decode`)
+      take them as they are.
     gamma: the speculative decoder's gamma.
     warp: the sampling settings.
     max_decode_len: the most tokens per row.
+    eos_id: the end-of-sequence id.
     t_chunk: {k: T_verify(k)}, k = 1 being T_step.
     t_draft: the draft's seconds per proposed token.
     rng: PRNG key of the decodings.
-    repeats: timed calls of each encoder (the median is used).
+    repeats: timed calls of each model's once-per-sequence work (the median is used).
     held_out: recorded: whether `batches` lie outside the measured examples.
 
   Returns:
     The `LoopCosts`, and alpha pooled over the speculative decodings.
   """
-  kwargs = dict(max_decode_len=max_decode_len, temperature=warp.temperature, top_k=warp.top_k,
-                top_p=warp.top_p, rng=rng)
+  kwargs = dict(max_decode_len=max_decode_len, warp=warp, eos_id=eos_id)
   decoders = {
-      "baseline": lambda i: temperature_sample(target, target_params, batches[i], **kwargs),
-      "speculative": lambda i: speculative_sample(target, target_params, draft, batches[i],
-                                                  gamma=gamma, **kwargs)}
+      "baseline": lambda i: baseline.decode(target, batches[i], rng, **kwargs),
+      "speculative": lambda i: speculative.speculative_decode(
+          target, draft, batches[i], rng, gamma=gamma, draft_inputs=batches[i], **kwargs)}
   timings, outputs = benchmarking.time_interleaved(
       decoders, len(batches), 1, fetch=distributed.fetch,
       warmup=benchmarking.first_of_each_shape(batches))
-  prepared = target.prepare(target_params)
   cache_len, _ = timing_geometry(max_decode_len, gamma)
   init_draft = jax.jit(lambda d, x, encoded: d.init_state(x, cache_len, encoded))
   n = len(batches)
   encode_target = encode_draft = 0.0  # Means over the batches: their lengths differ.
   for x in batches:
-    encode_target += benchmarking.time_calls(
-        lambda x=x: target.encode(prepared, x), repeats).median_s / n
-    encoded = benchmarking.target_encoded_for(draft, target, target_params, x)
+    context = target.encode(x)
+    encode_target += (
+        benchmarking.time_calls(lambda x=x: target.encode(x), repeats).median_s
+        + benchmarking.time_calls(lambda c=context: benchmarking.state_arrays(
+            target, c, cache_len=cache_len), repeats).median_s) / n
+    encoded = benchmarking.target_encoded_for(draft, target, x)
     encode_draft += benchmarking.time_calls(
         lambda x=x, e=encoded: init_draft(draft, x, e), repeats).median_s / n
   steps = sum(int(np.max(o.lengths)) for o in outputs["baseline"])
@@ -523,8 +540,8 @@ def _agreed(t_chunk: Mapping[int, float], t_draft: float, loop_costs: LoopCosts
   return dict(zip(ks, values[:len(ks)], strict=True)), values[len(ks)], loop_costs
 
 
-def calibrate(target: T5Model, target_params: dict, draft: Draft, batches: Sequence[Array], *,
-              warp: Warp, max_decode_len: int, max_gamma: int, rng: Array,
+def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: Warp,
+              max_decode_len: int, max_gamma: int, eos_id: int, rng: Array,
               verify: VerifyTimes, calibration_gamma: int = DEFAULT_CALIBRATION_GAMMA,
               timing_calls: int = 8, timing_repeats: int = 3, alpha: float | None = None
               ) -> GammaChoice:
@@ -537,14 +554,15 @@ def calibrate(target: T5Model, target_params: dict, draft: Draft, batches: Seque
   `choose_gamma` (or of `experiments.run`'s settings).
 
   Args:
-    target: the target model.
-    target_params: its parameters.
+    target: the target's scorer.
     draft: the draft.
     batches: int32 `[batch, input_len]` calibration batches at the batch size
-      that will be decoded (step costs depend on it).
+      that will be decoded (step costs depend on it), checked and bucketed as
+      `measure_loop_costs` takes them.
     warp: the sampling settings that will be decoded with.
     max_decode_len: the most tokens per row, as will be decoded.
     max_gamma: candidates are gamma = 1..max_gamma.
+    eos_id: the end-of-sequence id.
     rng: PRNG key of the calibration's decodings.
     verify: the target's T_verify(k) for k = 1..max_gamma + 1 at this batch size.
     calibration_gamma: gamma of the calibration's decodings and draft timing.
@@ -563,12 +581,11 @@ def calibrate(target: T5Model, target_params: dict, draft: Draft, batches: Seque
   with contention.quiet("gamma calibration") as guard:
     t_draft = draft_time(draft, batches[0], gamma=calibration_gamma, warp=warp,
                          max_decode_len=max_decode_len, max_gamma=max_gamma, calls=timing_calls,
-                         repeats=timing_repeats, seed=0, target=target,
-                         target_params=target_params).seconds
+                         repeats=timing_repeats, seed=0, target=target).seconds
     loop_costs, estimate = measure_loop_costs(
-        target, target_params, draft, batches, gamma=calibration_gamma, warp=warp,
-        max_decode_len=max_decode_len, t_chunk=t_chunk, t_draft=t_draft, rng=rng,
-        repeats=timing_repeats, held_out=True)
+        target, draft, batches, gamma=calibration_gamma, warp=warp,
+        max_decode_len=max_decode_len, eos_id=eos_id, t_chunk=t_chunk, t_draft=t_draft,
+        rng=rng, repeats=timing_repeats, held_out=True)
   t_chunk, t_draft, loop_costs = _agreed(verify.t_chunk, t_draft, loop_costs)
   return make_choice(estimate if alpha is None else alpha, t_chunk, t_draft,
                      loop_costs=loop_costs, spread=verify.spread, max_gamma=max_gamma,
@@ -584,7 +601,9 @@ def choose_gamma(target: T5Model, target_params: dict, draft: Draft, inputs: Arr
                  rng: Array | None = None) -> GammaChoice:
   """Calibrates on `inputs` and returns the gamma the whole cost model predicts to be fastest.
 
-  Times the target's T_verify(k) (`verify_times`), then runs `calibrate`.
+  The T5 convenience (`temperature_sample`'s arguments): times the target's
+  T_verify(k) (`verify_times`), then runs `calibrate`, with the target's
+  `T5Scorer` and the config's EOS id.
   Compilation dominates: on the 2-core CPU, for the shipped family, expect
   tens of seconds.
 
@@ -637,11 +656,13 @@ def choose_gamma(target: T5Model, target_params: dict, draft: Draft, inputs: Arr
                          target.config.d_model)
 
   start = time.perf_counter()
-  verify = verify_times(target, target_params, args.inputs, max_gamma=max_gamma,
+  scorer = T5Scorer(target, target.prepare(target_params))
+  verify = verify_times(scorer, args.inputs, max_gamma=max_gamma,
                         max_decode_len=args.max_decode_len, calls=calls, repeats=repeats,
                         rounds=rounds)
-  choice = calibrate(target, target_params, draft, [args.inputs], warp=Warp.of(args),
-                     max_decode_len=args.max_decode_len, max_gamma=max_gamma, rng=args.rng,
-                     verify=verify, calibration_gamma=calibration_gamma, timing_calls=calls,
+  choice = calibrate(scorer, draft, [buckets.to_bucket(args.inputs)], warp=Warp.of(args),
+                     max_decode_len=args.max_decode_len, max_gamma=max_gamma,
+                     eos_id=args.eos_id, rng=args.rng, verify=verify,
+                     calibration_gamma=calibration_gamma, timing_calls=calls,
                      timing_repeats=repeats, alpha=alpha)
   return dataclasses.replace(choice, calibration_s=time.perf_counter() - start)

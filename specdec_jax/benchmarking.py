@@ -7,7 +7,9 @@ every pass calls all of them on every batch in an order rotated per batch and
 pass, so background load hits all alike, and medians over passes are taken.
 Step times feed `theory.CostModel`; each is the per-call time of a jitted
 `lax.fori_loop` over `calls` calls, so Python dispatch and host round-trips are
-excluded, as they are inside the decoders' while loops. The machine must be
+excluded, as they are inside the decoders' while loops. They time the
+interfaces the loops call, for any model: `Scorer.score` (the target) and
+`Draft.propose`. The machine must be
 quiet meanwhile: callers wrap timings in `specdec_jax.contention.quiet`.
 No TensorFlow.
 """
@@ -29,8 +31,8 @@ import jax.numpy as jnp
 
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import Context, EncoderOutputs, Scorer
 from specdec_jax.models import cached_decoder
-from specdec_jax.models.t5 import DecoderCache, DecodeWeights, EncodedInputs, T5Model
 
 Array = jax.Array
 
@@ -197,24 +199,27 @@ def _per_call(loop: Callable[[], Array], calls: int, repeats: int) -> StepTimes:
   return StepTimes(timing.median_s / calls, timing.compile_s)
 
 
-def target_step_times(model: T5Model, params: dict, inputs: Array, *, chunk_lengths: Sequence[int],
+def target_step_times(target: Scorer, inputs: Array, *, chunk_lengths: Sequence[int],
                       cache_len: int, position: int, calls: int, repeats: int
                       ) -> dict[int, StepTimes]:
-  """Seconds per cached `decode_chunk` call of k tokens, for each k in `chunk_lengths`.
+  """Seconds per `target.score` call of k tokens, for each k in `chunk_lengths`.
 
   k = 1 is the baseline's step time T_step; k = gamma + 1 is the verification
   time T_verify(k) of one speculative iteration. Each call scores k tokens at
-  `position` of a cache of `cache_len` positions (rewound after every call), so
-  every k attends over the same context.
+  `position` of a state of `cache_len` positions (rewound after every call), so
+  every k attends over the same context. Any `Scorer`: for a `T5Scorer` a
+  call is `T5Model.decode_chunk`. The work done once per sequence (`encode`,
+  `init_state`: a T5's encoder, a decoder-only model's prefill) runs once,
+  outside the timing.
 
   Args:
-    model: the target.
-    params: its parameters.
-    inputs: int32 `[batch, input_len]` encoder tokens (the batch size is timed).
+    target: the target's scorer.
+    inputs: int32 `[batch, input_len]`, what `target.encode` takes (the batch
+      size is timed).
     chunk_lengths: the k to time, each >= 1.
-    cache_len: positions of the cache (as in the decoders).
+    cache_len: positions of the state (as in the decoders).
     position: cached length at which each chunk is scored.
-    calls: `decode_chunk` calls per jitted loop.
+    calls: `score` calls per jitted loop.
     repeats: timed loop runs (the median is used).
 
   Returns:
@@ -223,46 +228,69 @@ def target_step_times(model: T5Model, params: dict, inputs: Array, *, chunk_leng
   if min(chunk_lengths) < 1 or position + max(chunk_lengths) > cache_len:
     raise ValueError(f"chunk_lengths {list(chunk_lengths)} at position={position} must be >= 1 "
                      f"and fit in cache_len={cache_len}.")
-  prepared = model.prepare(params)
-  weights, encoded = prepared.decoder, model.encode(prepared, inputs)
+  state = initial_state(target, target.encode(inputs), cache_len)
   batch = inputs.shape[0]
   start = jnp.full((batch,), position, jnp.int32)
   results = {}
   for k in chunk_lengths:
     tokens = jnp.ones((batch, k), jnp.int32)
     results[int(k)] = _per_call(
-        lambda t=tokens: chunk_loop(model, weights, encoded, t, start, cache_len=cache_len,
-                                     calls=calls), calls, repeats)
+        lambda t=tokens: chunk_loop(target, state, t, start, calls=calls), calls, repeats)
   return results
 
 
-@functools.partial(cached_decoder.loop_jit, static_argnames=("model", "cache_len", "calls"))
-def chunk_loop(model: T5Model, weights: DecodeWeights, encoded: EncodedInputs, tokens: Array,
-                start: Array, *, cache_len: int, calls: int) -> Array:
-  """Runs `calls` chunk calls; returns a scalar that depends on every call's logits."""
+@functools.partial(cached_decoder.loop_jit, static_argnames=("calls",))
+def chunk_loop(target: Scorer, state: Any, tokens: Array, start: Array, *, calls: int) -> Array:
+  """Runs `calls` score calls, each from `state` rewound to `start`; returns a scalar that
+  depends on every call's logits."""
 
-  def body(_, carry: tuple[DecoderCache, Array]) -> tuple[DecoderCache, Array]:
-    cache, acc = carry
-    logits, cache = model.decode_chunk(weights, encoded, cache.rewind(start), tokens)
-    return cache, acc + logits[:, -1, 0].sum()
+  def body(_, carry: tuple[Any, Array]) -> tuple[Any, Array]:
+    state, acc = carry
+    logits, state = target.score(target.rewind(state, start), tokens)
+    return state, acc + logits[:, -1, 0].sum()
 
-  cache = model.init_cache(tokens.shape[0], cache_len).rewind(start)
-  _, acc = jax.lax.fori_loop(0, calls, body, (cache, jnp.zeros((), jnp.float32)))
+  _, acc = jax.lax.fori_loop(0, calls, body, (state, jnp.zeros((), jnp.float32)))
   return acc
 
 
-def target_encoded_for(draft: Draft, target: T5Model, target_params: dict, inputs: Array
-                       ) -> EncodedInputs | None:
-  """The target's `encode(params, inputs)` if `draft` reads the target's encoder, else None
-  (what `draft_token_time`'s `target_encoded` wants)."""
+@functools.partial(jax.jit, static_argnames=("cache_len",))
+def state_arrays(target: Scorer, context: Context, *, cache_len: int) -> list[Array]:
+  """The arrays `target.init_state(context, cache_len)` makes, without those of the context
+  it carries (which a jitted call would return as copies): an empty cache, a decoder-only
+  model's prefill of its prompt. With `encode`, the target's work once per sequence."""
+  state = target.init_state(context, cache_len)
+  given = {id(x) for x in jax.tree.leaves(context)}  # Traced alike: the same tracers.
+  return [x for x in jax.tree.leaves(state) if id(x) not in given]
+
+
+def initial_state(target: Scorer, context: Context, cache_len: int) -> Any:
+  """`target.init_state(context, cache_len)`, compiled, holding the caller's context arrays
+  (`state_arrays` for the rest)."""
+  layout = {}
+
+  def trace(t: Scorer, c: Context) -> None:
+    given = {id(x): i for i, x in enumerate(jax.tree.leaves(c))}
+    leaves, layout["treedef"] = jax.tree.flatten(t.init_state(c, cache_len))
+    layout["sources"] = [given.get(id(x)) for x in leaves]
+
+  jax.eval_shape(trace, target, context)  # Where each leaf comes from; nothing runs.
+  made = iter(state_arrays(target, context, cache_len=cache_len))
+  held = jax.tree.leaves(context)
+  return jax.tree.unflatten(layout["treedef"], [next(made) if i is None else held[i]
+                                                 for i in layout["sources"]])
+
+
+def target_encoded_for(draft: Draft, target: Scorer, inputs: Array) -> EncoderOutputs:
+  """The target's encoder outputs of `inputs` if `draft` reads them, else None (what
+  `draft_token_time`'s `target_encoded` wants)."""
   if not draft.reads_target_encoder:
     return None
-  return target.encode(target.prepare(target_params), inputs)
+  return target.encoder_outputs(target.encode(inputs))
 
 
 def draft_token_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cache_len: int,
                      position: int, calls: int, repeats: int, seed: int = 0,
-                     target_encoded: EncodedInputs | None = None) -> StepTimes:
+                     target_encoded: EncoderOutputs = None) -> StepTimes:
   """Seconds per proposed token of `draft.propose(..., gamma=gamma)`.
 
   This is the draft's T_draft as the speculative loop pays it (for a T5 draft:
@@ -270,7 +298,7 @@ def draft_token_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cac
 
   Args:
     draft: any `drafts.Draft`.
-    inputs: int32 `[batch, input_len]` encoder tokens.
+    inputs: int32 `[batch, input_len]`, what `draft.init_state` takes.
     gamma: proposals per call.
     warp: the sampling settings proposals are drawn with.
     cache_len: decoder positions, as in `speculative_sample`.
@@ -278,8 +306,9 @@ def draft_token_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cac
     calls: `propose` calls per jitted loop.
     repeats: timed loop runs (the median is used).
     seed: PRNG seed of the proposals.
-    target_encoded: the target's `encode(params, inputs)`, for a draft that
-      reads the target's encoder (`draft.reads_target_encoder`).
+    target_encoded: the target's encoder outputs of `inputs`
+      (`target_encoded_for`), for a draft that reads them
+      (`draft.reads_target_encoder`).
 
   Returns:
     `StepTimes` with seconds per proposed token.

@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.models.config import T5Config
+from specdec_jax.models.config import ModelConfig, T5Config
 
 Array = jax.Array
 
@@ -235,23 +235,32 @@ def _raise_if_bad(name: str, vocab_size: int, width: int, dtype: np.dtype, any_b
   return np.zeros((), dtype)
 
 
-def check_model(model: Any, name: str) -> T5Config:
-  """Checks that `model` is a `T5Model` (anything with a `T5Config` as its `config`).
+def check_model(model: Any, name: str, config_type: type[ModelConfig] = ModelConfig) -> Any:
+  """Checks that `model` is a model of any architecture: its `config` a `config_type`.
 
   Args:
-    model: the model.
+    model: the model (`T5Model`, `models.llama.LlamaModel`, ...).
     name: the argument's name, for the message ("model", "target").
+    config_type: the config class the caller needs (default: any model's,
+      `ModelConfig`; the T5 entry points ask for `T5Config`: `check_t5_model`).
 
   Returns:
     Its config, checked by `check_model_config`.
 
   Raises:
-    ValueError: `model` is no model (e.g. its params), or its config is bad.
+    ValueError: `model` is no model (e.g. its params), one of another
+      architecture than `config_type`'s, or its config is bad.
   """
-  if not isinstance(getattr(model, "config", None), T5Config):
-    raise ValueError(f"{name} must be a specdec_jax.models.T5Model (its params are a "
+  if not isinstance(getattr(model, "config", None), config_type):
+    raise ValueError(f"{name} must be a model whose config is a {config_type.__name__} (e.g. "
+                     "specdec_jax.models.T5Model, whose config is a T5Config; its params are a "
                      f"separate argument), got {type(model).__name__}.")
   return check_model_config(model.config, f"{name}.config")
+
+
+def check_t5_model(model: Any, name: str) -> T5Config:
+  """`check_model` for a T5 (`T5Model`, or anything with a `T5Config` as its `config`)."""
+  return check_model(model, name, T5Config)
 
 
 def check_shared_encoder_model(model: Any, name: str) -> T5Config:
@@ -272,7 +281,7 @@ def check_shared_encoder_model(model: Any, name: str) -> T5Config:
     raise ValueError(f"{name} must be a specdec_jax.models.shared_encoder.SharedEncoderModel "
                      f"(a T5 draft with its own encoder is a T5Draft), got "
                      f"{type(model).__name__}.")
-  return check_model(model, name)
+  return check_t5_model(model, name)
 
 
 # The special token ids a model config may hold; each one it has must be in its vocabulary.
@@ -357,7 +366,7 @@ def check_decode_args(model: Any, inputs: Any, *, max_decode_len: Any, eos_id: A
   Raises:
     ValueError: naming the first bad argument.
   """
-  config = check_model(model, model_name)
+  config = check_t5_model(model, model_name)
   return _decode_args(config.vocab_size, config.eos_token_id, inputs,
                       max_decode_len=max_decode_len, eos_id=eos_id, temperature=temperature,
                       top_k=top_k, top_p=top_p, rng=rng)

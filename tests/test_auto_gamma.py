@@ -13,6 +13,7 @@ from conftest import make_model
 from specdec_jax import auto_gamma, benchmarking, stats, theory
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.scorer import T5Scorer
 from specdec_jax.decoding.speculative import SpeculativeStats
 from specdec_jax.experiment import measure, results_io, runner, settings
 from specdec_jax.experiment.record import PointRow
@@ -263,8 +264,8 @@ def test_verify_times_takes_the_median_over_rounds(pair, monkeypatch):
             for c in chunk_lengths}
 
   monkeypatch.setattr(auto_gamma.benchmarking, "target_step_times", fake)
-  got = auto_gamma.verify_times(target, params, inputs, max_gamma=2, max_decode_len=6, calls=2,
-                                repeats=1, rounds=3)
+  got = auto_gamma.verify_times(T5Scorer(target, params), inputs, max_gamma=2,
+                                max_decode_len=6, calls=2, repeats=1, rounds=3)
   assert orders == [[1, 2, 3], [3, 2, 1], [1, 2, 3]]
   np.testing.assert_allclose([got.t_chunk[k] for k in (1, 2, 3)], [1.1, 1.2, 1.3])
   np.testing.assert_allclose(got.spread[1], 2.0) and got.rounds == 3
@@ -300,7 +301,8 @@ def test_choose_gamma_with_given_alpha_decides_with_it(pair, monkeypatch):
 ])
 def test_choose_gamma_rejects_bad_arguments_before_work(pair, monkeypatch, kwargs, match):
   target, params, inputs = pair
-  monkeypatch.setattr(auto_gamma, "speculative_sample", lambda *a, **k: pytest.fail("decoded"))
+  monkeypatch.setattr(auto_gamma.speculative, "speculative_decode",
+                      lambda *a, **k: pytest.fail("decoded"))
   monkeypatch.setattr(auto_gamma.benchmarking, "target_step_times",
                       lambda *a, **k: pytest.fail("timed"))
   args = dict(draft=T5Draft(target, params), max_decode_len=6) | kwargs

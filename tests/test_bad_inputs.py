@@ -128,7 +128,7 @@ def test_bad_speculative_arguments_are_named_before_any_work(models, overrides, 
 def test_a_model_or_draft_of_the_wrong_kind_is_named(models):
   target, params, _ = models
   _check_raises_before_work(lambda: temperature_sample(params, params, INPUTS, max_decode_len=2),
-                            r"model must be a specdec_jax\.models\.T5Model.*got dict")
+                            r"model must be a model whose config is a T5Config.*got dict")
   _check_raises_before_work(lambda: _speculative(models, draft=target),
                             r"draft must be a specdec_jax\.decoding\.drafts\.Draft.*T5Model")
   bad_start = T5Model(get_config("test-v1_1", decoder_start_token_id=VOCAB))
@@ -226,7 +226,8 @@ def test_draft_constructors_check_and_normalise():
                         (dict(vocab=VOCAB, max_ngram=True), "max_ngram must be an int")]:
     with pytest.raises(ValueError, match=match):
       PromptLookupDraft(**kwargs)
-  with pytest.raises(ValueError, match=r"T5Draft's model must be a specdec_jax\.models\.T5Model"):
+  with pytest.raises(ValueError, match=r"T5Draft's model must be a model whose config is a "
+                                       r"T5Config \(e\.g\. specdec_jax\.models\.T5Model"):
     T5Draft("draft_small", {})
   with pytest.raises(ValueError, match=r"eos_token_id=200, outside its vocabulary \[0, 97\)"):
     T5Draft(T5Model(get_config("test-v1_0", eos_token_id=200)), {})

@@ -37,7 +37,7 @@ from flax import struct
 
 from specdec_jax import validation
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import Scorer, SharedEncoderScorer, T5Scorer
+from specdec_jax.decoding.scorer import EncoderOutputs, Scorer, SharedEncoderScorer, T5Scorer
 from specdec_jax.models.shared_encoder import SharedEncoderModel
 from specdec_jax.models.t5 import T5Model
 
@@ -68,7 +68,8 @@ class Draft(abc.ABC):
     return False
 
   @abc.abstractmethod
-  def init_state(self, inputs: Array, cache_len: int, target_encoded: Any = None) -> Any:
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncoderOutputs = None) -> Any:
     """Per-generation state (e.g. encoder outputs and a cache).
 
     Args:
@@ -76,8 +77,8 @@ class Draft(abc.ABC):
         target's prompts.
       cache_len: positions the decoder may reach (max_decode_len + gamma + 1).
       target_encoded: what the target's scorer gives drafts of the same
-        examples (`Scorer.encoder_outputs`: a T5's `EncodedInputs`, with
-        `hidden`); required iff `reads_target_encoder`.
+        examples (`Scorer.encoder_outputs`, e.g. a T5 target's encoder
+        outputs); required iff `reads_target_encoder`.
     """
 
   @abc.abstractmethod
@@ -130,7 +131,8 @@ class ScorerDraft(Draft):
   def reads_target_encoder(self) -> bool:
     return self.scorer.reads_target_encoder
 
-  def init_state(self, inputs: Array, cache_len: int, target_encoded: Any = None) -> Any:
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncoderOutputs = None) -> Any:
     scorer = self.scorer
     return scorer.init_state(scorer.encode(inputs, target_encoded), cache_len)
 
@@ -301,7 +303,8 @@ class NgramDraft(Draft):
     return cls(order, jnp.asarray(unigram, jnp.float32), jnp.asarray(next_ids),
                jnp.asarray(next_probs), jnp.asarray(weight))
 
-  def init_state(self, inputs: Array, cache_len: int, target_encoded: Any = None) -> None:
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncoderOutputs = None) -> None:
     del inputs, cache_len, target_encoded
     return None
 
@@ -354,7 +357,8 @@ class PromptLookupDraft(Draft):
   def vocab_size(self) -> int:
     return self.vocab
 
-  def init_state(self, inputs: Array, cache_len: int, target_encoded: Any = None) -> Array:
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncoderOutputs = None) -> Array:
     del cache_len, target_encoded
     return inputs
 

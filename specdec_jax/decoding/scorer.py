@@ -30,9 +30,11 @@ keeps the prompts, `init_state` prefills all but each row's last prompt
 token, and that last token stands at position 0 in place of `start_token`,
 so positions count from the prompt's end (`llama_scorer.LlamaScorer`).
 
-The interface is model-agnostic: a context, a state and the encoder outputs a
-draft may read (`encoder_outputs`, passed on as `target_encoded`) are
-whatever pytrees the scorer defines; only T5 scorers produce `EncodedInputs`.
+The interface is model-agnostic: a `Context` (what `encode` computes once per
+input), a state and the `EncoderOutputs` a draft may read (`encoder_outputs`,
+passed on as `target_encoded`) are whatever pytrees the scorer defines (a T5's
+encoder outputs, a decoder-only model's prompts); the loops pass them on
+without looking inside.
 
 Scorers are pytrees (`flax.struct.dataclass`): the model is static, its
 parameters are traced leaves, so one compiled loop serves any weights of the
@@ -60,6 +62,12 @@ from specdec_jax.models.t5 import (
 )
 
 Array = jax.Array
+# What a scorer computes once per input (`Scorer.encode`) and starts each generation
+# from (`Scorer.init_state`): a pytree of the scorer's own kind.
+Context = Any
+# What a scorer lets a draft read of its context (`Scorer.encoder_outputs`, given to
+# `Draft.init_state` as `target_encoded`): a pytree of the scorer's own kind, or None.
+EncoderOutputs = Any
 
 
 class Scorer(abc.ABC):
@@ -86,7 +94,7 @@ class Scorer(abc.ABC):
     return False
 
   @abc.abstractmethod
-  def encode(self, inputs: Array, target_encoded: Any = None) -> Any:
+  def encode(self, inputs: Array, target_encoded: EncoderOutputs = None) -> Context:
     """The work done once per input, e.g. the encoder pass.
 
     Args:
@@ -101,7 +109,7 @@ class Scorer(abc.ABC):
     """
 
   @abc.abstractmethod
-  def init_state(self, context: Any, cache_len: int) -> Any:
+  def init_state(self, context: Context, cache_len: int) -> Any:
     """The state of a generation: `context` and an empty cache of `cache_len` positions."""
 
   @abc.abstractmethod
@@ -127,7 +135,7 @@ class Scorer(abc.ABC):
   def rewind(self, state: Any, lengths: Array) -> Any:
     """Sets each row's cached length to `lengths [batch]` (at most its current one)."""
 
-  def encoder_outputs(self, context: Any) -> Any:
+  def encoder_outputs(self, context: Context) -> EncoderOutputs:
     """The encoder outputs a draft may read (`Draft.reads_target_encoder`), or None."""
     del context
     return None
@@ -172,7 +180,7 @@ class T5Scorer(Scorer):
       (the decoding entry points pass the latter, prepared once per set of
       parameters; a raw tree is prepared in `encode`, inside a traced loop once
       per generation).
-    check_model: the check of `model` (`validation.check_model`; a class
+    check_model: the check of `model` (`validation.check_t5_model`; a class
       attribute, which the drafts built on this scorer kind also call).
 
   Raises:
@@ -182,7 +190,8 @@ class T5Scorer(Scorer):
 
   model: T5Model | SharedEncoderModel = struct.field(pytree_node=False)
   params: dict | PreparedParams
-  check_model: ClassVar[Callable[[Any, str], T5Config]] = staticmethod(validation.check_model)
+  check_model: ClassVar[Callable[[Any, str], T5Config]] = staticmethod(
+      validation.check_t5_model)
 
   def __post_init__(self):
     # Static fields only: pytree unflattening calls this with any leaves.

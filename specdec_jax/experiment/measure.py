@@ -10,6 +10,11 @@ costs, and the speedups predicted by Theorem 3.8, by `CostModel` on the model
 calls alone (steps only), and by `CostModel` with the loops' own work and the
 encoders, timed apart on held-out examples (`auto_gamma.measure_loop_costs`).
 The step costs are timed as gamma = 'auto' times them (`auto_gamma`).
+
+Any target kind (`experiment.targets`): the target is a `targets.LoadedTarget`
+(its `Scorer`, EOS id and token pieces), decoded by the generic loops
+(`baseline.decode`, `speculative.speculative_decode`) on batches the runner
+checked once against the vocabulary and cut to their length bucket.
 """
 
 from __future__ import annotations
@@ -24,32 +29,32 @@ import jax
 import numpy as np
 
 from specdec_jax import auto_gamma, benchmarking, contention, distributed, stats, theory
-from specdec_jax.decoding.baseline import temperature_sample
+from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.experiment.record import Example, PointRow
 from specdec_jax.experiment.settings import Experiment, Point, draft_name
-from specdec_jax.models import T5Model
+from specdec_jax.experiment.targets import LoadedTarget
 
 Array = jax.Array
 
 
-def measure_target_costs(exp: Experiment, target: T5Model, params: dict, inputs: Array,
-                         max_gamma: int) -> auto_gamma.VerifyTimes:
+def measure_target_costs(exp: Experiment, target: Scorer, inputs: Array, max_gamma: int
+                         ) -> auto_gamma.VerifyTimes:
   """T_step and T_verify(k), k = 1..max_gamma + 1, at the batch size of `inputs`."""
-  return auto_gamma.verify_times(target, params, inputs, max_gamma=max_gamma,
+  return auto_gamma.verify_times(target, inputs, max_gamma=max_gamma,
                                  max_decode_len=exp.max_decode_len, calls=exp.timing_calls,
                                  repeats=exp.timing_repeats, rounds=exp.timing_rounds)
 
 
-def calibrate(exp: Experiment, point: Point, target: T5Model, params: dict, draft: Draft,
+def calibrate(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
               batches: Sequence[Array], verify: auto_gamma.VerifyTimes
               ) -> auto_gamma.GammaChoice:
   """gamma = 'auto' for `point` (`auto_gamma.calibrate` on held-out `batches`)."""
   return auto_gamma.calibrate(
-      target, params, draft, batches, warp=Warp(point.temperature),
-      max_decode_len=exp.max_decode_len, max_gamma=exp.auto_max_gamma,
+      target.scorer, draft, batches, warp=Warp(point.temperature),
+      max_decode_len=exp.max_decode_len, max_gamma=exp.auto_max_gamma, eos_id=target.eos_id,
       rng=jax.random.PRNGKey(exp.seed), verify=verify,
       calibration_gamma=min(auto_gamma.DEFAULT_CALIBRATION_GAMMA, exp.auto_max_gamma),
       timing_calls=exp.timing_calls, timing_repeats=exp.timing_repeats)
@@ -76,17 +81,18 @@ def _greedy_check(point: Point) -> Callable[[int, dict], None]:
   return check
 
 
-def _time_decoders(exp: Experiment, point: Point, target: T5Model, target_params: dict,
-                   draft: Draft, batches: Sequence[Array]
+def _time_decoders(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
+                   batches: Sequence[Array]
                    ) -> tuple[dict[str, benchmarking.DecoderTiming], dict[str, list]]:
   """Both decoders interleaved over `batches` (`benchmarking.time_interleaved`)."""
   rngs = [jax.random.fold_in(jax.random.PRNGKey(exp.seed), i) for i in range(len(batches))]
-  kwargs = dict(max_decode_len=exp.max_decode_len, temperature=point.temperature)
+  kwargs = dict(max_decode_len=exp.max_decode_len, warp=Warp(point.temperature),
+                eos_id=target.eos_id)
   decoders = {
-      "baseline": lambda i: temperature_sample(target, target_params, batches[i], rng=rngs[i],
-                                               **kwargs),
-      "speculative": lambda i: speculative_sample(target, target_params, draft, batches[i],
-                                                  gamma=point.gamma, rng=rngs[i], **kwargs)}
+      "baseline": lambda i: baseline.decode(target.scorer, batches[i], rngs[i], **kwargs),
+      "speculative": lambda i: speculative.speculative_decode(
+          target.scorer, draft, batches[i], rngs[i], gamma=point.gamma,
+          draft_inputs=batches[i], **kwargs)}
   return benchmarking.time_interleaved(
       decoders, len(batches), exp.repetitions, fetch=distributed.fetch,
       check=_greedy_check(point) if point.temperature == 0 else None,
@@ -162,9 +168,8 @@ def _example(output: Any, pieces: Callable[[list[int]], list[str]]) -> Example:
                  accepted_mask=np.asarray(output.accepted_mask[0, :length]).astype(bool).tolist())
 
 
-def measure_point(exp: Experiment, point: Point, target: T5Model, target_params: dict,
-                  draft: Draft, batches: Sequence[Array], verify: auto_gamma.VerifyTimes,
-                  max_gamma: int, pieces: Callable[[list[int]], list[str]],
+def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
+                  batches: Sequence[Array], verify: auto_gamma.VerifyTimes, max_gamma: int,
                   held_out: Sequence[Array] = (),
                   choice: auto_gamma.GammaChoice | None = None) -> PointRow:
   """Measures one (task, draft, temperature, gamma, batch size) point.
@@ -172,13 +177,12 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
   Args:
     exp: the experiment (max_decode_len, repetitions, seed, ...).
     point: the point, at an int gamma.
-    target: the target model.
-    target_params: its parameters.
+    target: the loaded target (its scorer, EOS id, and pieces for the saved example).
     draft: the draft built from `point.draft`.
-    batches: int32 `[point.batch_size, exp.input_len]` input batches (all examples).
+    batches: int32 `[point.batch_size, input_len]` input batches (all examples),
+      checked against the vocabulary and cut to their length bucket.
     verify: the target's step costs at this batch size (`measure_target_costs`).
     max_gamma: the largest gamma of the run (sets the timing cache length).
-    pieces: token ids -> SentencePiece pieces (for the saved example).
     held_out: batches of the same shape outside the measured examples, on which
       the loops' overheads and the encoders are timed for the cost model
       (`auto_gamma.measure_loop_costs`); empty: the first measured batch.
@@ -192,16 +196,16 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
       baseline's (they must be identical).
   """
   with contention.quiet(str(point)) as guard:
-    timings, outputs = _time_decoders(exp, point, target, target_params, draft, batches)
+    timings, outputs = _time_decoders(exp, point, target, draft, batches)
     draft_cost = auto_gamma.draft_time(
         draft, batches[0], gamma=point.gamma, warp=Warp(point.temperature),
         max_decode_len=exp.max_decode_len, max_gamma=max_gamma, calls=exp.timing_calls,
-        repeats=exp.timing_repeats, seed=exp.seed, target=target, target_params=target_params)
+        repeats=exp.timing_repeats, seed=exp.seed, target=target.scorer)
     loop_costs, _ = auto_gamma.measure_loop_costs(
-        target, target_params, draft, list(held_out) or list(batches[:1]), gamma=point.gamma,
+        target.scorer, draft, list(held_out) or list(batches[:1]), gamma=point.gamma,
         warp=Warp(point.temperature), max_decode_len=exp.max_decode_len,
-        t_chunk=verify.t_chunk, t_draft=draft_cost.seconds, rng=jax.random.PRNGKey(exp.seed),
-        repeats=exp.timing_repeats, held_out=bool(held_out))
+        eos_id=target.eos_id, t_chunk=verify.t_chunk, t_draft=draft_cost.seconds,
+        rng=jax.random.PRNGKey(exp.seed), repeats=exp.timing_repeats, held_out=bool(held_out))
   # Tokens per batch as the loops run them, on the measured examples: until the longest row ends.
   loop_costs = dataclasses.replace(loop_costs, loop_tokens=float(
       np.mean([int(np.max(o.lengths)) for o in outputs["baseline"]])))
@@ -212,7 +216,7 @@ def measure_point(exp: Experiment, point: Point, target: T5Model, target_params:
                                pooled.tokens_per_call()),
       cost_model_terms=loop_costs, greedy_identical=True if point.temperature == 0 else None,
       idle_check=guard.record(), idle_check_target_costs=dict(verify.idle_check),
-      example=_example(outputs["speculative"][0], pieces),
+      example=_example(outputs["speculative"][0], target.pieces),
       environment=benchmarking.environment(),
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       gamma_auto=choice is not None, gamma_choice=None if choice is None else choice.to_json())

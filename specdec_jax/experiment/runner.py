@@ -9,6 +9,10 @@ calibrated on held-out examples with the step costs the run measures anyway);
 its row holds the gamma chosen and why. Points already in that file are
 skipped, so an interrupted run resumes where it stopped. `summary_table` is
 the table the command prints.
+
+The target and drafts are whatever kind `Experiment.target_kind` names
+(`experiment.registry`): the kind loads the target (its `Scorer`) and builds
+each draft from its spec; everything else here is the same for every kind.
 """
 
 from __future__ import annotations
@@ -21,19 +25,13 @@ from typing import Any
 
 import jax
 import numpy as np
-import sentencepiece as spm
 import tqdm
-from absl import logging
 
-from specdec_jax import auto_gamma, contention, distributed, partitioning
-from specdec_jax.checkpoints import load_hf_checkpoint, load_model
-from specdec_jax.data import layout
-from specdec_jax.data.ngram_stats import load_ngram_stats
+from specdec_jax import auto_gamma, contention, distributed, partitioning, validation
 from specdec_jax.decoding import buckets
-from specdec_jax.decoding.drafts import Draft, NgramDraft, PromptLookupDraft, make_draft
-from specdec_jax.experiment import measure, prompts, results_io, settings, stand_ins
+from specdec_jax.decoding.drafts import Draft
+from specdec_jax.experiment import measure, prompts, registry, results_io, settings, targets
 from specdec_jax.experiment.record import PointRow
-from specdec_jax.models import T5Model
 
 RESULTS_ROOT = "results"  # Committed reference measurements (experiments/reproduce_results.sh).
 RUNS_ROOT = "runs"  # A user's own runs (not committed).
@@ -52,34 +50,14 @@ def load_experiment(gin_files: list[str], bindings: list[str]) -> settings.Exper
   except TypeError as e:
     raise ValueError(f"Experiment is incomplete ({e}); bind it in a gin file, e.g. "
                      "Experiment.name = 'mine' and Experiment.drafts = ['draft_small'].") from e
-  if exp.stand_ins_when_missing and not os.path.isdir(exp.checkpoint_dir(exp.target)):
-    stand_ins_dir = os.path.join(layout.default_data_dir(), "random_models")
-    logging.warning(
-        "%s has no trained target yet: measuring RANDOM-INIT stand-ins of the family's shapes "
-        "from %s instead. Timings are real, acceptance rates are meaningless.",
-        exp.models_dir, stand_ins_dir)
-    names = [exp.target] + [d for d in exp.drafts if exp.is_t5_draft(d)]
-    stand_ins.write_stand_ins(stand_ins_dir, names)
-    # Its own results directory: stand-in rows must never stand for the family's.
-    exp = dataclasses.replace(exp, models_dir=stand_ins_dir, name=f"{exp.name}_random_stand_ins")
+  if exp.stand_ins_when_missing:
+    kind = registry.target_kind(exp.target_kind, "Experiment.target_kind")
+    if kind.stand_ins is None:
+      raise ValueError(f"Experiment.stand_ins_when_missing: a {kind.name!r} target has no "
+                       "random-init stand-ins; set it to False.")
+    exp = kind.stand_ins(exp)
   settings.validate(exp)
   return exp
-
-
-def _build_draft(exp: settings.Experiment, spec: str, task: str, vocab_size: int,
-                 mesh: jax.sharding.Mesh) -> Draft:
-  """The draft of `spec` for `task` (n-gram drafts use the task's corpus statistics)."""
-  if spec in settings.NGRAM_ORDER:
-    stats = load_ngram_stats(task)
-    return NgramDraft.from_counts(stats.unigram, stats.bigram_prev, stats.bigram_next,
-                                  stats.bigram_count, order=settings.NGRAM_ORDER[spec])
-  if spec == "prompt_lookup":
-    return PromptLookupDraft(vocab_size)
-  model, params = load_model(exp.checkpoint_dir(spec), dtype=exp.dtype,
-                             param_dtype=exp.param_dtype)
-  # Sharded, and its caches constrained, by the draft rules.
-  model = dataclasses.replace(model, axis_rules=partitioning.draft_axis_rules())
-  return make_draft(model, partitioning.shard_params(model, params, mesh))
 
 
 def run(exp: settings.Experiment, output_dir: str) -> str:
@@ -96,10 +74,11 @@ def run(exp: settings.Experiment, output_dir: str) -> str:
         file=sys.stderr)
   if not pending:
     return path
-  bench = _Bench(exp, settings.largest_gamma(exp, points))
+  mesh = partitioning.make_mesh()
   bar = tqdm.tqdm(total=len(points), initial=len(points) - len(pending), unit="point",
                   file=sys.stderr, dynamic_ncols=True)
-  with jax.set_mesh(bench.mesh):  # Decoders compile for the mesh's shardings.
+  with jax.set_mesh(mesh):  # Decoders compile for the mesh's shardings.
+    bench = _Bench(exp, settings.largest_gamma(exp, points), mesh)
     for point in pending:
       bar.set_description(f"{point.task} b{point.batch_size} {settings.draft_name(point.draft)} "
                           f"T={point.temperature:g} g={point.gamma}")
@@ -154,15 +133,10 @@ class _Bench:
   retried after a timing refused as noisy redoes only what failed.
   """
 
-  def __init__(self, exp: settings.Experiment, max_gamma: int):
-    self.exp, self.max_gamma = exp, max_gamma
-    self.mesh = partitioning.make_mesh()
-    cfg, params = load_hf_checkpoint(exp.checkpoint_dir(exp.target), dtype=exp.dtype,
-                                     param_dtype=exp.param_dtype)
-    partitioning.check_model_fits(cfg, self.mesh)
-    self.target = T5Model(cfg, axis_rules=partitioning.axis_rules())
-    self.params = partitioning.shard_params(self.target, params, self.mesh)
-    self.processor = spm.SentencePieceProcessor(model_file=exp.vocab_path)
+  def __init__(self, exp: settings.Experiment, max_gamma: int, mesh: jax.sharding.Mesh):
+    self.exp, self.max_gamma, self.mesh = exp, max_gamma, mesh
+    self.kind = registry.target_kind(exp.target_kind, "Experiment.target_kind")
+    self.target = self.kind.load(exp, mesh)
     self._made: dict[tuple, Any] = {}
 
   def _once(self, key: tuple, make: Callable[[], Any]) -> Any:
@@ -172,23 +146,29 @@ class _Bench:
 
   def measure(self, point: settings.Point, say: Callable[[str], Any]) -> PointRow:
     """Measures `point`, choosing its gamma first if it is 'auto'."""
-    exp = self.exp
-    draft_task = point.task if point.draft in settings.NGRAM_ORDER else ""  # n-grams: per task.
-    draft = self._once(("draft", point.draft, draft_task), lambda: _build_draft(
-        exp, point.draft, point.task, self.target.config.vocab_size, self.mesh))
+    exp, target = self.exp, self.target
     examples = self._once(("examples", point.task, point.batch_size),
                           lambda: self._examples(point.task, point.batch_size))
+    draft_kind = self.kind.draft_kind(point.draft)
+    draft = self._once(("draft", *targets.draft_key(draft_kind, point.draft, point.task)),
+                       lambda: self._draft(draft_kind, point, examples.measured[0]))
     verify = self._once(("verify", point.task, point.batch_size), lambda: (
-        measure.measure_target_costs(exp, self.target, self.params, examples.measured[0],
+        measure.measure_target_costs(exp, target.scorer, examples.measured[0],
                                      self.max_gamma)))
     choice = None
     if point.gamma == settings.AUTO:
       choice = self._once(("choice", point.key), lambda: self._choose(point, draft, examples,
                                                                      verify, say))
       point = dataclasses.replace(point, gamma=choice.gamma)
-    return measure.measure_point(exp, point, self.target, self.params, draft, examples.measured,
-                                 verify, self.max_gamma, self._pieces,
-                                 examples.held_out[:HELD_OUT_BATCHES], choice)
+    return measure.measure_point(exp, point, target, draft, examples.measured, verify,
+                                 self.max_gamma, examples.held_out[:HELD_OUT_BATCHES], choice)
+
+  def _draft(self, kind: targets.DraftKind, point: settings.Point, inputs: jax.Array) -> Draft:
+    """The draft of `point`, checked against the target on a batch of its inputs."""
+    draft = kind.build(self.target, point.draft, point.task if kind.per_task else "")
+    validation.check_draft(draft, self.target.scorer.vocab_size, inputs, None,
+                           self.target.encoder_width)
+    return draft
 
   def _choose(self, point: settings.Point, draft: Draft, examples: _Examples,
               verify: auto_gamma.VerifyTimes, say: Callable[[str], Any]
@@ -200,8 +180,7 @@ class _Bench:
           f"'auto' calibrates on whole batches of {point.batch_size} of the examples after the "
           f"{self.exp.num_examples} measured ones, and {point.task!r} has none; raise "
           "auto_calibration_examples or lower num_examples.")
-    choice = measure.calibrate(self.exp, point, self.target, self.params, draft,
-                               examples.held_out, verify)
+    choice = measure.calibrate(self.exp, point, self.target, draft, examples.held_out, verify)
     say(f"{point.task} {settings.draft_name(point.draft)} T={point.temperature:g} "
         f"batch={point.batch_size}: gamma='auto' chose {choice.reason} (calibration "
         f"{choice.calibration_s:.1f} s)")
@@ -216,19 +195,19 @@ class _Bench:
       raise ValueError(f"Experiment.num_examples={exp.num_examples}, but {source} holds only "
                        f"{len(inputs)} examples of {task!r}; lower num_examples.")
     held_out = inputs[exp.num_examples:exp.num_examples + exp.auto_calibration_examples]
-    return _Examples(self._batches(inputs[:exp.num_examples], batch_size),
-                     self._batches(held_out[:len(held_out) // batch_size * batch_size],
+    return _Examples(self._batches(task, inputs[:exp.num_examples], batch_size),
+                     self._batches(task, held_out[:len(held_out) // batch_size * batch_size],
                                    batch_size))
 
-  def _batches(self, inputs: list[str], batch_size: int) -> list[jax.Array]:
+  def _batches(self, task: str, inputs: list[str], batch_size: int) -> list[jax.Array]:
+    """The target's inputs of `task`'s examples, checked against its vocabulary, in batches
+    cut to their length bucket and placed on the mesh."""
     if not inputs:
       return []
-    tokens = prompts.tokenize(self.processor, inputs, self.exp.input_len)
+    tokens = self.target.tokenize(task, inputs, self.exp.input_len)
+    validation.check_token_ids("inputs", tokens, self.target.scorer.vocab_size)
     return [partitioning.shard_batch(buckets.to_bucket(b), self.mesh)
             for b in np.split(tokens, len(tokens) // batch_size)]
-
-  def _pieces(self, ids: list[int]) -> list[str]:
-    return [self.processor.id_to_piece(i) for i in ids]
 
 
 def summary_table(rows: list[PointRow], reference_rows: list[PointRow]) -> str:

@@ -7,7 +7,9 @@ gin: `--gin.Settings.FIELD=VALUE` (or a `--gin_file`) sets it for any command.
 grid it measures; `Experiment.FIELD` bindings (`gin_configs/*.gin`) set a run's
 own values, and a shared field it leaves unbound takes the `Settings` binding.
 `validate` checks everything that can be checked without loading weights, so a
-bad run fails in seconds, before any measurement.
+bad run fails in seconds, before any measurement. What depends on the kind of
+target (`target_kind`: its checkpoint, tokenizer and drafts) is checked by its
+entry in `experiment.registry`.
 """
 
 from __future__ import annotations
@@ -20,15 +22,11 @@ from typing import Any
 import gin
 
 from specdec_jax import validation
-from specdec_jax.checkpoints import load_model_config
 from specdec_jax.data import layout
-from specdec_jax.data.ngram_stats import load_ngram_stats
-from specdec_jax.experiment import prompts, results_io
+from specdec_jax.experiment import prompts, registry, results_io
 from specdec_jax.models.config import check_dtype
 
-TRIVIAL_DRAFTS = ("unigram", "bigram", "prompt_lookup")
 AUTO = results_io.AUTO
-NGRAM_ORDER = {"unigram": 1, "bigram": 2}
 
 
 def _shared(name: str, default: Any) -> Any:
@@ -49,12 +47,19 @@ class Settings:
   """What every command shares (bound as `Settings.FIELD` in gin).
 
   Attributes:
+    target_kind: the kind of target model (`experiment.registry`): "t5" (an
+      HF T5 checkpoint, the default) or "llama_gguf" (a decoder-only Llama
+      read from a GGUF file); it decides what `target` and the draft specs
+      name, and how examples become inputs.
     models_dir: directory that checkpoint names (`target`, drafts) are resolved
       in (absolute paths are used as they are).
-    target: HF-format checkpoint directory of the target.
-    vocab_path: SentencePiece model the prompts are tokenised with.
+    target: the target: for "t5" an HF-format checkpoint directory; for
+      "llama_gguf" a .gguf file or "smollm2" (`experiment.llama_target`).
+    vocab_path: SentencePiece model the prompts are tokenised with (a T5
+      target's; a GGUF file holds its own tokenizer).
     input_len: every input is cut / 0-padded to this many tokens (EOS
-      included), so nothing recompiles between batches.
+      included; a decoder-only target's whole chat prompt), then cut to its
+      length bucket, so few programs compile.
     max_decode_len: most tokens generated per example.
     gamma: draft proposals per target call (a run lists its own in
       `Experiment.gammas`, by default this one).
@@ -63,6 +68,7 @@ class Settings:
     param_dtype: dtype the parameters are held in.
   """
 
+  target_kind: str = _shared("target_kind", "t5")
   models_dir: str = _shared("models_dir", os.path.join("assets", "models"))
   target: str = _shared("target", "target")
   vocab_path: str = _shared("vocab_path", prompts.VOCAB_PATH)
@@ -74,7 +80,7 @@ class Settings:
   param_dtype: str = _shared("param_dtype", "float32")
 
   def checkpoint_dir(self, spec: str) -> str:
-    """The directory of a target or T5-draft spec (`models_dir`-relative or absolute)."""
+    """The path of a target or checkpoint-draft spec (`models_dir`-relative or absolute)."""
     return os.path.join(self.models_dir, spec)
 
 
@@ -85,9 +91,10 @@ def validate_settings(settings: Settings, owner: str = "Settings") -> None:
     settings: the settings (or an `Experiment`).
     owner: the configurable named in messages.
   """
-  for field in ("models_dir", "target", "vocab_path", "dtype", "param_dtype"):
+  for field in ("target_kind", "models_dir", "target", "vocab_path", "dtype", "param_dtype"):
     _require(isinstance(getattr(settings, field), str),
              f"{owner}.{field} must be a string, got {getattr(settings, field)!r}.")
+  registry.target_kind(settings.target_kind, f"{owner}.target_kind")
   for field in ("dtype", "param_dtype"):
     check_dtype(f"{owner}.{field}", getattr(settings, field))
   validation.as_int(f"{owner}.max_decode_len", settings.max_decode_len, minimum=1)
@@ -134,8 +141,11 @@ class Experiment(Settings):
 
   Attributes:
     name: experiment name; the default output directory is `results/<name>`.
-    drafts: draft specs: a checkpoint directory of a T5 draft, or one of
-      "unigram", "bigram" (the corpus's n-gram statistics) or "prompt_lookup".
+    drafts: draft specs, each of a draft kind of the target kind
+      (`registry.TARGET_KINDS[target_kind].drafts`): for "t5" a checkpoint
+      directory of a T5 draft, "unigram" / "bigram" (the corpus's n-gram
+      statistics) or "prompt_lookup"; for "llama_gguf" "prompt_lookup",
+      "layer_skip_<L>" or "unigram" / "bigram" (fit on the target's outputs).
     tasks: corpora, "ende" and/or "mansum".
     split: corpus split the examples come from.
     num_examples: examples per task (the first ones of the split); a multiple
@@ -169,7 +179,8 @@ class Experiment(Settings):
     stand_ins_when_missing: if the target is missing from `models_dir` (the
       trained family is not shipped yet), measure random-init stand-ins of the
       family's shapes instead, written once to `<data_dir>/random_models`; a
-      warning says that their acceptance rates mean nothing.
+      warning says that their acceptance rates mean nothing (target kinds
+      with stand-ins only: "t5").
   """
 
   name: str
@@ -193,13 +204,11 @@ class Experiment(Settings):
     if self.gammas is None:
       object.__setattr__(self, "gammas", (self.gamma,))
 
-  def is_t5_draft(self, spec: str) -> bool:
-    return spec not in TRIVIAL_DRAFTS
-
 
 def draft_name(spec: str) -> str:
-  """The name a draft has in results: the trivial kind, or its checkpoint's basename."""
-  return spec if spec in TRIVIAL_DRAFTS else os.path.basename(os.path.normpath(spec))
+  """The name a draft has in results: its spec ("bigram", "layer_skip_8"), or a
+  checkpoint's basename."""
+  return os.path.basename(os.path.normpath(spec))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,41 +232,14 @@ def _require(ok: bool, message: str) -> None:
     raise ValueError(message)
 
 
-def _check_checkpoint(exp: Experiment, spec: str, field: str) -> int:
-  """Checks that a checkpoint directory is complete; returns its vocabulary size."""
-  path = exp.checkpoint_dir(spec)
-  config_path = os.path.join(path, "config.json")
-  if not os.path.isfile(config_path):
-    raise FileNotFoundError(
-        f"Experiment.{field}: no checkpoint at {path!r} (missing config.json). Ship the trained "
-        "family there (`python -m experiments.export_family`), write "
-        "random stand-ins with `python -m experiments.random_models --output_dir=DIR` and bind "
-        "--gin.Experiment.models_dir=\"'DIR'\", or fix the path.")
-  has_weights = any(os.path.isfile(os.path.join(path, f))
-                    for f in ("model.safetensors", "model.safetensors.index.json"))
-  _require(has_weights, f"Experiment.{field}: {path!r} has config.json but no "
-                        "model.safetensors; re-export it with save_hf_checkpoint.")
-  try:
-    return load_model_config(path).vocab_size
-  except ValueError as e:  # A CheckpointError naming the file and field, or another.
-    raise type(e)(f"Experiment.{field}: {e}") from e
-
-
-def _vocab_size(path: str) -> int:
-  import sentencepiece as spm  # noqa: PLC0415  (no TensorFlow on this path)
-
-  _require(os.path.isfile(path), f"Experiment.vocab_path={path!r} does not exist; point it at "
-                                 "the SentencePiece model (assets/vocab/specdec_sp8k.model).")
-  return spm.SentencePieceProcessor(model_file=path).vocab_size()
-
-
 def validate(exp: Experiment) -> None:
   """Raises ValueError / FileNotFoundError, naming the field and the fix, for a bad run.
 
   Checks the type of every field (integers are never truncated: see
-  `specdec_jax.validation`), numbers and lists, that every checkpoint exists
-  and its config.json is sound, and that every draft (and the tokenizer)
-  shares the target's vocabulary. Reads config.json files and n-gram
+  `specdec_jax.validation`), numbers and lists; then, through the target
+  kind (`registry`), that the target exists and is sound, that every draft
+  spec names a draft kind of it, and that every draft (and the tokenizer)
+  shares the target's vocabulary. Reads configs, file headers and n-gram
   statistics only, no weights.
   """
   validate_settings(exp, "Experiment")
@@ -306,23 +288,11 @@ def validate(exp: Experiment) -> None:
            f"Experiment.drafts {list(exp.drafts)} has two drafts of one name; results are "
            "keyed by the checkpoint's directory name.")
 
-  target_vocab = _check_checkpoint(exp, exp.target, "target")
-  tokenizer_vocab = _vocab_size(exp.vocab_path)
-  _require(tokenizer_vocab <= target_vocab,
-           f"Experiment.vocab_path has {tokenizer_vocab} pieces but the target's vocabulary is "
-           f"{target_vocab}; use the tokenizer the target was trained with.")
-  for spec in exp.drafts:
-    if spec in NGRAM_ORDER:
-      vocabs = {task: load_ngram_stats(task).vocab_size for task in exp.tasks}
-    elif spec == "prompt_lookup":
-      vocabs = {}  # Built with the target's vocabulary.
-    else:
-      vocabs = {"": _check_checkpoint(exp, spec, f"drafts ({spec!r})")}
-    for where, vocab in vocabs.items():
-      _require(vocab == target_vocab,
-               f"Experiment.drafts: draft {spec!r}{' for ' + where if where else ''} has a "
-               f"vocabulary of {vocab}, the target of {target_vocab}; speculative sampling "
-               "needs one shared vocabulary: use a draft trained with the target's tokenizer.")
+  kind = registry.target_kind(exp.target_kind, "Experiment.target_kind")
+  draft_kinds = [kind.draft_kind(spec) for spec in exp.drafts]  # Unknown specs first.
+  target_vocab = kind.check(exp)
+  for spec, draft_kind in zip(exp.drafts, draft_kinds, strict=True):
+    draft_kind.check(exp, spec, target_vocab)
 
 
 def best_gammas(path: str) -> dict[tuple[str, str, float], int]:

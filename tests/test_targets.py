@@ -1,0 +1,212 @@
+"""Target kinds: the registry, their checks, and the runner on a decoder-only target.
+
+The llama_gguf kind runs on a tiny random-weight Llama written to a GGUF file
+here in llama.cpp's layout (`gguf.GGUFWriter`: float32 tensors, `[out, in]`
+matrices, query / key rows in RoPE pair order, a byte-level vocabulary and a
+chat template), so the whole path (loader, tokenizer, chat prompts, scorer,
+runner) is exercised without the SmolLM2 file.
+"""
+
+from __future__ import annotations
+
+import json
+
+import gin
+import jax
+import numpy as np
+import pytest
+
+from specdec_jax import partitioning
+from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
+from specdec_jax.decoding.llama_scorer import LayerSkipDraft
+from specdec_jax.experiment import (
+    llama_target,
+    registry,
+    results_io,
+    runner,
+    settings,
+    t5_target,
+    targets,
+)
+from specdec_jax.models import gguf_loader, layers
+from specdec_jax.models.llama import LlamaConfig, LlamaModel
+
+gguf = pytest.importorskip("gguf")
+tokenizers = pytest.importorskip("tokenizers")
+
+CONFIG = dict(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, d_ff=48,
+              rope_theta=10000.0, layer_norm_epsilon=2.0**-16)  # Exact in GGUF's float32.
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e"]
+TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+            "message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+            "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def _pair_order(w: np.ndarray, heads: int) -> np.ndarray:
+  """`[heads * head_dim, in]` rows from HuggingFace's half-split order to llama.cpp's pairs
+  (the inverse of what `gguf_loader` undoes)."""
+  head_dim = w.shape[0] // heads
+  return w.reshape(heads, 2, head_dim // 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_gguf(path: str, seed: int = 0) -> tuple[LlamaConfig, dict]:
+  """A 2-layer random Llama over a byte-level vocabulary, as a GGUF file; its config, params."""
+  tokens = SPECIAL + sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he"]
+  config = LlamaConfig(vocab_size=len(tokens), bos_token_id=1, eos_token_id=2, **CONFIG)
+  rng = np.random.default_rng(seed)
+  # Norm scales 1, the embedding N(0, 1), kernels N(0, 4 / fan_in) (greedy paths visit many
+  # tokens); numpy, so nothing compiles.
+  init = lambda info: (np.ones(info.shape) if len(info.shape) == 1 else rng.normal(
+      0.0, 1.0 if info.axes[0] == "vocab" else 2.0 * info.shape[0] ** -0.5,
+      info.shape)).astype(np.float32)
+  params = jax.tree.map(init, LlamaModel(config).param_info(),
+                        is_leaf=lambda x: isinstance(x, layers.ParamInfo))
+  writer = gguf.GGUFWriter(path, "llama")
+  writer.add_block_count(config.num_layers)
+  writer.add_embedding_length(config.d_model)
+  writer.add_feed_forward_length(config.d_ff)
+  writer.add_head_count(config.num_heads)
+  writer.add_head_count_kv(config.num_kv_heads)
+  writer.add_rope_dimension_count(config.head_dim)
+  writer.add_rope_freq_base(config.rope_theta)
+  writer.add_layer_norm_rms_eps(config.layer_norm_epsilon)
+  writer.add_tokenizer_model("gpt2")
+  writer.add_tokenizer_pre("gpt2")
+  writer.add_token_list(tokens)
+  writer.add_token_types([3] * len(SPECIAL) + [1] * (len(tokens) - len(SPECIAL)))
+  writer.add_token_merges(MERGES)
+  writer.add_bos_token_id(1)
+  writer.add_eos_token_id(2)
+  writer.add_chat_template(TEMPLATE)
+  writer.add_tensor("token_embd.weight", params["token_embedder"]["embedding"])
+  writer.add_tensor("output_norm.weight", params["decoder"]["decoder_norm"]["scale"])
+  for i in range(config.num_layers):
+    layer = params["decoder"][f"layers_{i}"]
+    for name, (path_, transposed) in gguf_loader._LAYER_TENSORS.items():
+      w = layer
+      for key in path_:
+        w = w[key]
+      w = w.T if transposed else w
+      if name in ("attn_q", "attn_k"):
+        w = _pair_order(w, config.num_heads if name == "attn_q" else config.num_kv_heads)
+      writer.add_tensor(f"blk.{i}.{name}.weight", np.ascontiguousarray(w, np.float32))
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  return config, params
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> tuple[str, LlamaConfig, dict]:
+  path = str(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+  config, params = write_tiny_gguf(path)
+  return path, config, params
+
+
+def test_loader_reads_back_a_file_in_llama_cpps_layout(tiny_gguf):
+  path, config, params = tiny_gguf
+  checkpoint = gguf_loader.load_gguf(path)
+  assert checkpoint.config == config
+  jax.tree.map(np.testing.assert_array_equal, checkpoint.params, params)
+  vocabulary = checkpoint.vocabulary
+  text = vocabulary.chat_prompt([{"role": "user", "content": "Translate to German: the"}])
+  ids = vocabulary.tokenizer().encode(text).ids
+  # Control tokens whole (two turns opened, one closed), the merges applied.
+  assert ids[0] == 1 and (ids.count(1), ids.count(2)) == (2, 1)
+  assert vocabulary.tokens.index("Ġt") in ids
+  assert vocabulary.tokenizer().decode(ids, skip_special_tokens=False) == text
+
+
+def test_registry_names_each_kind_and_its_drafts():
+  assert set(registry.TARGET_KINDS) == {"t5", "llama_gguf"}
+  with pytest.raises(ValueError, match=r"Settings\.target_kind='gpt' is not a target kind; "
+                                       r"use one of \['llama_gguf', 't5'\]"):
+    registry.target_kind("gpt")
+  t5, llama = registry.TARGET_KINDS["t5"], registry.TARGET_KINDS["llama_gguf"]
+  assert t5.draft_kind("bigram") is t5_target.NGRAM
+  assert t5.draft_kind("prompt_lookup") is targets.PROMPT_LOOKUP
+  assert t5.draft_kind("assets/models/draft_small") is t5_target.CHECKPOINT
+  assert llama.draft_kind("layer_skip_12") is llama_target.LAYER_SKIP
+  assert llama.draft_kind("bigram") is llama_target.NGRAM
+  with pytest.raises(ValueError, match=r"'draft_small', which no draft of a 'llama_gguf' target "
+                                       r"is: use one of: prompt_lookup; layer_skip_<L>"):
+    llama.draft_kind("draft_small")
+  assert targets.draft_key(t5_target.NGRAM, "bigram", "ende") == ("bigram", "ende")
+  assert targets.draft_key(llama_target.NGRAM, "bigram", "ende") == ("bigram", "")
+
+
+def _gin(tmp_path, gguf_path: str, **overrides) -> str:
+  bindings = {
+      "name": "'tiny_llama'", "target_kind": "'llama_gguf'", "target": repr(gguf_path),
+      "drafts": "['layer_skip_1']", "tasks": "['ende']", "num_examples": "2",
+      "temperatures": "[0.0]", "gammas": "[1]", "max_decode_len": "6", "input_len": "64",
+      "repetitions": "1", "timing_calls": "2", "timing_repeats": "1", "timing_rounds": "1",
+      "auto_calibration_examples": "2", **overrides}
+  path = tmp_path / "tiny_llama.gin"
+  path.write_text("".join(f"Experiment.{k} = {v}\n" for k, v in bindings.items()))
+  return str(path)
+
+
+@pytest.mark.parametrize("binding, error, match", [
+    ("Experiment.drafts = ['draft_small']", ValueError,
+     r"'draft_small', which no draft of a 'llama_gguf' target is"),
+    ("Experiment.drafts = ['layer_skip_3']", ValueError,
+     r"'layer_skip_3': L must lie in 1\.\.2, the target's layers"),
+    ("Experiment.target = '/no/such.gguf'", FileNotFoundError, r"no GGUF file at '/no/such\.gguf'"),
+    ("Experiment.target_kind = 'gpt'", ValueError, r"Experiment\.target_kind='gpt'"),
+    ("Experiment.stand_ins_when_missing = True", ValueError,
+     r"a 'llama_gguf' target has no random-init stand-ins"),
+    ("NgramFit.examples = 0", ValueError, r"NgramFit\.examples must be an int >= 1"),
+])
+def test_bad_llama_runs_fail_before_work(tmp_path, tiny_gguf, monkeypatch, binding, error,
+                                         match):
+  monkeypatch.setattr(llama_target.gguf_loader, "load_gguf", lambda *a: pytest.fail("loaded"))
+  with pytest.raises(error, match=match):
+    runner.load_experiment([_gin(tmp_path, tiny_gguf[0])], [binding])
+
+
+def test_runner_measures_a_decoder_only_target(tmp_path, tiny_gguf):
+  """The runner, unchanged, on the tiny GGUF Llama: chat prompts, a layer-skip draft,
+  greedy tokens checked equal to the baseline's, the row's costs through `Scorer.score`."""
+  exp = runner.load_experiment([_gin(tmp_path, tiny_gguf[0])], [])
+  path = runner.run(exp, str(tmp_path / "out"))
+  (row,) = results_io.read_rows(path)
+  assert row["draft"] == "layer_skip_1" and row["target"] == tiny_gguf[0]
+  assert row["greedy_identical"] is True and row["speedup_measured"] > 0
+  assert set(row["t_verify_s"]) == {"1", "2"} and row["c"] > 0
+  terms = row["cost_model_terms"]  # The prefill is the target's once-per-sequence work.
+  assert terms["encode_target_s"] > 0 and terms["encode_draft_s"] > 0
+  assert row["example"]["pieces"] and len(row["example"]["pieces"]) == len(
+      row["example"]["tokens"])
+
+
+def test_llama_target_builds_its_drafts_and_prompts(tmp_path, tiny_gguf, monkeypatch):
+  """Chat prompts of the examples, and the n-gram drafts fit on the target's own outputs."""
+  data = tmp_path / "data"
+  for task, source in (("ende", "The file is saved."), ("mansum", "cp copies files.")):
+    (data / "corpora" / task).mkdir(parents=True)
+    (data / "corpora" / task / "validation.jsonl").write_text(
+        json.dumps({"id": "0", "inputs": source, "targets": "-"}) + "\n")
+  monkeypatch.setenv("SPECDEC_DATA_DIR", str(data))
+  settings.parse_gin([_gin(tmp_path, tiny_gguf[0])], ["NgramFit.batch_size = 2"])
+  try:
+    exp = settings.Experiment()
+    loaded = llama_target.load(exp, partitioning.make_mesh())
+    inputs = loaded.tokenize("ende", ["translate English to German: the house"], 64)
+    text = loaded.vocabulary.tokenizer().decode(inputs[0][inputs[0] != 0].tolist(),
+                                                skip_special_tokens=False)
+    assert text.endswith("user\nTranslate to German: the house<|im_end|>\n"
+                         "<|im_start|>assistant\n")
+    kind = registry.TARGET_KINDS["llama_gguf"]
+    assert isinstance(kind.draft_kind("layer_skip_2").build(loaded, "layer_skip_2", ""),
+                      LayerSkipDraft)
+    assert isinstance(kind.draft_kind("prompt_lookup").build(loaded, "prompt_lookup", ""),
+                      PromptLookupDraft)
+    bigram = kind.draft_kind("bigram").build(loaded, "bigram", "")
+    assert isinstance(bigram, NgramDraft) and bigram.order == 2
+    assert bigram.vocab_size == loaded.scorer.vocab_size
+    assert kind.draft_kind("unigram").build(loaded, "unigram", "").order == 1
+  finally:
+    gin.clear_config()
