@@ -30,6 +30,7 @@ from specdec_jax.experiment import (
   results_io,
   runner,
   settings,
+  t5_target,
   tables,
 )
 from specdec_jax.experiment.record import PointRow
@@ -138,7 +139,7 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
     ("Experiment.dtype = 'float33'", ValueError, r"Experiment\.dtype='float33' is not a dtype"),
 ])
 def test_bad_config_fails_before_work(tmp_path, models_dir, monkeypatch, binding, error, match):
-  monkeypatch.setattr(runner, "load_hf_checkpoint", lambda *a: pytest.fail("work started"))
+  monkeypatch.setattr(t5_target, "load_hf_checkpoint", lambda *a, **k: pytest.fail("work started"))
   with pytest.raises(error, match=match):
     runner.load_experiment([_gin(tmp_path, models_dir)], [binding])
 
@@ -232,6 +233,22 @@ def test_auto_table_compares_the_choice_with_the_sweep():
   # Auto rows are not sweep points: the best fixed gamma stays the sweep's.
   assert [r["gamma"] for r in results_io.best_rows(sweep + [good, bad])] == [2, 3]
   assert tables.auto_table(sweep) is None
+
+
+def test_decoder_only_table3_has_both_estimators_in_order():
+  row = lambda b, e: {"alpha_beta": b, "alpha_empirical": e, "tokens_per_call": 1.5}  # noqa: E731
+  alpha = {"prompt_lookup": {"mansum": {"T=0": row(0.57, 0.56), "T=1": row(0.14, 0.15)}},
+           "layer_skip_24": {"mansum": {"T=0": row(0.33, 0.32)}},
+           "layer_skip_4": {"mansum": {"T=1": row(0.07, 0.08)}}}
+  lines = tables.table3_decoder_only(alpha).splitlines()
+  assert lines[0] == ("| task | draft | alpha (beta) T=0 | alpha (S/(S+R)) T=0 | tokens/call T=0 "
+                      "| alpha (beta) T=1 | alpha (S/(S+R)) T=1 | tokens/call T=1 |")
+  assert lines[2:] == ["| mansum | layer_skip_4 | - | - | - | 0.07 | 0.08 | 1.50 |",
+                       "| mansum | layer_skip_24 | 0.33 | 0.32 | 1.50 | - | - | - |",
+                       "| mansum | prompt_lookup | 0.57 | 0.56 | 1.50 | 0.14 | 0.15 | 1.50 |"]
+  committed = report.decoder_only_section(os.path.join(layout.REPO_ROOT, "results",
+                                                       report.DECODER_ONLY_ALPHA))
+  assert "| mansum | layer_skip_24 |" in committed and "alpha_llama" in committed
 
 
 @pytest.mark.parametrize("flag, value", [
@@ -336,7 +353,7 @@ def test_every_committed_row_loads_and_writes_back_the_same_json():
 
 @pytest.mark.parametrize("name,points", [
     ("quickstart", 2), ("sweep_gamma", 144), ("sweep_draft_size", 28), ("trivial_drafts", 24),
-    ("paper_table2", 48), ("sweep_batch", 24)])
+    ("paper_table2", 48), ("sweep_batch", 24), ("llama_smollm2", 48)])
 def test_shipped_experiment_configs_parse_and_plan(name, points):
   gin.clear_config()
   gin.add_config_file_search_path(layout.REPO_ROOT)

@@ -6,13 +6,16 @@ every point, with those whose measured speedup is more than
 `tables.FLAG_TOLERANCE` from the refined prediction flagged; speedup vs batch
 size with the crossover; the measured cost of scoring k tokens in one target
 call) and PNG figures next to it (or into `<output_dir>/<name>/`). `analyze`
-draws the theory figures (Fig. 2, Fig. 3) into `<results_root>/theory/` and
-collects everything in `<results_root>/analysis_section.md` (or under
-`output_dir`, leaving the results directories untouched).
+draws the theory figures (Fig. 2, Fig. 3) into `<results_root>/theory/`, adds
+Table 3's decoder-only rows from `<results_root>/alpha/llama.json`
+(`experiments.alpha_llama`) when it exists, and collects everything in
+`<results_root>/analysis_section.md` (or under `output_dir`, leaving the
+results directories untouched).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 from collections.abc import Sequence
@@ -23,6 +26,7 @@ from specdec_jax.experiment import figures, results_io, tables
 SECTION_FILE = "analysis_section.md"
 TABLES_FILE = "tables.md"
 THEORY_DIR = "theory"
+DECODER_ONLY_ALPHA = os.path.join("alpha", "llama.json")  # Under the results root.
 
 
 def analyze_dir(results_dir: str, output_dir: str | None = None) -> str:
@@ -80,6 +84,21 @@ def analyze_dir(results_dir: str, output_dir: str | None = None) -> str:
   return text
 
 
+def decoder_only_section(path: str) -> str:
+  """Table 3's decoder-only rows from `experiments.alpha_llama`'s JSON, with what they measured."""
+  with open(path, encoding="utf-8") as f:
+    result = json.load(f)
+  details = result["_details"]
+  settings = details["settings"]
+  prompts = "; ".join(f"{task}: {text}" for task, text in details["prompts"].items())
+  return (f"## Table 3, a decoder-only target (`{DECODER_ONLY_ALPHA}`)\n\n"
+          f"{details['target']}. Prompts: {prompts}. gamma = {settings['gamma']}, "
+          f"{settings['num_examples']} test examples per task, at most "
+          f"{settings['max_decode_len']} tokens; the n-gram drafts fit on "
+          f"{details['ngram_fit_tokens']} tokens ({details['ngram_fit']}). "
+          "`python -m experiments.alpha_llama`.\n\n" + tables.table3_decoder_only(result["alpha"]))
+
+
 def analyze(results_dirs: Sequence[str], results_root: str, output_dir: str | None = None
             ) -> str:
   """Analyses each directory, draws the theory figures; returns the section file's path.
@@ -101,6 +120,9 @@ def analyze(results_dirs: Sequence[str], results_root: str, output_dir: str | No
       ![Fig. 2: expected tokens per iteration]({THEORY_DIR}/{os.path.basename(fig2)})
       ![Fig. 3: optimal gamma]({THEORY_DIR}/{os.path.basename(fig3)})
       """)]
+  decoder_only = os.path.join(results_root, DECODER_ONLY_ALPHA)
+  if os.path.exists(decoder_only):
+    sections.append(decoder_only_section(decoder_only))
   sections += [analyze_dir(d, output_dir and os.path.join(
       output_dir, os.path.basename(os.path.normpath(d)))) for d in results_dirs]
   path = os.path.join(root, SECTION_FILE)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -71,6 +71,39 @@ def table3(rows: Sequence[Row]) -> str:
     alphas = [alpha_over_rows(by_t.get((t,), [])) for t in temps]
     out.append((task, draft, *("-" if a is None else a for a in alphas)))
   return md_table(["task", "draft", *(f"alpha T={t:g}" for t in temps)], out)
+
+
+def _alpha_json_order(draft: str) -> tuple:
+  """Layer-skip drafts by depth first, then the others by name."""
+  depth = draft.removeprefix("layer_skip_")
+  return (0, int(depth), "") if depth.isdigit() else (1, 0, draft)
+
+
+def table3_decoder_only(alpha: Mapping[str, Mapping[str, Mapping[str, Row]]]) -> str:
+  """Table 3's decoder-only rows: alpha of each draft against a decoder-only target.
+
+  Args:
+    alpha: `{draft: {task: {"T=0": {"alpha_beta": ..., "alpha_empirical": ...,
+      "tokens_per_call": ...}, "T=1": ...}}}`, the "alpha" of
+      `experiments.alpha_llama`'s JSON (results/alpha/llama.json).
+
+  Returns:
+    Per task and draft, alpha by both estimators (mean beta, S/(S+R)) and tokens
+    per target call at each temperature; "-" where a value is absent.
+  """
+  temps = sorted({t for by_task in alpha.values() for by_t in by_task.values() for t in by_t},
+                 key=lambda t: float(t.removeprefix("T=")))
+  fields = (("alpha_beta", "alpha (beta)"), ("alpha_empirical", "alpha (S/(S+R))"),
+            ("tokens_per_call", "tokens/call"))
+  out = []
+  for task in sorted({task for by_task in alpha.values() for task in by_task}):
+    for draft in sorted(alpha, key=_alpha_json_order):
+      by_t = alpha[draft].get(task)
+      if by_t is None:
+        continue
+      out.append((task, draft, *(by_t.get(t, {}).get(field, "-") for t in temps
+                                 for field, _ in fields)))
+  return md_table(["task", "draft", *(f"{name} {t}" for t in temps for _, name in fields)], out)
 
 
 def table4(rows: Sequence[Row]) -> str:
