@@ -2,17 +2,29 @@
 
   python -m experiments.peer [--draft=draft_small] [--task=ende] [--num_examples=4] \
       [--gin.Settings.gamma=3] [--gin.Settings.models_dir="'assets/models'"]
+  python -m experiments.peer --gin_file=gin_configs/llama_smollm2.gin --draft=layer_skip_8 \
+      [--task=mansum]
 
 At batch 1 and temperature 0, four decoders generate for the same prompts:
-our `temperature_sample` and `speculative_sample`, and transformers' greedy
-`generate` and assisted generation (`assistant_model=`, a constant
-`num_assistant_tokens=gamma`, no confidence cut-off, so it always drafts gamma
-tokens like ours). All four must produce identical tokens (reported, and the
-run fails if not). Calls rotate their order per prompt and repetition; first
-calls (compilation / warm-up) are reported apart (`benchmarking.time_interleaved`).
-The models directory, target, lengths and gamma are the shared `Settings`
-(gin). Writes
-`<output_dir>/peer_<target>_<draft>_<task>_g<gamma>.json` atomically.
+our baseline and speculative decoder, and transformers' greedy `generate` and
+its assisted generation. All four must produce identical tokens (reported, and
+the run fails if not). Calls rotate their order per prompt and repetition;
+first calls (compilation / warm-up) are reported apart
+(`benchmarking.time_interleaved`). The target kind, models directory, target,
+lengths and gamma are the shared `Settings` (gin):
+
+  * "t5": our `temperature_sample` / `speculative_sample` against
+    `T5ForConditionalGeneration` with the draft checkpoint as `assistant_model=`
+    (a constant `num_assistant_tokens=gamma`, no confidence cut-off, so it
+    always drafts gamma tokens like ours);
+  * "llama_gguf": `baseline.decode` / `speculative_decode` on the GGUF file's
+    `LlamaScorer` against `AutoModelForCausalLM` reading the same file
+    (`gguf_file=`), on the same chat prompts; the draft "layer_skip_<L>" is
+    transformers' `assistant_early_exit=L` (the same first L layers, final
+    norm and head), "prompt_lookup" its `prompt_lookup_num_tokens=gamma`
+    (n-grams up to 3, as ours).
+
+Writes `<output_dir>/peer_<target>_<draft>_<task>_g<gamma>.json` atomically.
 """
 
 from __future__ import annotations
@@ -29,17 +41,19 @@ import torch
 import transformers
 from absl import app, flags
 
-from specdec_jax import atomic_io, benchmarking, contention
+from specdec_jax import atomic_io, benchmarking, contention, partitioning
 from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
 from specdec_jax.data import layout
-from specdec_jax.decoding import buckets
+from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import speculative_sample
-from specdec_jax.experiment import gin_flags, prompts, settings
+from specdec_jax.experiment import gin_flags, llama_target, prompts, settings, targets
 from specdec_jax.models import T5Model
 
-_DRAFT = flags.DEFINE_string("draft", "draft_small", "Draft checkpoint (in Settings.models_dir).")
+_DRAFT = flags.DEFINE_string("draft", "draft_small", "Draft: a checkpoint (in Settings.models_dir) "
+                             "of a T5 target; layer_skip_<L> or prompt_lookup of a llama_gguf one.")
 _TASK = flags.DEFINE_enum("task", "ende", sorted(layout.CORPORA), "Corpus of the prompts.")
 _NUM = flags.DEFINE_integer("num_examples", 4, "Prompts (the split's first ones).",
                             lower_bound=1)
@@ -58,7 +72,27 @@ def _trim(tokens: np.ndarray, eos_id: int) -> list[int]:
   return tokens[:tokens.index(eos_id) + 1] if eos_id in tokens else tokens
 
 
-def _decoders(target_dir: str, draft_dir: str, gamma: int, max_len: int) -> dict[str, Decoder]:
+def _t5_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
+             ) -> tuple[dict[str, Decoder], list[np.ndarray], str, str]:
+  """The T5 target's four decoders, the prompts they decode, the target and the draft."""
+  del mesh  # Its parameters are placed on the default device.
+  target_dir, draft_dir = shared.checkpoint_dir(shared.target), shared.checkpoint_dir(_DRAFT.value)
+  # Both configs are checked before any weights load.
+  target_vocab, draft_vocab = (load_hf_config(d).vocab_size for d in (target_dir, draft_dir))
+  if draft_vocab != target_vocab:
+    raise app.UsageError(f"--draft={_DRAFT.value} has a vocabulary of {draft_vocab}, "
+                         f"Settings.target={shared.target} of {target_vocab}; pick a draft "
+                         "that shares the target's vocabulary.")
+  decoders = _t5_decoders(target_dir, draft_dir, shared.gamma, shared.max_decode_len)
+  pairs, _ = prompts.load_examples(task, "test", _NUM.value)
+  processor = spm.SentencePieceProcessor(model_file=shared.vocab_path)
+  inputs = [buckets.to_bucket(x[None]) for x in prompts.tokenize(
+      processor, [x for x, _ in pairs], shared.input_len)]  # Both sides' encoders alike.
+  return decoders, inputs, target_dir, draft_dir
+
+
+def _t5_decoders(target_dir: str, draft_dir: str, gamma: int, max_len: int
+                 ) -> dict[str, Decoder]:
   """The four greedy decoders, each mapping int32 `[1, input_len]` -> generated ids."""
   cfg, params = load_hf_checkpoint(target_dir)
   draft_cfg, draft_params = load_hf_checkpoint(draft_dir)
@@ -96,29 +130,73 @@ def _decoders(target_dir: str, draft_dir: str, gamma: int, max_len: int) -> dict
           "hf_greedy": hf, "hf_assisted": lambda x: hf(x, assistant_model=hf_draft)}
 
 
+def _llama_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
+                ) -> tuple[dict[str, Decoder], list[np.ndarray], str, str]:
+  """The GGUF Llama's four decoders on its chat prompts, the target and the draft."""
+  spec, gamma, max_len = _DRAFT.value, shared.gamma, shared.max_decode_len
+  kind = llama_target.KIND.draft_kind(spec)
+  if kind is llama_target.LAYER_SKIP:
+    llama_target.LAYER_SKIP.check(shared, spec, 0)
+    assisted = {"assistant_early_exit": llama_target.layer_skip_depth(spec)}
+  elif kind is targets.PROMPT_LOOKUP:
+    assisted = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 3}
+  else:
+    raise app.UsageError(f"--draft={spec}: transformers has no {kind.name} draft; use "
+                         "layer_skip_<L> or prompt_lookup.")
+  path = llama_target.gguf_path(shared)
+  target = llama_target.load(shared, mesh)
+  draft, eos = kind.build(target, spec, task), target.eos_id
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+  pairs, _ = prompts.load_examples(task, "test", _NUM.value)
+  inputs = [buckets.to_bucket(x[None]) for x in target.tokenize(
+      task, [x for x, _ in pairs], shared.input_len)]
+  kwargs = dict(max_decode_len=max_len, warp=Warp(), eos_id=eos)
+
+  def ours_baseline(x: np.ndarray) -> list[int]:
+    out = baseline.decode(target.scorer, jnp.asarray(x), jax.random.PRNGKey(0), **kwargs)
+    return _trim(np.asarray(out.sequences[0]), eos)
+
+  def ours_speculative(x: np.ndarray) -> list[int]:
+    x = jnp.asarray(x)
+    out = speculative.speculative_decode(target.scorer, draft, x, jax.random.PRNGKey(0),
+                                         gamma=gamma, draft_inputs=x, **kwargs)
+    return _trim(np.asarray(out.sequences[0]), eos)
+
+  def hf(x: np.ndarray, **extra) -> list[int]:
+    ids = torch.from_numpy(x[:, :int(np.count_nonzero(x))]).long()  # The prompt, unpadded.
+    with torch.inference_mode():
+      out = hf_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                              do_sample=False, max_new_tokens=max_len, eos_token_id=eos,
+                              pad_token_id=eos, **extra)
+    return _trim(out.numpy()[0, ids.shape[1]:], eos)
+
+  decoders = {"ours_baseline": ours_baseline, "ours_speculative": ours_speculative,
+              "hf_greedy": hf, "hf_assisted": lambda x: hf(x, **assisted)}
+  return decoders, inputs, path, spec
+
+
+PEERS = {"t5": _t5_peer, "llama_gguf": _llama_peer}
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
   shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   torch.set_num_threads(_THREADS.value)
-  target_dir, draft_dir = shared.checkpoint_dir(shared.target), shared.checkpoint_dir(_DRAFT.value)
-  # Both configs are checked before any weights load.
-  target_vocab, draft_vocab = (load_hf_config(d).vocab_size for d in (target_dir, draft_dir))
-  if draft_vocab != target_vocab:
-    raise app.UsageError(f"--draft={_DRAFT.value} has a vocabulary of {draft_vocab}, "
-                         f"Settings.target={shared.target} of {target_vocab}; pick a draft "
-                         "that shares the target's vocabulary.")
-  decoders = _decoders(target_dir, draft_dir, shared.gamma, shared.max_decode_len)
-  pairs, source = prompts.load_examples(_TASK.value, "test", _NUM.value)
-  processor = spm.SentencePieceProcessor(model_file=shared.vocab_path)
-  inputs = [buckets.to_bucket(x[None]) for x in prompts.tokenize(
-      processor, [x for x, _ in pairs], shared.input_len)]  # Both sides' encoders alike.
-
-  names = list(decoders)
-  with contention.quiet("experiments.peer") as guard:
-    timings, outputs = benchmarking.time_interleaved(
-        {n: lambda i, fn=decoders[n]: fn(inputs[i]) for n in names}, len(inputs),
-        _REPEATS.value, fetch=lambda out: out, warmup=benchmarking.first_of_each_shape(inputs))
+  if shared.target_kind not in PEERS:
+    raise app.UsageError(f"Settings.target_kind={shared.target_kind!r} has no peer here; use "
+                         f"one of {sorted(PEERS)}.")
+  mesh = partitioning.make_mesh()
+  with jax.set_mesh(mesh):  # As experiments.run decodes.
+    decoders, inputs, target_desc, draft_desc = PEERS[shared.target_kind](shared, _TASK.value,
+                                                                          mesh)
+    names = list(decoders)
+    with contention.quiet("experiments.peer") as guard:
+      timings, outputs = benchmarking.time_interleaved(
+          {n: lambda i, fn=decoders[n]: fn(inputs[i]) for n in names}, len(inputs),
+          _REPEATS.value, fetch=lambda out: out, warmup=benchmarking.first_of_each_shape(inputs))
+  _, source = prompts.load_examples(_TASK.value, "test", _NUM.value)
 
   reference = outputs["ours_baseline"]
   mismatches = [{"prompt": i, **{n: outputs[n][i] for n in names}}
@@ -128,7 +206,8 @@ def main(argv: list[str]) -> None:
   first_s = {n: sum(timings[n].first_s) for n in names}
   result = {
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "target": target_dir, "draft": draft_dir, "task": _TASK.value, "prompts_file": source,
+      "target_kind": shared.target_kind, "target": target_desc, "draft": draft_desc,
+      "task": _TASK.value, "prompts_file": source,
       "num_examples": len(inputs), "gamma": shared.gamma, "max_decode_len": shared.max_decode_len,
       "input_len": shared.input_len, "batch_size": 1, "repeats": _REPEATS.value,
       "tokens": tokens,
