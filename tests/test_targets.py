@@ -159,12 +159,18 @@ def _gin(tmp_path, gguf_path: str, **overrides) -> str:
     ("Experiment.stand_ins_when_missing = True", ValueError,
      r"a 'llama_gguf' target has no random-init stand-ins"),
     ("NgramFit.examples = 0", ValueError, r"NgramFit\.examples must be an int >= 1"),
+    ("NgramFit.split = 'dev'", ValueError, r"NgramFit\.split='dev'; use one of"),
+    ("NgramFit.split = 'train'", FileNotFoundError,
+     r"'bigram', fit on the target's outputs for NgramFit\.split='train' prompts, but .* is "
+     r"missing: prepare the corpora"),
 ])
 def test_bad_llama_runs_fail_before_work(tmp_path, tiny_gguf, monkeypatch, binding, error,
                                          match):
   monkeypatch.setattr(llama_target.gguf_loader, "load_gguf", lambda *a: pytest.fail("loaded"))
+  monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))  # No prepared corpora.
   with pytest.raises(error, match=match):
-    runner.load_experiment([_gin(tmp_path, tiny_gguf[0])], [binding])
+    runner.load_experiment([_gin(tmp_path, tiny_gguf[0], drafts="['layer_skip_1', 'bigram']")],
+                           [binding])
 
 
 def test_runner_measures_a_decoder_only_target(tmp_path, tiny_gguf):

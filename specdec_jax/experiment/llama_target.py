@@ -181,7 +181,7 @@ def check(exp: Experiment) -> int:
             f"Experiment.tasks has {task!r}, which has no chat instruction; use any of "
             f"{sorted(chat_prompts.INSTRUCTIONS)}.")
   fit = NgramFit()
-  require(isinstance(fit.split, str), f"NgramFit.split must be a string, got {fit.split!r}.")
+  require(fit.split in layout.SPLITS, f"NgramFit.split={fit.split!r}; use one of {layout.SPLITS}.")
   validation.as_int("NgramFit.examples", fit.examples, minimum=1)
   validation.as_int("NgramFit.batch_size", fit.batch_size, minimum=1)
   return config.vocab_size
@@ -239,10 +239,21 @@ LAYER_SKIP = DraftKind(
     build=lambda target, spec, task: LayerSkipDraft(target.model, target.weights,
                                                     layer_skip_depth(spec)),
     check=_check_layer_skip)
+def _check_ngram_fit(exp: Experiment, spec: str, target_vocab: int) -> None:
+  del target_vocab  # Fit on the target's own outputs.
+  split = NgramFit().split
+  for task in chat_prompts.INSTRUCTIONS:
+    path = layout.corpus_file(layout.default_data_dir(), task, split)
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"Experiment.drafts has {spec!r}, fit on the target's outputs for "
+                              f"NgramFit.split={split!r} prompts, but {path} is missing: prepare "
+                              "the corpora (python -m specdec_jax.data.prepare).")
+
+
 NGRAM = DraftKind(
     name="unigram / bigram (fit on the target's greedy outputs)",
     matches=lambda spec: spec in ("unigram", "bigram"),
-    build=lambda target, spec, task: target.ngram_drafts[spec])
+    build=lambda target, spec, task: target.ngram_drafts[spec], check=_check_ngram_fit)
 
 KIND = TargetKind(name="llama_gguf", check=check, load=load,
                   drafts=(PROMPT_LOOKUP, LAYER_SKIP, NGRAM))
