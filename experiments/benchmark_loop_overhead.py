@@ -104,7 +104,9 @@ def _models() -> tuple[T5Model, dict, T5Draft]:
     raise app.UsageError(f"The draft's vocabulary ({draft_model.config.vocab_size}) differs "
                          f"from the target's ({target.config.vocab_size}); pair models that "
                          "share one.")
-  return target, params, T5Draft(draft_model, draft_params)
+  # Device arrays, as a user holds them: prepared once and remembered (`T5Model.prepare`).
+  return (target, jax.device_put(params),
+          T5Draft(draft_model, jax.device_put(draft_params)))
 
 
 def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Array,

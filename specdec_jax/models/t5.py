@@ -294,7 +294,9 @@ class T5Model:
 
     The decoders call this on every call; a tree of `jax.Array`s is prepared
     once and remembered (by the identity of its arrays, which are immutable),
-    so later calls with the same tree cost nothing. Prepare once yourself
+    so later calls with the same tree cost nothing; its panels are float16 where
+    that is exact (`cached_decoder.half_panels`). Other trees (numpy, traced) are
+    prepared on every call, into float32 panels. Prepare once yourself
     (`params = model.prepare(params)`) to hold the prepared weights explicitly.
 
     Args:
@@ -308,9 +310,8 @@ class T5Model:
     panels = cached_decoder.panel_dots()
     leaves = jax.tree.leaves(params)
     if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
-      # Traced or numpy: no memory.
-      half = cached_decoder.half_panels(params["decoder"])
-      return PreparedParams(params, self._prepare_decoder(params, panels, half))
+      # Traced or numpy: no memory, so no per-call check of float16's exactness either.
+      return PreparedParams(params, self._prepare_decoder(params, panels, False))
     key = (self.config, panels, cached_decoder.HALF_PANELS, tuple(map(id, leaves)))
     if key in _PREPARED:
       _PREPARED.move_to_end(key)
