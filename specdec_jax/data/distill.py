@@ -20,7 +20,8 @@ samples; their temperatures are in the manifest):
   output_lengths  int32 [n, D]        tokens in `outputs`, EOS included
   truncated       bool  [n, D]        the decoding hit L_out without emitting EOS
 
-Logits are not stored: training recomputes them with the frozen target along `outputs`.
+The target's signals along `outputs` (its encoder outputs and top-k log-probabilities) are
+stored apart, beside the shards (`teacher_signals`, `python -m experiments.teacher_signals`).
 A shard file is listed in the manifest only after it has been written whole, so a file
 that the manifest does not list is never read. A rerun with more samples rewrites each
 shard with the new decodings appended (entry "decodings" counts them).
@@ -38,7 +39,7 @@ import zipfile
 import numpy as np
 
 from specdec_jax import atomic_io
-from specdec_jax.data import layout
+from specdec_jax.data import layout, npz_io
 
 FORMAT = "specdec_distill/1"
 MANIFEST = "manifest.json"
@@ -72,19 +73,8 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def shard_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-  """A shard as .npz bytes that depend on the arrays only (fixed zip timestamps)."""
-  missing = sorted(set(SHARD_FIELDS) - set(arrays))
-  if missing:
-    raise ValueError(f"shard arrays lack {missing}.")
-  buffer = io.BytesIO()
-  with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-    for name in SHARD_FIELDS:
-      info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-      info.compress_type = zipfile.ZIP_DEFLATED
-      array = io.BytesIO()
-      np.lib.format.write_array(array, np.asarray(arrays[name]), allow_pickle=False)
-      zf.writestr(info, array.getvalue())
-  return buffer.getvalue()
+  """A shard as .npz bytes that depend on the arrays only (`npz_io.npz_bytes`)."""
+  return npz_io.npz_bytes(arrays, SHARD_FIELDS)
 
 
 def read_manifest(directory: str) -> dict:
