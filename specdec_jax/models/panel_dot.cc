@@ -104,24 +104,35 @@ inline void Block(const float* x, const W* panel, float* y, int64_t k, int64_t n
   }
 }
 
-// One row through two adjacent panels at once: twice the independent sums of
-// one panel, to cover the FMA latency while the weights stream (nothing is reused).
-template <typename W>
-void PairBlock(const float* x, const W* panels, float* y, int64_t k, int64_t col) {
-  vec acc[2][kVectors] = {};
+// R (1 or 2) rows through two adjacent panels at once: twice the independent sums
+// of one panel, to cover the FMA latency (one row: while the weights stream; two rows:
+// where the float16 widening and the FMAs, not the bytes, bound the call).
+template <int R, typename W>
+void PairBlock(const float* x, const W* panels, float* y, int64_t k, int64_t n, int64_t col) {
+  static_assert(R == 1 || R == 2, "two panels hold the sums of at most two rows");
+  vec acc[R][2][kVectors] = {};
   const W* second = panels + k * kPanel;
   for (int64_t i = 0; i < k; ++i) {
     const W* w0 = panels + i * kPanel;
     const W* w1 = second + i * kPanel;
-    const float s = x[i];
+    vec wv[2][kVectors];
     for (int j = 0; j < kVectors; ++j) {
-      acc[0][j] += s * Load(w0 + j * kWidth);
-      acc[1][j] += s * Load(w1 + j * kWidth);
+      wv[0][j] = Load(w0 + j * kWidth);
+      wv[1][j] = Load(w1 + j * kWidth);
+    }
+    for (int r = 0; r < R; ++r) {
+      const float s = x[r * k + i];
+      for (int j = 0; j < kVectors; ++j) {
+        acc[r][0][j] += s * wv[0][j];
+        acc[r][1][j] += s * wv[1][j];
+      }
     }
   }
-  for (int h = 0; h < 2; ++h) {
-    vecu* out = reinterpret_cast<vecu*>(y + col + h * kPanel);
-    for (int j = 0; j < kVectors; ++j) out[j] = acc[h][j];
+  for (int r = 0; r < R; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      vecu* out = reinterpret_cast<vecu*>(y + r * n + col + h * kPanel);
+      for (int j = 0; j < kVectors; ++j) out[j] = acc[r][h][j];
+    }
   }
 }
 
@@ -140,13 +151,15 @@ void GroupBlock(int64_t rows, const float* x, const W* panel, float* y, int64_t 
   }
 }
 
-// Panels [p0, p1) for all m rows: one row two panels at a time, up to
+// Panels [p0, p1) for all m rows: one or two rows two panels at a time, up to
 // kGroupRows in one pass over each panel, more in groups of equal size, block by block.
 template <typename W>
 void Panels(const float* x, const W* w, float* y, int64_t m, int64_t k, int64_t n,
             int64_t p0, int64_t p1) {
   if (m == 1) {  // Pairs of panels, then the odd one out.
-    for (; p0 + 1 < p1; p0 += 2) PairBlock(x, w + p0 * k * kPanel, y, k, p0 * kPanel);
+    for (; p0 + 1 < p1; p0 += 2) PairBlock<1>(x, w + p0 * k * kPanel, y, k, n, p0 * kPanel);
+  } else if (m == 2) {
+    for (; p0 + 1 < p1; p0 += 2) PairBlock<2>(x, w + p0 * k * kPanel, y, k, n, p0 * kPanel);
   }
   const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
   const int64_t block = groups == 1 ? k : kBlock;
