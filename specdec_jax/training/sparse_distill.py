@@ -41,6 +41,7 @@ from specdec_jax.training.trainer import (
     Batch,
     LossConfig,
     TrainState,
+    optimizer_step,
     weighted_loss_terms,
 )
 
@@ -190,10 +191,6 @@ def make_signals_train_step(model: T5Model | SharedEncoderModel,
       logits = student_logits(model, params, batch, dropout_rng=rng)
       return signals_loss_terms(logits, batch, loss_cfg)
 
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return optimizer_step(state, optimizer, loss_fn)
 
   return jax.jit(step, donate_argnums=(0,))

@@ -274,13 +274,24 @@ def make_train_step(model: T5Model | SharedEncoderModel, optimizer: optax.Gradie
                                         teacher_logits=distill, dropout_rng=rng)
       return loss_terms(logits, batch, loss_cfg, teacher_logits)
 
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    return optimizer_step(state, optimizer, loss_fn)
 
   return jax.jit(step, donate_argnums=(0,))
+
+
+def optimizer_step(state: TrainState, optimizer: optax.GradientTransformation,
+                   loss_fn: Callable[[dict], tuple[Array, dict[str, Array]]]
+                   ) -> tuple[TrainState, dict[str, Array]]:
+  """One update of `state.params` down `loss_fn`'s gradient (traced inside a train step).
+
+  Returns:
+    The new state and `loss_fn`'s metrics plus "grad_norm".
+  """
+  (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics["grad_norm"] = optax.tree.norm(grads)
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
 def make_eval_step(model: T5Model | SharedEncoderModel, teacher_model: T5Model | None = None
