@@ -93,24 +93,26 @@ def test_row_by_row_weight_products_give_the_same_logits(family, max_rows, monke
   monkeypatch.setitem(cached_decoder.PANEL_DOTS, jax.default_backend(), False)
   jax.clear_caches()  # decode_chunk's trace depends on the setting.
   model, params = make_model(family)
-  for batch in (1, 2):
-    inputs = _inputs(batch=batch)
-    targets = jnp.asarray(np.random.RandomState(2).randint(2, 97, size=(batch, 7)), jnp.int32)
-    encoded = model.encode(params, inputs)
-    full = model.logits(params, inputs, targets)
-    cache, chunked = model.init_cache(batch, 12), []
-    for start, stop in ((0, 1), (1, 3), (3, 4), (4, 7)):
-      tokens = targets[:, start:stop]
-      lowered = jax.jit(model.decode_chunk).lower(params, encoded, cache, tokens).as_text()
-      by_row = 1 < tokens.size <= max_rows
-      assert cached_decoder.row_dots(tokens.size) == by_row
-      # One product per weight matrix (6 per layer and the logits), or one per row.
-      weight_dots = (6 * model.config.num_decoder_layers + 1) * (tokens.size if by_row else 1)
-      attention_dots = 2 * 2 * model.config.num_decoder_layers
-      assert lowered.count("dot_general") == weight_dots + attention_dots
-      logits, cache = model.decode_chunk(params, encoded, cache, tokens)
-      chunked.append(logits)
-    np.testing.assert_allclose(jnp.concatenate(chunked, axis=1), full, atol=1e-5, rtol=0)
+  # A fresh function: traced here, under this test's setting.
+  decode_chunk = jax.jit(lambda *args: model.decode_chunk(*args))
+  inputs = _inputs(batch=2)
+  targets = jnp.asarray(np.random.RandomState(2).randint(2, 97, size=(2, 7)), jnp.int32)
+  encoded = model.encode(params, inputs)
+  full = model.logits(params, inputs, targets)
+  cache, chunked = model.init_cache(2, 12), []
+  # 2, 4, 6 and 2 rows: row by row and not, under max_rows 4.
+  for start, stop in ((0, 1), (1, 3), (3, 6), (6, 7)):
+    tokens = targets[:, start:stop]
+    lowered = decode_chunk.lower(params, encoded, cache, tokens).as_text()
+    by_row = 1 < tokens.size <= max_rows
+    assert cached_decoder.row_dots(tokens.size) == by_row
+    # One product per weight matrix (6 per layer and the logits), or one per row.
+    weight_dots = (6 * model.config.num_decoder_layers + 1) * (tokens.size if by_row else 1)
+    attention_dots = 2 * 2 * model.config.num_decoder_layers
+    assert lowered.count("dot_general") == weight_dots + attention_dots
+    logits, cache = decode_chunk(params, encoded, cache, tokens)
+    chunked.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(chunked, axis=1), full, atol=1e-5, rtol=0)
   jax.clear_caches()
 
 
