@@ -50,6 +50,10 @@ ROLES = {
                         "term to the target's logits, the target frozen",
     "draft_shared_enc_long": "draft_shared_enc trained 4000 steps more on the same recipe "
                              "(its first stage is draft_shared_enc)",
+    "draft_shared_enc_signals": "draft_shared_enc_long trained further, for several passes "
+                                "over the distillation data, from the target's stored signals; "
+                                "the checkpoint kept is the one with the best held-out En-De "
+                                "acceptance rate",
 }
 DISTILL_DATA = ("the target's own outputs on every training input of `specdec_mix` (its "
                 "greedy output and 4 samples at T=1 each; `python -m experiments.distill_data`, "
@@ -64,6 +68,16 @@ def _fmt(x: float | None, digits: int = 2) -> str:
   return "n/a" if x is None else f"{x:.{digits}f}"
 
 
+def _steps(summary: dict) -> str:
+  """Steps trained, and the step exported where training kept an earlier one by α."""
+  steps, exported = summary["steps"], summary.get("exported_step", summary["steps"])
+  if exported == steps:
+    return str(steps)
+  best = summary["alpha_best"]
+  return (f"{steps}; exported: step {exported}, the best held-out En-De α measured during "
+          f"training (mean of T=0 and T=1: {best['score']:.3f})")
+
+
 def model_card(name: str, summary: dict, alphas: dict | None) -> str:
   """The README.md of one shipped model."""
   cfg = summary["model_config"]
@@ -74,7 +88,15 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
             else "trained from scratch")
   encoder = ("none: it reads the target's encoder outputs" if shared
              else str(cfg["num_layers"]))
-  data = DISTILL_DATA if "distill" in summary.get("data", {}).get("mixture", "") else DATA
+  data_info = summary.get("data", {})
+  if data_info.get("source") == "signals":
+    data = (f"{DISTILL_DATA}, read with the target's stored signals (its encoder outputs "
+            "and top-k log-probabilities along every output, `python -m "
+            "experiments.teacher_signals`), so the target does not run in the training step")
+  elif "distill" in data_info.get("mixture", ""):
+    data = DISTILL_DATA
+  else:
+    data = DATA
   lines = [
       f"# specdec_jax `{name}`", "",
       f"{'A T5 decoder' if shared else 'T5.1.1-style encoder-decoder'} {origin} for the "
@@ -86,7 +108,7 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
       f"{cfg['num_heads']} |",
       f"| encoder / decoder layers | {encoder} / {cfg['num_decoder_layers']} |",
       f"| vocabulary | {cfg['vocab_size']} SentencePiece pieces (`spiece.model`) |",
-      f"| training steps | {summary['steps']} |",
+      f"| training steps | {_steps(summary)} |",
       f"| tokens seen (inputs / targets, non-padding) | {summary['input_tokens_seen']:,} / "
       f"{summary['target_tokens_seen']:,} |",
       f"| training wall time | {hours:.2f} h in the training loop on a 2-core CPU (fp32; "
@@ -121,8 +143,9 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
         examples = "; ".join(
             f"{t}: {n} of {total[t]} examples, evenly spaced" if total.get(t, n) != n
             else f"{t}: all {n} examples" for t, n in sorted(how["examples"].items()))
+        split = how.get("split", "test")
         lines += ["", f"α = {how['estimator']}; speculative sampling with γ = {how['gamma']} "
-                  f"on the test splits ({examples}), up to {how['max_decode_len']} "
+                  f"on the {split} splits ({examples}), up to {how['max_decode_len']} "
                   "tokens each (`python -m experiments.measure_alpha`)."]
     else:
       lines.append("Not measured yet: needs the trained target (`python -m "

@@ -1,6 +1,6 @@
-"""Acceptance rates of the shipped drafts against the target on a whole test split.
+"""Acceptance rates of the shipped drafts against the target on a whole split (test by default).
 
-  python -m experiments.measure_alpha [--num_examples=N] [--gin.Settings.gamma=3]
+  python -m experiments.measure_alpha [--num_examples=N] [--split=test] [--gin.Settings.gamma=3]
 
 For each draft, task and temperature this runs speculative sampling (no timing,
 no baseline) over the task's test examples in batches and pools the loop's
@@ -43,8 +43,12 @@ from specdec_jax.experiment import family, gin_flags, prompts, settings
 from specdec_jax.models import T5Model
 
 _DRAFTS = flags.DEFINE_list("drafts", list(family.DRAFTS), "The drafts' sub-folders.")
-_TASKS = flags.DEFINE_list("tasks", ["ende", "mansum"], "Tasks (their test splits).")
+_TASKS = flags.DEFINE_list("tasks", ["ende", "mansum"], "Tasks.")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Sampling temperatures.")
+_SPLIT = flags.DEFINE_enum(
+    "split", "test", ["train", "validation", "test"],
+    "The split the inputs come from: test for the reported alpha; train or validation to "
+    "see how much of it a draft owes to having seen the inputs.")
 _NUM_EXAMPLES = flags.DEFINE_integer(
     "num_examples", None, "Test examples per task at most, evenly spaced through the split "
     "(default: the whole split).", lower_bound=1)
@@ -115,7 +119,7 @@ def main(argv: list[str]) -> None:
       model_file=os.path.join(shared.checkpoint_dir(shared.target), "spiece.model"))
   examples, split_sizes = {}, {}
   for task in _TASKS.value:
-    pairs = prompts.load_examples(task, "test", None)[0]
+    pairs = prompts.load_examples(task, _SPLIT.value, None)[0]
     split_sizes[task] = len(pairs)
     pairs = spread(pairs, _NUM_EXAMPLES.value)
     examples[task] = _batches(prompts.tokenize(processor, [x for x, _ in pairs],
@@ -137,6 +141,7 @@ def main(argv: list[str]) -> None:
   how = {
       "estimator": "mean beta over verified positions (paper, section 3.1)",
       "gamma": shared.gamma, "batch_size": _BATCH_SIZE.value, "seed": shared.seed,
+      "split": _SPLIT.value,
       "examples": {t: int(sum(len(b) for b in examples[t])) for t in examples},
       "split_examples": split_sizes,
       "input_len": shared.input_len, "max_decode_len": shared.max_decode_len,

@@ -1,8 +1,9 @@
 """The model family's members, by name (no dependencies: the device check reads it too)."""
 
 FAMILY = ("target", "draft_small", "draft_base", "draft_large", "draft_distilled",
-          "draft_small_kd", "draft_shared_enc", "draft_shared_enc_long")
+          "draft_small_kd", "draft_shared_enc", "draft_shared_enc_long",
+          "draft_shared_enc_signals")
 DRAFTS = FAMILY[1:]
 # Members that read the target's encoder (`models.shared_encoder`; train.student =
 # "shared_encoder" in their training config).
-SHARED_ENCODER = ("draft_shared_enc", "draft_shared_enc_long")
+SHARED_ENCODER = ("draft_shared_enc", "draft_shared_enc_long", "draft_shared_enc_signals")
