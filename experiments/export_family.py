@@ -55,6 +55,15 @@ ROLES = {
                                 "the checkpoint kept is the one with the best held-out En-De "
                                 "acceptance rate",
 }
+# Members another member beats on every count (α on both tasks and temperatures, at the
+# same shape and cost), kept for what still needs them; their cards say so.
+SUPERSEDED = {
+    "draft_shared_enc_long": "Superseded: draft_shared_enc_signals (the same shape, trained on "
+                             "from this one) has a higher α on both tasks at both "
+                             "temperatures. This draft stays shipped as that recipe's "
+                             "starting point (`gin_configs/train/draft_shared_enc_signals.gin`"
+                             ") and for the committed rows that measured it.",
+}
 DISTILL_DATA = ("the target's own outputs on every training input of `specdec_mix` (its "
                 "greedy output and 4 samples at T=1 each; `python -m experiments.distill_data`, "
                 "seqio mixture `specdec_distill_mix`)")
@@ -102,6 +111,7 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
       f"{'A T5 decoder' if shared else 'T5.1.1-style encoder-decoder'} {origin} for the "
       f"speculative-decoding reproduction (Leviathan et al., 2023): {ROLES.get(name, name)}.",
       "",
+      *([f"**{SUPERSEDED[name]}**", ""] if name in SUPERSEDED else []),
       "| | |", "|---|---|",
       f"| parameters | {summary['params'] / 1e6:.2f}M |",
       f"| d_model / d_ff / d_kv / heads | {cfg['d_model']} / {cfg['d_ff']} / {cfg['d_kv']} / "
