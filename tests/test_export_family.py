@@ -65,3 +65,20 @@ def test_export_refuses_a_family_over_the_size_limit(tmp_path):
   with pytest.raises(SystemExit, match="max_total_mb"):
     export_family.export_family(str(tmp_path / "ckpt"), str(tmp_path / "n"), [], None,
                                 max_total_mb=0.01)
+
+
+def test_card_names_the_exported_step_the_signals_and_what_supersedes_it():
+  summary = {
+      "model_config": {"d_model": 128, "d_ff": 384, "d_kv": 64, "num_heads": 2,
+                       "num_layers": 1, "num_decoder_layers": 2, "vocab_size": 8192},
+      "student": "shared_encoder", "init_from": "assets/models/draft_shared_enc",
+      "params": 2.79e6, "steps": 6034, "exported_step": 5000,
+      "alpha_best": {"score": 0.6223, "step": 5000}, "input_tokens_seen": 10,
+      "target_tokens_seen": 5, "train_wall_time_s": 3600.0, "validation_loss": {},
+      "teacher_dir": "assets/models/target",
+      "loss": {"distill_weight": 0.5, "distill_temperature": 1.0},
+      "data": {"source": "signals", "mixture": "specdec_mix"}, "gin_config": ""}
+  card = export_family.model_card("draft_shared_enc_long", summary, None)
+  assert "| training steps | 6034; exported: step 5000" in card and "0.622" in card
+  assert "stored signals" in card and export_family.SUPERSEDED["draft_shared_enc_long"] in card
+  assert "Superseded" not in export_family.model_card("draft_shared_enc", summary, None)
