@@ -3,7 +3,7 @@
   python -m experiments.measure_alpha [--num_examples=N] [--split=test] [--gin.Settings.gamma=3]
 
 For each draft, task and temperature this runs speculative sampling (no timing,
-no baseline) over the task's test examples in batches and pools the loop's
+no baseline) over the examples of the task's `--split` in batches and pools the loop's
 counters: alpha as the mean of beta = sum_x min(p(x), q(x)) over verified
 positions (the paper's definition, section 3.1) and as the empirical S / (S + R),
 plus tokens per target call (`specdec_jax.stats`). The shared settings (models
@@ -50,7 +50,7 @@ _SPLIT = flags.DEFINE_enum(
     "The split the inputs come from: test for the reported alpha; train or validation to "
     "see how much of it a draft owes to having seen the inputs.")
 _NUM_EXAMPLES = flags.DEFINE_integer(
-    "num_examples", None, "Test examples per task at most, evenly spaced through the split "
+    "num_examples", None, "Examples per task at most, evenly spaced through the split "
     "(default: the whole split).", lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows decoded together.", lower_bound=1)
 _OUTPUT = flags.DEFINE_string(
