@@ -124,7 +124,7 @@ def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Arr
   encode = lambda: (target.encode(params, inputs), draft.init_state(inputs, cache_len))
   out = spec()
   iterations = int(out.stats.loop_iterations)
-  spec_s, encode_s, verify_s, draft_s = [], [], [], []
+  spec_s, encode_s, verify_s, draft_s, pair_s = [], [], [], [], []
   for _ in range(_REPEATS.value):
     spec_s.append(benchmarking.timed(spec)[0])
     encode_s.append(benchmarking.timed(encode)[0])
@@ -134,9 +134,18 @@ def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Arr
     draft_s.append(gamma * benchmarking.draft_token_time(
         draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len, position=position,
         calls=16, repeats=1).seconds)
+    if hasattr(benchmarking, "propose_verify_time"):  # Trees before it (--compare_with) lack it.
+      pair_s.append(benchmarking.propose_verify_time(
+          T5Scorer(target, target.prepare(params)), draft, inputs, gamma=gamma, warp=warp,
+          cache_len=cache_len, position=position, calls=16, repeats=1).seconds)
   iteration = (statistics.median(spec_s) - statistics.median(encode_s)) / iterations
   verify, propose = statistics.median(verify_s), statistics.median(draft_s)
   overhead = iteration - verify - propose
+  split = {}
+  if pair_s:
+    pair = statistics.median(pair_s)
+    split = {"pair_ms": 1e3 * pair, "interference_ms": 1e3 * (pair - verify - propose),
+             "bookkeeping_ms": 1e3 * (iteration - pair)}
   return {
       "gamma": gamma,
       "loop_iterations": iterations,
@@ -146,6 +155,7 @@ def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Arr
       "target_verify_ms": 1e3 * verify,
       "overhead_ms": 1e3 * overhead,
       "overhead_share": overhead / iteration,
+      **split,
       "speculative_call_ms": [1e3 * s for s in spec_s],
       "encode_ms": [1e3 * s for s in encode_s],
   }
@@ -199,6 +209,10 @@ def _measure(shared: settings.Settings) -> dict:
           f"{row['draft_propose_ms']:.2f} + verify {row['target_verify_ms']:.2f} + loop "
           f"{row['overhead_ms']:.2f} ms ({100 * row['overhead_share']:.1f}% overhead; "
           f"{row['loop_iterations']} iterations, {row['tokens']} tokens)")
+    if "pair_ms" in row:
+      print(f"  draft + verify back to back {row['pair_ms']:.2f} ms: the two together "
+            f"{row['interference_ms']:+.2f} ms over their sum, the loop's bookkeeping "
+            f"{row['bookkeeping_ms']:.2f} ms")
   return {
       "library": _LIBRARY.value or os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
       "target_config": _TARGET_DIR.value or _TARGET.value,

@@ -342,6 +342,68 @@ def propose_loop(draft: Draft, state: Any, tokens: Array, lengths: Array, rng: A
   return jax.lax.fori_loop(0, calls, body, (state, jnp.zeros((), jnp.int32)))[1]
 
 
+def propose_verify_time(target: Scorer, draft: Draft, inputs: Array, *, gamma: int, warp: Warp,
+                        cache_len: int, position: int, calls: int, repeats: int,
+                        draft_inputs: Array | None = None, seed: int = 0) -> StepTimes:
+  """Seconds per pair of the speculative loop's two model calls, run back to back.
+
+  One pair is `draft.propose` of `gamma` tokens, then `target.score` of the
+  chunk [last token, proposals], both states rewound to `position` after it:
+  an iteration's model work without its rejection rule, writes and records.
+  Beside `draft_token_time` and `target_step_times` (each call alone), it
+  shows what running the two models together costs beyond their sum (their
+  weights evicting each other from the caches).
+
+  Args:
+    target: the target's scorer.
+    draft: any `drafts.Draft` with the target's vocabulary.
+    inputs: int32 `[batch, input_len]`, what `target.encode` takes.
+    gamma: proposals per call.
+    warp: the sampling settings proposals are drawn with.
+    cache_len: positions of both states (as in the decoders).
+    position: tokens already generated at each pair.
+    calls: pairs per jitted loop.
+    repeats: timed loop runs (the median is used).
+    draft_inputs: int32 `[batch, draft_input_len]`, what `draft.init_state`
+      takes (default `inputs`).
+    seed: PRNG seed of the proposals.
+
+  Returns:
+    `StepTimes` with seconds per pair.
+  """
+  if position + gamma + 2 > cache_len:
+    raise ValueError(f"position={position} + gamma={gamma} + 2 must fit in cache_len={cache_len}.")
+  context = target.encode(inputs)
+  target_state = initial_state(target, context, cache_len)
+  draft_state = draft.init_state(inputs if draft_inputs is None else draft_inputs, cache_len,
+                                 target.encoder_outputs(context))
+  batch = inputs.shape[0]
+  lengths = jnp.full((batch,), position, jnp.int32)
+  tokens = jnp.ones((batch, cache_len + 1), jnp.int32)
+  rng = jax.random.PRNGKey(seed)
+  return _per_call(
+      lambda: pair_loop(target, draft, target_state, draft_state, tokens, lengths, rng,
+                        gamma=gamma, warp=warp, calls=calls), calls, repeats)
+
+
+@functools.partial(cached_decoder.loop_jit, static_argnames=("gamma", "warp", "calls"))
+def pair_loop(target: Scorer, draft: Draft, target_state: Any, draft_state: Any, tokens: Array,
+              lengths: Array, rng: Array, *, gamma: int, warp: Warp, calls: int) -> Array:
+  """Runs `calls` propose-then-score pairs from the same states; returns a scalar using all."""
+
+  def body(i, carry):
+    target_state, draft_state, acc = carry
+    draft_state, proposals, _ = draft.propose(draft_state, tokens, lengths,
+                                              jax.random.fold_in(rng, i), gamma=gamma,
+                                              warp=warp)
+    chunk = jnp.concatenate([tokens[:, :1], proposals], axis=1)  # [batch, gamma + 1]
+    logits, target_state = target.score(target.rewind(target_state, lengths), chunk)
+    return target_state, draft.commit(draft_state, lengths), acc + logits[:, -1, 0].sum()
+
+  zero = jnp.zeros((), jnp.float32)
+  return jax.lax.fori_loop(0, calls, body, (target_state, draft_state, zero))[2]
+
+
 def _cpu_model() -> str:
   try:
     with open("/proc/cpuinfo") as f:

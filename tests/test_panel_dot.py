@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -45,6 +46,34 @@ def test_an_odd_number_of_panels(rows):
   w = rng.standard_normal((40, 3 * panel_dot.panel_width())).astype(np.float32)
   out = panel_dot.dot(jnp.asarray(x), panel_dot.pack(jnp.asarray(w)))
   np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=1e-5, atol=1e-4)
+
+
+def test_concurrent_products_share_the_helper_threads():
+  # Two programs multiplying at once: a call whose helper is busy with the other's
+  # chunks hands its own to XLA's pool; every product still comes out whole.
+  rng = np.random.RandomState(3)
+  w = jnp.asarray(rng.standard_normal((256, 64 * panel_dot.panel_width())), jnp.float32)
+  panels = panel_dot.pack(w)  # 4 MB: shared between threads.
+  xs = [jnp.asarray(rng.standard_normal((r, 256)), jnp.float32) for r in (1, 3)]
+  expected = [np.asarray(x, np.float64) @ np.asarray(w, np.float64) for x in xs]
+  product = jax.jit(lambda x, p: jax.lax.fori_loop(
+      0, 20, lambda i, acc: acc + panel_dot.dot(x, p), jnp.zeros((x.shape[0], w.shape[1]))))
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    for _ in range(5):
+      outs = list(pool.map(lambda x: np.asarray(product(x, panels)), xs))
+      for out, want in zip(outs, expected, strict=True):
+        np.testing.assert_allclose(out, 20 * want, rtol=1e-4, atol=1e-2)
+
+
+def test_a_variant_built_beside_this_library_gives_its_products():
+  rng = np.random.RandomState(4)
+  x = jnp.asarray(rng.standard_normal((3, 64)), jnp.float32)
+  panels = panel_dot.pack(jnp.asarray(rng.standard_normal((64, 64)), jnp.float32))
+  panel_dot.register_variant(panel_dot.SOURCE.read_bytes(), "same")
+  np.testing.assert_array_equal(panel_dot.dot(x, panels, variant="same"),
+                                panel_dot.dot(x, panels))
+  with pytest.raises(RuntimeError, match="variant 'broken' is off"):
+    panel_dot.register_variant(b"not C++", "broken")
 
 
 def test_leading_dimensions_packing_and_its_inverse():

@@ -11,14 +11,19 @@
 // stay in registers, so the panel streams from memory in one pass.  More rows go
 // through a panel in groups, block by block of kBlock K-rows: the groups after
 // the first find the block in L1, so the weights are read from memory once per
-// call for any number of rows.  The panels are shared between the threads of
-// XLA's intra-op pool.  Written with GCC vector extensions for the widest vectors
-// -march=native enables.
+// call for any number of rows.  The panels are shared between the calling thread
+// and helper threads of our own, as many as XLA's intra-op pool has beyond it
+// (`Helper`: awake between the products of a step).  Written with GCC vector
+// extensions for the widest vectors -march=native enables.
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <type_traits>
 
@@ -74,7 +79,17 @@ constexpr int64_t kPanel = kVectors * kWidth;   // Output columns per panel.
 // Rows per pass: R x kVectors sums + kVectors weights + 1 broadcast registers.
 constexpr int kGroupRows = (kRegisters - kVectors - 1) / kVectors;  // 6 either way.
 constexpr int64_t kBlock = 64;                  // K-rows per block of a panel (<= 16 KB).
+constexpr int64_t kAhead = 128;                 // K-rows a panel walk prefetches ahead.
 constexpr int64_t kMinChunkBytes = 1 << 16;     // Less weight than this stays on one thread.
+constexpr int64_t kSpinNs = 200000;             // A helper's wait for the next chunk awake.
+
+// Touches a panel kAhead K-rows ahead of `panel_row`: the hardware prefetchers
+// alone leave a panel walk short of the memory's bandwidth once a few rows' FMAs
+// sit between its loads.
+template <typename W>
+inline void Prefetch(const W* panel_row) {
+  __builtin_prefetch(panel_row + kAhead * kPanel);
+}
 
 // y[r, col:col + kPanel] (+)= x[r, k0:k1] @ panel[k0:k1] for R rows; x is [R, K]
 // with row stride K, y [R, N]; the first block (k0 == 0) starts from 0.
@@ -88,6 +103,7 @@ inline void Block(const float* x, const W* panel, float* y, int64_t k, int64_t n
   }
   for (int64_t i = k0; i < k1; ++i) {
     const W* w = panel + i * kPanel;
+    Prefetch(w);
     vec wv[kVectors];
     for (int j = 0; j < kVectors; ++j) {
       wv[j] = Load(w + j * kWidth);
@@ -115,6 +131,8 @@ void PairBlock(const float* x, const W* panels, float* y, int64_t k, int64_t n, 
   for (int64_t i = 0; i < k; ++i) {
     const W* w0 = panels + i * kPanel;
     const W* w1 = second + i * kPanel;
+    Prefetch(w0);
+    Prefetch(w1);
     vec wv[2][kVectors];
     for (int j = 0; j < kVectors; ++j) {
       wv[0][j] = Load(w0 + j * kWidth);
@@ -198,6 +216,82 @@ struct Job {
   }
 };
 
+// Threads of our own that take a call's chunks beside the caller.  A decoder step
+// is some forty products of 0.3-3 MB, a few microseconds each, with XLA's
+// single-threaded ops between them; a pool thread woken per call (a futex wake,
+// tens of microseconds) arrives after most of the product is done, so a step
+// ran at about one core's bandwidth.  A helper instead spins for kSpinNs after
+// each chunk it took, so it is awake for the next product of the same step,
+// and sleeps once the decoder has stopped calling.
+class Helper {
+ public:
+  using Task = std::function<void()>;
+
+  // Hands `task` to this helper; false if it still holds another (the caller
+  // then gives it to XLA's pool).
+  bool Offer(Task task) {
+    auto* boxed = new Task(std::move(task));
+    Task* expected = nullptr;
+    if (!slot_.compare_exchange_strong(expected, boxed)) {
+      delete boxed;
+      return false;
+    }
+    if (sleeping_.load()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      wake_.notify_one();
+    }
+    return true;
+  }
+
+  // Starts the thread; the helpers live as long as the process.
+  void Start() { std::thread([this] { Loop(); }).detach(); }
+
+ private:
+  void Loop() {
+    for (;;) {
+      Task* task = Take();
+      (*task)();
+      delete task;
+    }
+  }
+
+  Task* Take() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(kSpinNs);
+    for (int i = 0;; ++i) {
+      if (Task* task = slot_.exchange(nullptr)) return task;
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) break;
+      Pause();
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    // Set before looking at the slot again: an Offer that missed the flag
+    // filled the slot before this look (both sequentially consistent).
+    sleeping_.store(true);
+    Task* task;
+    wake_.wait(lock, [&] { return (task = slot_.exchange(nullptr)) != nullptr; });
+    sleeping_.store(false);
+    return task;
+  }
+
+  std::atomic<Task*> slot_{nullptr};
+  std::atomic<bool> sleeping_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+};
+
+// The helpers, started on first use: one per thread of XLA's pool beyond the
+// caller's, at most one per other core.
+Helper* Helpers(int64_t wanted, int64_t* count) {
+  static const int64_t n = std::max<int64_t>(
+      0, std::min<int64_t>(wanted, std::thread::hardware_concurrency()) - 1);
+  static Helper* helpers = [] {
+    auto* made = new Helper[n];
+    for (int64_t i = 0; i < n; ++i) made[i].Start();
+    return made;
+  }();
+  *count = n;
+  return helpers;
+}
+
 template <ffi::DataType T>
 ffi::Error PanelDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
                     ffi::ResultBuffer<ffi::F32> y) {
@@ -223,7 +317,13 @@ ffi::Error PanelDot(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T
   const int64_t threads = std::max<int64_t>(
       1, std::min<int64_t>(pool.num_threads(), bytes / kMinChunkBytes));
   job->chunks = std::min<int64_t>(panels, 4 * threads);
-  for (int64_t t = 1; t < threads; ++t) pool.Schedule([job] { job->Work(); });
+  int64_t count;
+  Helper* helpers = Helpers(pool.num_threads(), &count);
+  for (int64_t t = 1; t < threads; ++t) {
+    if (t > count || !helpers[t - 1].Offer([job] { job->Work(); })) {
+      pool.Schedule([job] { job->Work(); });
+    }
+  }
   job->Work();
   while (job->done.load(std::memory_order_acquire) < job->chunks) Pause();
   return ffi::Error::Success();

@@ -7,8 +7,10 @@ cost 1.5-1.9X a one-row one: a verification chunk is not free where it should
 be. `panel_dot.cc` reads each weight from memory once per call for any number of
 rows, from weights stored as `[N / P, K, P]` panels (`pack`: one contiguous walk
 down K per P output columns, done once per parameter set by
-`cached_decoder.prepare`), and shares the panels among the threads of XLA's
-intra-op pool, so both decoders use every core. The panel width P is the
+`cached_decoder.prepare`), and shares the panels between the calling thread
+and helper threads that stay awake between the products of a decoder step
+(as many as XLA's intra-op pool has beyond the caller), so both decoders use
+every core. The panel width P is the
 build's (`panel_width`): two vector registers of columns with AVX2, four with
 AVX-512, so that up to six rows' sums stay in registers. Panels are float16
 where that holds every weight exactly (checkpoints stored in float16, as ours
@@ -63,9 +65,9 @@ def _cpu_identity() -> str:
     return os.uname().machine
 
 
-def _library_path(compiler: str) -> pathlib.Path:
+def _library_path(source: bytes, compiler: str) -> pathlib.Path:
   key = hashlib.sha256()
-  for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), compiler.encode(),
+  for part in (source, " ".join(FLAGS).encode(), compiler.encode(),
                jaxlib.__version__.encode(), _cpu_identity().encode()):
     key.update(part)
   cache = os.environ.get("SPECDEC_KERNEL_CACHE") or os.path.join(
@@ -73,36 +75,77 @@ def _library_path(compiler: str) -> pathlib.Path:
   return pathlib.Path(cache) / f"panel_dot-{key.hexdigest()[:16]}.so"
 
 
+def _compile(source: bytes) -> pathlib.Path | str:
+  """The library built from `source` (cached), or "off: <why>"."""
+  compiler = shutil.which(os.environ.get("CXX", "g++"))
+  if compiler is None:
+    return f"off: no C++ compiler ({os.environ.get('CXX', 'g++')!r} not found; set $CXX)"
+  path = _library_path(source, compiler)
+  if path.exists():
+    return path
+  path.parent.mkdir(parents=True, exist_ok=True)
+  work = tempfile.mkdtemp(dir=path.parent)
+  try:
+    # Compiled where the source lies, for the compiler's messages to name it.
+    source_path = os.path.join(work, SOURCE.name)
+    with open(source_path, "wb") as f:
+      f.write(source)
+    tmp = os.path.join(work, "panel_dot.so")
+    done = subprocess.run(
+        [compiler, *FLAGS, "-w", "-I", jax.ffi.include_dir(), source_path, "-o", tmp],
+        capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+      return f"off: {compiler} failed: {done.stderr.strip()[-500:]}"
+    os.replace(tmp, path)
+  finally:
+    shutil.rmtree(work, ignore_errors=True)
+  return path
+
+
+def _register(path: pathlib.Path, suffix: str = "") -> int:
+  """Registers the library's two products as `TARGET + suffix`, `TARGET_F16 + suffix`;
+  returns its panel width."""
+  library = ctypes.cdll.LoadLibrary(str(path))
+  jax.ffi.register_ffi_target(TARGET + suffix, jax.ffi.pycapsule(library.SpecdecPanelDot),
+                              platform="cpu")
+  jax.ffi.register_ffi_target(TARGET_F16 + suffix,
+                              jax.ffi.pycapsule(library.SpecdecPanelDotF16), platform="cpu")
+  library.SpecdecPanelWidth.restype = ctypes.c_int64
+  return int(library.SpecdecPanelWidth())
+
+
 def _build() -> str:
   """Builds (if needed) and registers the library; returns the status line."""
   if os.environ.get("SPECDEC_PANEL_DOT", "1") == "0":
     return "off: $SPECDEC_PANEL_DOT=0"
-  compiler = shutil.which(os.environ.get("CXX", "g++"))
-  if compiler is None:
-    return f"off: no C++ compiler ({os.environ.get('CXX', 'g++')!r} not found; set $CXX)"
-  path = _library_path(compiler)
-  if not path.exists():
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".so.tmp")
-    os.close(fd)
-    try:
-      done = subprocess.run(
-          [compiler, *FLAGS, "-w", "-I", jax.ffi.include_dir(), str(SOURCE), "-o", tmp],
-          capture_output=True, text=True, timeout=600, check=False)
-      if done.returncode != 0:
-        return f"off: {compiler} failed: {done.stderr.strip()[-500:]}"
-      os.replace(tmp, path)
-    finally:
-      if os.path.exists(tmp):
-        os.remove(tmp)
-  library = ctypes.cdll.LoadLibrary(str(path))
-  jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.SpecdecPanelDot),
-                              platform="cpu")
-  jax.ffi.register_ffi_target(TARGET_F16, jax.ffi.pycapsule(library.SpecdecPanelDotF16),
-                              platform="cpu")
-  library.SpecdecPanelWidth.restype = ctypes.c_int64
-  _width.append(int(library.SpecdecPanelWidth()))
+  path = _compile(SOURCE.read_bytes())
+  if isinstance(path, str):
+    return path
+  _width.append(_register(path))
   return f"ready: {path}"
+
+
+def register_variant(source: bytes, name: str) -> None:
+  """Builds another version of `panel_dot.cc` and registers it beside this one.
+
+  `dot(..., variant=name)` then multiplies with it, so that a benchmark can
+  time two versions of the kernel side by side in one process.
+
+  Args:
+    source: the other version's C++ source (e.g. from `git show`).
+    name: what `dot`'s `variant` calls it.
+
+  Raises:
+    RuntimeError: if this library is not available, the other one does not
+      build, or its panel width differs from this one's.
+  """
+  width = panel_width()
+  path = _compile(source)
+  if isinstance(path, str):
+    raise RuntimeError(f"panel_dot variant {name!r} is {path}")
+  if (other := _register(path, f"_{name}")) != width:
+    raise RuntimeError(f"panel_dot variant {name!r} packs panels {other} wide, this "
+                       f"library {width}: they cannot share the panels.")
 
 
 def status() -> str:
@@ -174,11 +217,13 @@ def unpack(panels: Array) -> Array:
   return panels.transpose(1, 0, 2).reshape(k, p * width).astype(jnp.float32)
 
 
-def dot(x: Array, panels: Array) -> Array:
-  """`x [..., K] @ unpack(panels)` -> float32 `[..., N]` (needs `available()`)."""
+def dot(x: Array, panels: Array, *, variant: str | None = None) -> Array:
+  """`x [..., K] @ unpack(panels)` -> float32 `[..., N]` (needs `available()`; a
+  `variant` needs `register_variant`)."""
   p, k, width = panels.shape
   if x.shape[-1] != k:
     raise ValueError(f"panel_dot.dot: x has {x.shape[-1]} features, the panels {k}.")
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (p * width,), jnp.float32)
-  target = TARGET_F16 if panels.dtype == jnp.float16 else TARGET
+  target = (TARGET_F16 if panels.dtype == jnp.float16 else TARGET) + (
+      f"_{variant}" if variant else "")
   return jax.ffi.ffi_call(target, out, vmap_method="sequential")(x.astype(jnp.float32), panels)

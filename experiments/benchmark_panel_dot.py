@@ -1,0 +1,116 @@
+r"""The decode step's weight products alone: this tree's `panel_dot` against another revision's.
+
+Times, for k = 1..8 rows, the target's every decoder weight product of one
+step (its prepared panels, in the decoder's order: 37 calls for the shipped
+target), inside a jitted loop of `--calls` steps, once with this tree's
+kernel and once with `--compare_with`'s, both registered in this process
+(`panel_dot.register_variant`). Every (k, kernel) program is called once per
+repetition, in an order rotated per repetition, so all see the same machine. Medians over
+`--repetitions`; the first call of each program (compilation) is not timed.
+The ratio T(k) / T(1) is what verification of k tokens costs in weight
+products alone, over one step's.
+
+  python -m experiments.benchmark_panel_dot --compare_with=d6457c3 \
+      --output=results/decode_step/panel_dot_vs_d6457c3.json
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import subprocess
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+
+from specdec_jax import atomic_io, benchmarking, contention
+from specdec_jax.checkpoints import load_hf_checkpoint
+from specdec_jax.models import T5Model, panel_dot
+
+_TARGET_DIR = flags.DEFINE_string("target_dir", "assets/models/target",
+                                  "HF-format target checkpoint whose decoder panels are timed.")
+_COMPARE_WITH = flags.DEFINE_string("compare_with", "HEAD",
+                                    "The git revision whose panel_dot.cc is timed beside this one.")
+_MAX_ROWS = flags.DEFINE_integer("max_rows", 8, "Rows k timed: 1..max_rows.", lower_bound=1)
+_CALLS = flags.DEFINE_integer("calls", 8, "Steps per jitted loop.", lower_bound=1)
+_REPETITIONS = flags.DEFINE_integer("repetitions", 40, "Interleaved timed repetitions.",
+                                    lower_bound=1)
+_OUTPUT = flags.DEFINE_string("output", "results/decode_step/panel_dot.json",
+                              "JSON file written atomically.")
+_SOURCE = "specdec_jax/models/panel_dot.cc"
+
+
+def decoder_panels(target_dir: str) -> list[jax.Array]:
+  """The panels a decoder step of the checkpoint multiplies, in the prepared tree's order."""
+  config, params = load_hf_checkpoint(target_dir, dropout_rate=0.0)
+  prepared = T5Model(config).prepare(jax.device_put(params))
+  width = panel_dot.panel_width()
+  return [x for x in jax.tree.leaves(prepared.decoder)
+          if x.ndim == 3 and x.shape[-1] == width]
+
+
+@functools.partial(jax.jit, static_argnames=("variant", "calls"))
+def step_products(x: jax.Array, panels: list[jax.Array], *, variant: str | None,
+                  calls: int) -> jax.Array:
+  """`calls` steps of every product `x [1, k, d_model] @ panels[i]`; a scalar using all.
+
+  Each product reads the first K features of a value that depends on the step
+  before, so nothing is hoisted out of the loop.
+  """
+
+  def body(_, acc: jax.Array) -> jax.Array:
+    for p in panels:
+      y = panel_dot.dot(x[..., :p.shape[1]] + acc, p, variant=variant)
+      acc = acc + 1e-30 * y[0, 0, 0]
+    return acc
+
+  return jax.lax.fori_loop(0, calls, body, jnp.zeros((), jnp.float32))
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  if not panel_dot.available():
+    raise app.UsageError(f"panel_dot is {panel_dot.status()}; there is nothing to time.")
+  revision = subprocess.run(["git", "rev-parse", "--short", _COMPARE_WITH.value], check=True,
+                            capture_output=True, text=True).stdout.strip()
+  source = subprocess.run(["git", "show", f"{revision}:{_SOURCE}"], check=True,
+                          capture_output=True).stdout
+  panel_dot.register_variant(source, "reference")
+  panels = decoder_panels(_TARGET_DIR.value)
+  width = max(p.shape[1] for p in panels)
+  variants = {"this": None, revision: "reference"}
+  calls = {}
+  for k in range(1, _MAX_ROWS.value + 1):
+    x = jnp.full((1, k, width), 0.01, jnp.float32)
+    for name, variant in variants.items():
+      calls[k, name] = functools.partial(step_products, x, panels, variant=variant,
+                                         calls=_CALLS.value)
+      calls[k, name]().block_until_ready()  # Compiled apart.
+  times = {key: [] for key in calls}
+  with contention.quiet("benchmark_panel_dot") as guard:
+    for rep in range(_REPETITIONS.value):
+      for key in benchmarking.rotated(list(calls), rep):
+        times[key].append(benchmarking.timed(calls[key])[0] / _CALLS.value)
+  rows = [{"k": k, **{f"{name}_ms": 1e3 * statistics.median(times[k, name])
+                      for name in variants}} for k in range(1, _MAX_ROWS.value + 1)]
+  for name in variants:
+    for row in rows:
+      row[f"{name}_over_k1"] = row[f"{name}_ms"] / rows[0][f"{name}_ms"]
+  print(f"{'k':>2} " + " ".join(f"{name + ' ms':>14} {'/ k=1':>6}" for name in variants))
+  for row in rows:
+    print(f"{row['k']:>2} " + " ".join(
+        f"{row[f'{name}_ms']:>14.3f} {row[f'{name}_over_k1']:>6.2f}" for name in variants))
+  atomic_io.write_json(_OUTPUT.value, {
+      "command": "python -m experiments.benchmark_panel_dot "
+                 f"--compare_with={_COMPARE_WITH.value}",
+      "target_dir": _TARGET_DIR.value, "products_per_step": len(panels),
+      "panel_bytes": sum(p.nbytes for p in panels), "revisions": {"other": revision},
+      "calls": _CALLS.value, "repetitions": _REPETITIONS.value, "rows": rows,
+      "idle_check": guard.record(), "environment": benchmarking.environment()})
+  print(f"wrote {_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)
