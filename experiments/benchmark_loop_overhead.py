@@ -44,9 +44,9 @@ import numpy as np
 from absl import app, flags
 
 from specdec_jax import atomic_io, benchmarking, contention
-from specdec_jax.checkpoints import load_hf_checkpoint
+from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.drafts import Draft, make_draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import T5Scorer
 from specdec_jax.decoding.speculative import speculative_sample
@@ -83,7 +83,7 @@ _LIBRARY = flags.DEFINE_string(
 _MEASURED = ("iteration_ms", "draft_propose_ms", "target_verify_ms", "overhead_ms")
 
 
-def _models() -> tuple[T5Model, dict, T5Draft]:
+def _models() -> tuple[T5Model, dict, Draft]:
   if _TARGET_DIR.value:
     cfg, params = load_hf_checkpoint(_TARGET_DIR.value, dropout_rate=0.0)
     target = T5Model(cfg)
@@ -91,8 +91,7 @@ def _models() -> tuple[T5Model, dict, T5Draft]:
     target = T5Model(get_config(_TARGET.value, vocab_size=_VOCAB.value, dropout_rate=0.0))
     params = target.init_params(jax.random.PRNGKey(0))
   if _DRAFT_DIR.value:
-    cfg, draft_params = load_hf_checkpoint(_DRAFT_DIR.value, dropout_rate=0.0)
-    draft_model = T5Model(cfg)
+    draft_model, draft_params = load_model(_DRAFT_DIR.value, dropout_rate=0.0)
   else:
     draft_model = T5Model(get_config(
         "t5-v1_1-small", vocab_size=_VOCAB.value, d_model=_DRAFT_D_MODEL.value,
@@ -106,10 +105,10 @@ def _models() -> tuple[T5Model, dict, T5Draft]:
                          "share one.")
   # Device arrays, as a user holds them: prepared once and remembered (`T5Model.prepare`).
   return (target, jax.device_put(params),
-          T5Draft(draft_model, jax.device_put(draft_params)))
+          make_draft(draft_model, jax.device_put(draft_params)))
 
 
-def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Array,
+def measure_gamma(target: T5Model, params: dict, draft: Draft, inputs: jax.Array,
                   gamma: int, max_len: int) -> dict:
   """Times one gamma: iteration, its parts, and the remainder (the loop's overhead)."""
   warp = Warp(_TEMPERATURE.value)
@@ -121,7 +120,13 @@ def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Arr
   spec = lambda: speculative_sample(target, params, draft, inputs, gamma=gamma,
                                     max_decode_len=max_len, temperature=_TEMPERATURE.value,
                                     eos_id=0)
-  encode = lambda: (target.encode(params, inputs), draft.init_state(inputs, cache_len))
+  scorer = T5Scorer(target, target.prepare(params))
+  target_encoded = benchmarking.target_encoded_for(draft, scorer, inputs)
+
+  def encode() -> tuple:
+    context = scorer.encode(inputs)
+    return context, draft.init_state(inputs, cache_len, scorer.encoder_outputs(context))
+
   out = spec()
   iterations = int(out.stats.loop_iterations)
   spec_s, encode_s, verify_s, draft_s, pair_s = [], [], [], [], []
@@ -133,10 +138,10 @@ def measure_gamma(target: T5Model, params: dict, draft: T5Draft, inputs: jax.Arr
         position=position, calls=16, repeats=1)[gamma + 1].seconds)
     draft_s.append(gamma * benchmarking.draft_token_time(
         draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len, position=position,
-        calls=16, repeats=1).seconds)
+        calls=16, repeats=1, target_encoded=target_encoded).seconds)
     if hasattr(benchmarking, "propose_verify_time"):  # Trees before it (--compare_with) lack it.
       pair_s.append(benchmarking.propose_verify_time(
-          T5Scorer(target, target.prepare(params)), draft, inputs, gamma=gamma, warp=warp,
+          scorer, draft, inputs, gamma=gamma, warp=warp,
           cache_len=cache_len, position=position, calls=16, repeats=1).seconds)
   iteration = (statistics.median(spec_s) - statistics.median(encode_s)) / iterations
   verify, propose = statistics.median(verify_s), statistics.median(draft_s)
