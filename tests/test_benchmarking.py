@@ -1,4 +1,4 @@
-"""What every measured row records about where it ran."""
+"""What every measured row records about where it ran, and what the timing loops run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,15 @@ import os
 import re
 import subprocess
 
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import make_model
+
 from specdec_jax import benchmarking
+from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import T5Scorer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,3 +32,17 @@ def test_environment_names_the_code_it_measured():
     return
   assert re.fullmatch(r"[0-9a-f]{12}(\+changes)?", env["git_commit"])
   assert env["git_commit"].startswith(head)
+
+
+def test_the_timed_pair_runs_and_checks_its_position():
+  target, target_params = make_model("test-v1_1")
+  draft_model, draft_params = make_model("test-v1_1", seed=1)
+  scorer = T5Scorer(target, target.prepare(target_params))
+  draft = T5Draft(draft_model, draft_params)
+  inputs = jnp.asarray(np.random.RandomState(0).randint(2, 97, size=(1, 8)), jnp.int32)
+  timing = benchmarking.propose_verify_time(scorer, draft, inputs, gamma=3, warp=Warp(0.0),
+                                            cache_len=12, position=4, calls=2, repeats=1)
+  assert timing.seconds > 0
+  with pytest.raises(ValueError, match="must fit in cache_len=12"):
+    benchmarking.propose_verify_time(scorer, draft, inputs, gamma=3, warp=Warp(0.0),
+                                     cache_len=12, position=8, calls=2, repeats=1)
