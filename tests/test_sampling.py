@@ -148,6 +148,51 @@ def test_sample_follows_warped_distribution():
   assert p_value > 1e-3
 
 
+def test_first_argmax_is_argmax_with_nan_as_inf():
+  rng = np.random.default_rng(5)
+  logits = rng.integers(-3, 3, size=(64, 300)).astype(np.float32)  # Many ties.
+  logits[0] = -np.inf
+  logits[1, [7, 200]] = np.inf
+  logits[2, [40, 9]] = np.nan
+  logits[3, 299] = 10.0
+  logits[4, [30, 20]] = [np.nan, np.inf]
+  got = sampling.first_argmax(jnp.asarray(logits))
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, np.argmax(np.where(np.isnan(logits), np.inf, logits), -1))
+  np.testing.assert_array_equal(got[:5], [0, 7, 9, 299, 20])
+  np.testing.assert_array_equal(got[5:], jnp.argmax(jnp.asarray(logits[5:]), axis=-1))
+  stacked = jnp.asarray(logits).reshape(8, 8, 300)
+  np.testing.assert_array_equal(sampling.first_argmax(stacked), got.reshape(8, 8))
+
+
+@pytest.mark.parametrize("vocab", [5, 128, 300, 8192])
+def test_sample_from_probs_follows_probs_across_blocks(vocab):
+  # Mass on tokens at and beside the block edges, nothing elsewhere.
+  support = sorted({0, min(1, vocab - 1), vocab // 2, vocab - 1}
+                   | {t for t in (127, 128, 255, 256, 257) if t < vocab})
+  weights = np.arange(1, len(support) + 1, dtype=np.float64)
+  probs = np.zeros(vocab)
+  probs[support] = weights / weights.sum()
+  n = 40_000
+  tokens = sampling.sample_from_probs(jax.random.key(vocab),
+                                      jnp.broadcast_to(jnp.asarray(probs, jnp.float32), (n, vocab)))
+  assert tokens.dtype == jnp.int32
+  counts = np.bincount(np.asarray(tokens), minlength=vocab)
+  assert counts.sum() == n and np.all(counts[probs == 0] == 0)
+  p_value = scipy.stats.chisquare(counts[support], n * probs[support]).pvalue
+  assert p_value > 1e-3
+
+
+def test_sample_from_probs_never_draws_zero_mass_at_the_top():
+  # u at the very top of the CDF (uniform just under 1) must still land on a token
+  # with mass: here the last one with mass is far from the vocabulary's end.
+  probs = jnp.zeros((3, 1000)).at[:, 3].set(0.25).at[:, 500].set(0.75)
+  probs = probs.at[1].set(jnp.zeros(1000).at[999].set(1e-30))
+  for seed in range(50):
+    tokens = np.asarray(sampling.sample_from_probs(jax.random.key(seed), probs))
+    assert tokens[0] in (3, 500) and tokens[2] in (3, 500) and tokens[1] == 999
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(temperature=-0.5), "temperature"),
     (dict(temperature=float("nan")), "temperature"),

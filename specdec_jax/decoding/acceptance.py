@@ -178,7 +178,7 @@ def verify_greedy(proposals: jax.Array, p_logits: jax.Array) -> VerifyOutput:
     A `VerifyOutput`; beta is 1 where the draft's and the target's argmax agree.
   """
   gamma = proposals.shape[1]
-  target = jnp.argmax(p_logits, axis=-1).astype(jnp.int32)  # [batch, gamma + 1]
+  target = sampling.first_argmax(p_logits)  # [batch, gamma + 1]
   match = proposals == target[:, :gamma]  # [batch, gamma]
   num_accepted = _prefix_length(match)  # [batch]
   next_token = jnp.take_along_axis(target, num_accepted[:, None], axis=1)[:, 0]

@@ -24,8 +24,10 @@ constrained where they are created to their logical axes (`KEY_AXES`,
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -89,6 +91,30 @@ def constrain_kv(keys: tuple[Array, ...], values: tuple[Array, ...],
           tuple(layers.with_logical_constraint(v, VALUE_AXES, rules) for v in values))
 
 
+# Options that `compiler_options` lays over `COMPILER_OPTIONS` in its block.
+_OVERRIDES: contextvars.ContextVar[tuple[tuple[str, Any], ...]] = contextvars.ContextVar(
+    "compiler_option_overrides", default=())
+
+
+@contextlib.contextmanager
+def compiler_options(**overrides: Any) -> Iterator[None]:
+  """Within the block, loops compiled by `loop_jit` on XLA:CPU use `COMPILER_OPTIONS | overrides`.
+
+  Each set of options compiles and keeps its own program, so a benchmark can
+  time two sets against each other in one process
+  (`experiments.benchmark_compiler_options`).
+
+  Args:
+    **overrides: XLA debug options by name, e.g.
+      `xla_cpu_enable_concurrency_optimized_scheduler=True`.
+  """
+  token = _OVERRIDES.set(_OVERRIDES.get() + tuple(sorted(overrides.items())))
+  try:
+    yield
+  finally:
+    _OVERRIDES.reset(token)
+
+
 def loop_jit(fn: Callable[..., Any], *, static_argnames: tuple[str, ...]) -> Callable[..., Any]:
   """`jax.jit(fn)` with `COMPILER_OPTIONS` when called at top level on XLA:CPU.
 
@@ -96,17 +122,20 @@ def loop_jit(fn: Callable[..., Any], *, static_argnames: tuple[str, ...]) -> Cal
   an outer trace (the data-parallel decoders, a user's `jit`) runs a plain
   `jax.jit(fn)` that the outer program inlines. Other backends (which may
   refuse a CPU option) always get the plain one; the backend is looked up at
-  the first call, not at import.
+  the first call, not at import. Inside `compiler_options(...)` the top-level
+  program is the one compiled with those options laid over.
   """
   nested = jax.jit(fn, static_argnames=static_argnames)
-  top_level: list[Callable[..., Any]] = []
+  top_level: dict[tuple[tuple[str, Any], ...], Callable[..., Any]] = {}
 
   def top() -> Callable[..., Any]:
-    if not top_level:
-      options = COMPILER_OPTIONS if jax.default_backend() == "cpu" else {}
-      top_level.append(jax.jit(fn, static_argnames=static_argnames,
-                                      compiler_options=options))
-    return top_level[0]
+    overrides = _OVERRIDES.get()
+    if overrides not in top_level:
+      options = ({**COMPILER_OPTIONS, **dict(overrides)} if jax.default_backend() == "cpu"
+                 else {})
+      top_level[overrides] = jax.jit(fn, static_argnames=static_argnames,
+                                     compiler_options=options)
+    return top_level[overrides]
 
   @functools.wraps(fn)
   def call(*args: Any, **kwargs: Any) -> Any:
@@ -117,7 +146,8 @@ def loop_jit(fn: Callable[..., Any], *, static_argnames: tuple[str, ...]) -> Cal
   call._cache_size = lambda: top()._cache_size()  # noqa: SLF001  (tests: no recompilation)
 
   def clear_cache() -> None:
-    top().clear_cache()
+    for program in top_level.values():
+      program.clear_cache()
     nested.clear_cache()
 
   call.clear_cache = clear_cache
