@@ -46,7 +46,7 @@ from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
 from specdec_jax.data import layout
 from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.drafts import make_draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.experiment import gin_flags, llama_target, prompts, settings, targets
@@ -98,7 +98,7 @@ def _t5_decoders(target_dir: str, draft_dir: str, gamma: int, max_len: int
   draft_cfg, draft_params = load_hf_checkpoint(draft_dir)
   target = T5Model(cfg)
   params = jax.device_put(params)
-  draft = T5Draft(T5Model(draft_cfg), jax.device_put(draft_params))
+  draft = make_draft(T5Model(draft_cfg), jax.device_put(draft_params))
   eos = cfg.eos_token_id
   # float32 like ours, whatever the stored dtype (the shipped family is stored in float16).
   load = lambda path: transformers.T5ForConditionalGeneration.from_pretrained(

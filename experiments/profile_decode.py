@@ -41,7 +41,7 @@ from absl import app, flags  # noqa: E402
 
 from specdec_jax import atomic_io, benchmarking, contention  # noqa: E402
 from specdec_jax.checkpoints import load_hf_checkpoint  # noqa: E402
-from specdec_jax.decoding.drafts import T5Draft  # noqa: E402
+from specdec_jax.decoding.drafts import make_draft  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
 from specdec_jax.decoding.scorer import T5Scorer  # noqa: E402
 from specdec_jax.experiment import gin_flags, settings  # noqa: E402
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> None:
   prepared = target.prepare(jax.device_put(params))
   dcfg, dparams = load_hf_checkpoint(shared.checkpoint_dir(_DRAFT.value))
   draft_model = T5Model(dcfg)
-  draft = T5Draft(draft_model, draft_model.prepare(jax.device_put(dparams)))
+  draft = make_draft(draft_model, jax.device_put(dparams))
   rng = np.random.RandomState(0)
   inputs = jnp.asarray(rng.randint(5, 8000, (1, shared.input_len)), jnp.int32)
   gamma, calls = shared.gamma, _CALLS.value

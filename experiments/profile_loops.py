@@ -72,7 +72,7 @@ def _loops(shared: settings.Settings) -> dict[str, tuple]:
     loops[f"baseline, T={t:g}"] = (run_baseline, hlo, steps)
     for name in _DRAFTS.value:
       model, params = load_model(shared.checkpoint_dir(name))
-      draft = make_draft(model, model.prepare(jax.device_put(params)))
+      draft = make_draft(model, jax.device_put(params))
       for gamma in (int(g) for g in _GAMMAS.value):
         kwargs = dict(gamma=gamma, max_decode_len=max_len, warp=warp, eos_id=eos,
                       verify=acceptance.verify)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import filecmp
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from specdec_jax.decoding.drafts import make_draft
 from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.experiment import prompts
 from specdec_jax.experiment.family import FAMILY, SHARED_ENCODER
-from specdec_jax.models import T5Model
+from specdec_jax.models import T5Model, cached_decoder
 
 MODELS_DIR = os.path.join(layout.ASSETS_DIR, "models")
 SHIPPED = [name for name in FAMILY if os.path.isdir(os.path.join(MODELS_DIR, name))]
@@ -93,3 +94,15 @@ def test_draft_gives_the_targets_greedy_tokens(name, target_and_prompts):
   np.testing.assert_array_equal(out.sequences, base.sequences)
   np.testing.assert_array_equal(out.lengths, base.lengths)
   assert int(np.sum(out.stats.accepted)) > 0  # A trained draft agrees some of the time.
+
+
+def test_make_draft_prepares_the_shipped_draft_once_in_half_panels():
+  # Prepared outside the loop: no packing per generation, half the bytes per proposal.
+  model, params = load_model(os.path.join(MODELS_DIR, "draft_shared_enc_signals"))
+  params = jax.device_put(params)
+  draft = make_draft(model, params)
+  assert isinstance(draft.params, cached_decoder.PreparedParams)
+  assert make_draft(model, params).params is draft.params  # Remembered per tree.
+  panels = [x for x in jax.tree.leaves(draft.params.decoder) if x.ndim == 3]
+  assert len(panels) == (13 if cached_decoder.panel_dots() else 0)
+  assert all(x.dtype == jnp.float16 for x in panels)
