@@ -92,7 +92,7 @@ def _loops(shared: settings.Settings) -> dict[str, tuple]:
 def _markdown(result: dict) -> str:
   env = result["environment"]
   lines = [f"# Where an iteration goes (batch 1, fp32, {env['cpu_model']}, jax {env['jax']})\n",
-           "Command: python -m experiments.profile_loops\n",
+           f"Command: {result['command']}\n",
            "Per iteration of the speculative loop, per token of the baseline's. *wall*: untraced; "
            "the rest traced (the profiler adds its own cost to every op, so shares are the "
            "figure to read). *between ops*: traced time in no op (the runtime's dispatch, "
@@ -138,8 +138,13 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
   shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   loops = _loops(shared)
-  result = {"input_len": shared.input_len, "max_decode_len": shared.max_decode_len,
-            "num_examples": _NUM_EXAMPLES.value, "loops": {}}
+  command = ("python -m experiments.profile_loops "
+             f"--drafts={','.join(_DRAFTS.value)} --gammas={','.join(_GAMMAS.value)} "
+             f"--temperatures={','.join(_TEMPERATURES.value)} "
+             f"--num_examples={_NUM_EXAMPLES.value}")
+  result = {"command": command, "input_len": shared.input_len,
+            "max_decode_len": shared.max_decode_len, "num_examples": _NUM_EXAMPLES.value,
+            "loops": {}}
   with contention.quiet("experiments.profile_loops") as guard:
     for name, (fn, hlo, units) in loops.items():
       result["loops"][name] = profiling.account(fn, hlo, units).to_json()
