@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -214,3 +216,20 @@ def test_prepared_weights_give_the_t5x_trees_logits_and_are_remembered(family):
   for weights in (params, prepared, prepared.decoder):
     logits, _ = model.decode_chunk(weights, encoded, model.init_cache(3, 12), targets)
     np.testing.assert_allclose(logits, reference, atol=1e-5, rtol=0)
+
+
+def test_compiler_options_lay_options_over_the_loops_own():
+  @functools.partial(cached_decoder.loop_jit, static_argnames=())
+  def double(x):
+    return 2 * x
+
+  x = jnp.arange(3.0)
+  np.testing.assert_array_equal(double(x), [0.0, 2.0, 4.0])
+  # An option XLA does not know reaches the compiler only inside the block.
+  with (pytest.raises(Exception, match="xla_no_such_option"),
+        cached_decoder.compiler_options(xla_no_such_option=True)):
+    double(x)
+  with cached_decoder.compiler_options(xla_cpu_enable_fast_min_max=True):
+    np.testing.assert_array_equal(double(x), [0.0, 2.0, 4.0])
+  np.testing.assert_array_equal(double(x + 1), [2.0, 4.0, 6.0])
+  assert double._cache_size() == 1  # The shipped options' program, compiled once.
