@@ -165,7 +165,7 @@ def test_first_argmax_is_argmax_with_nan_as_inf():
   np.testing.assert_array_equal(sampling.first_argmax(stacked), got.reshape(8, 8))
 
 
-@pytest.mark.parametrize("vocab", [5, 128, 300, 8192])
+@pytest.mark.parametrize("vocab", [5, 128, 300, 1000])
 def test_sample_from_probs_follows_probs_across_blocks(vocab):
   # Mass on tokens at and beside the block edges, nothing elsewhere.
   support = sorted({0, min(1, vocab - 1), vocab // 2, vocab - 1}
