@@ -81,19 +81,15 @@ def main(argv: Sequence[str]) -> None:
   panels = decoder_panels(_TARGET_DIR.value)
   width = max(p.shape[1] for p in panels)
   variants = {"this": None, revision: "reference"}
-  calls = {}
+  programs = {}
   for k in range(1, _MAX_ROWS.value + 1):
     x = jnp.full((1, k, width), 0.01, jnp.float32)
     for name, variant in variants.items():
-      calls[k, name] = functools.partial(step_products, x, panels, variant=variant,
-                                         calls=_CALLS.value)
-      calls[k, name]().block_until_ready()  # Compiled apart.
-  times = {key: [] for key in calls}
+      programs[k, name] = functools.partial(step_products, x, panels, variant=variant,
+                                            calls=_CALLS.value)
   with contention.quiet("benchmark_panel_dot") as guard:
-    for rep in range(_REPETITIONS.value):
-      for key in benchmarking.rotated(list(calls), rep):
-        times[key].append(benchmarking.timed(calls[key])[0] / _CALLS.value)
-  rows = [{"k": k, **{f"{name}_ms": 1e3 * statistics.median(times[k, name])
+    times = benchmarking.time_rotated(programs, _REPETITIONS.value)
+  rows = [{"k": k, **{f"{name}_ms": 1e3 * statistics.median(times[k, name]) / _CALLS.value
                       for name in variants}} for k in range(1, _MAX_ROWS.value + 1)]
   for name in variants:
     for row in rows:

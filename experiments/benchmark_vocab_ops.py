@@ -6,8 +6,9 @@ draw from probabilities (`sampling.sample_from_probs`, a two-level inverse
 CDF, against one cumulative sum over the vocabulary). Each runs `--calls`
 times inside a jitted loop with the decoders' XLA options, on `[rows, vocab]`
 inputs that depend on the call before; every (operation, rows) program is
-called once per repetition in a rotated order, and the medians are printed
-per call, with a plain softmax of the same rows as a yardstick.
+called once per repetition in a rotated order (`benchmarking.time_rotated`),
+and the medians are printed per call, with a plain softmax of the same rows as
+a yardstick.
 
   python -m experiments.benchmark_vocab_ops --output=results/decode_step/vocab_ops.json
 """
@@ -66,18 +67,15 @@ def op_loop(x: jax.Array, *, name: str, calls: int) -> jax.Array:
 def main(argv: Sequence[str]) -> None:
   del argv
   rows = [int(r) for r in _ROWS.value]
-  calls = {}
+  programs = {}
   for r in rows:
     x = jax.random.normal(jax.random.PRNGKey(r), (r, _VOCAB.value), jnp.float32)
     for name in OPERATIONS:
-      calls[name, r] = functools.partial(op_loop, x, name=name, calls=_CALLS.value)
-      calls[name, r]().block_until_ready()  # Compiled apart.
-  times = {key: [] for key in calls}
+      programs[name, r] = functools.partial(op_loop, x, name=name, calls=_CALLS.value)
   with contention.quiet("benchmark_vocab_ops") as guard:
-    for rep in range(_REPETITIONS.value):
-      for key in benchmarking.rotated(list(calls), rep):
-        times[key].append(benchmarking.timed(calls[key])[0] / _CALLS.value)
-  results = [{"operation": name, "rows": r, "us_per_call": 1e6 * statistics.median(times[name, r])}
+    times = benchmarking.time_rotated(programs, _REPETITIONS.value)
+  results = [{"operation": name, "rows": r,
+              "us_per_call": 1e6 * statistics.median(times[name, r]) / _CALLS.value}
              for r in rows for name in OPERATIONS]
   for row in results:
     print(f"rows {row['rows']}  {row['operation']:>18}  {row['us_per_call']:8.2f} us")

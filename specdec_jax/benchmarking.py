@@ -128,6 +128,30 @@ def rotated(names: Sequence[str], shift: int) -> list[str]:
   return list(names[shift:]) + list(names[:shift])
 
 
+def time_rotated(programs: dict[Any, Callable[[], Any]], repetitions: int
+                 ) -> dict[Any, list[float]]:
+  """Seconds of every call of each program, the programs called in turn.
+
+  Each program is called once first (its compilation), untimed. Then, in each
+  of `repetitions` repetitions, every program is called once, in the order of
+  `programs` rotated by the repetition, so all of them see the same machine.
+
+  Args:
+    programs: key -> function of no arguments returning JAX arrays.
+    repetitions: timed calls of each program, >= 1.
+
+  Returns:
+    key -> `repetitions` seconds, in call order.
+  """
+  for fn in programs.values():
+    jax.block_until_ready(fn())
+  seconds: dict[Any, list[float]] = {key: [] for key in programs}
+  for rep in range(repetitions):
+    for key in rotated(list(programs), rep):
+      seconds[key].append(timed(programs[key])[0])
+  return seconds
+
+
 def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int,
                      passes: int, *, fetch: Callable[[Any], Any] = jax.device_get,
                      check: Callable[[int, dict[str, Any]], None] | None = None,

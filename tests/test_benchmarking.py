@@ -46,3 +46,12 @@ def test_the_timed_pair_runs_and_checks_its_position():
   with pytest.raises(ValueError, match="must fit in cache_len=12"):
     benchmarking.propose_verify_time(scorer, draft, inputs, gamma=3, warp=Warp(0.0),
                                      cache_len=12, position=8, calls=2, repeats=1)
+
+
+def test_time_rotated_calls_each_program_once_untimed_then_in_rotated_order():
+  calls = []
+  programs = {name: (lambda name=name: calls.append(name) or jnp.zeros(())) for name in "abc"}
+  seconds = benchmarking.time_rotated(programs, repetitions=3)
+  assert calls == list("abc") + list("abc") + list("bca") + list("cab")
+  assert sorted(seconds) == list("abc")
+  assert all(len(s) == 3 and min(s) >= 0 for s in seconds.values())
