@@ -11,16 +11,16 @@ one is wrong, not noisy. Every timing command therefore runs inside a `Guard`:
 Entering it pauses (SIGSTOP) our own long jobs registered with `register_job`
 (distillation data, training), checks that no other process uses the CPU
 (`/proc`, over a short window) and times a calibration kernel; leaving it times
-the kernel again, checks `/proc` again and resumes the jobs (SIGCONT), whatever
-happened in between. The check is `ok` when other processes used less than
-`max_other_cores` both times and the two calibrations agree within
-`max_drift`: a factor of 2 by default, because this VM's own speed moves with
-its recent load even when nothing else runs (the kernel: 11.0 ms fresh, 18.5 ms
-after 40 s of full load, 11.8 ms 10 s later), so the calibration catches gross
-changes and `/proc` catches other processes. Timings that matter are
-interleaved ratios, which such drift hits on both sides alike. Timings whose
-check is not ok are refused (`experiments.run` retries the point once the
-machine is quiet, then stops and names the process).
+the kernel again, checks `/proc` again and resumes the jobs it paused (SIGCONT),
+whatever happened in between (a job stopped before it came stays stopped). The
+check is `ok` when other processes used less than `max_other_cores` both times
+and the two calibrations agree within `max_drift`: a factor of 2 by default,
+because this VM's own speed moves with its recent load even when nothing else
+runs (the kernel: 11.0 ms fresh, 18.5 ms after 40 s of full load, 11.8 ms 10 s
+later), so the calibration catches gross changes and `/proc` catches other
+processes. Timings that matter are interleaved ratios, which such drift hits on
+both sides alike. Timings whose check is not ok are refused (`experiments.run`
+retries the point once the machine is quiet, then stops and names the process).
 
 `python -m specdec_jax.contention` prints what runs now and exits non-zero if the
 machine is busy (used by `experiments/reproduce_results.sh` before it starts).
@@ -185,6 +185,16 @@ def _calibration_weights() -> jax.Array:
   return jax.random.normal(jax.random.PRNGKey(0), (16, 512, 512), jnp.float32) * 0.04
 
 
+def _stopped(pid: int) -> bool:
+  """Whether `pid` is stopped already (state T), e.g. by hand or by another guard."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      stat = f.read()
+  except OSError:
+    return False
+  return stat[stat.rindex(")") + 2:].split()[0] == "T"
+
+
 def _signal(pids: list[int], sig: signal.Signals) -> list[int]:
   done = []
   for pid in pids:
@@ -213,7 +223,9 @@ class Guard:
     self._after: tuple[list[Process], float] | None = None
 
   def __enter__(self) -> Guard:
-    self._paused = _signal(registered_jobs(), signal.SIGSTOP)
+    # A job stopped before we came stays stopped when we leave: we resume only what we paused.
+    running = [pid for pid in registered_jobs() if not _stopped(pid)]
+    self._paused = _signal(running, signal.SIGSTOP)
     try:
       self._before = (busy_processes(self.window_s), calibrate())
     except BaseException:

@@ -91,3 +91,17 @@ def test_guard_resumes_jobs_when_the_block_raises(busy_process, tmp_path, monkey
     raise KeyError("inside the timing")
   assert _state(busy_process.pid) != "T"
   os.kill(busy_process.pid, signal.SIGCONT)
+
+
+def test_guard_leaves_a_job_stopped_before_it_stopped(busy_process, tmp_path, monkeypatch):
+  monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+  os.makedirs(contention.jobs_dir())
+  with open(os.path.join(contention.jobs_dir(), f"job.{busy_process.pid}.pid"), "w") as f:
+    f.write(f"{busy_process.pid}\n")
+  os.kill(busy_process.pid, signal.SIGSTOP)  # Stopped by hand, e.g. for the test suite.
+  time.sleep(0.1)
+  with contention.Guard() as guard:
+    pass
+  assert _state(busy_process.pid) == "T"
+  assert busy_process.pid not in guard.record()["paused_jobs"]
+  os.kill(busy_process.pid, signal.SIGCONT)
