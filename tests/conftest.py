@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
+import tempfile
 
 # Tests compile many small programs; LLVM's optimisations triple XLA:CPU compile
 # times here and buy nothing at these sizes. Benchmarks never import this file.
@@ -16,6 +18,30 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from specdec_jax.models import T5Model, get_config  # noqa: E402
+
+CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+
+
+def pytest_configure(config):
+  """One XLA compilation cache per run, shared by the workers and the processes tests start.
+
+  Many tests compile the same small programs in other processes (the other
+  worker, a command run as a user runs it); each compiles once. The
+  controller makes it before it starts the workers, which inherit it, and
+  removes it at the end. A cache set by the caller is kept as it is.
+  """
+  if hasattr(config, "workerinput") or CACHE_ENV in os.environ:
+    return
+  os.environ[CACHE_ENV] = config._specdec_cache = tempfile.mkdtemp(prefix="specdec_xla_")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  jax.config.update("jax_compilation_cache_dir", os.environ[CACHE_ENV])  # Imported already.
+  jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+def pytest_unconfigure(config):
+  if getattr(config, "_specdec_cache", None):
+    shutil.rmtree(config._specdec_cache, ignore_errors=True)
 
 # Random T5s with T5X's init decode one token over and over; scaling the kernels
 # makes them chaotic enough that greedy decoding exercises many tokens.

@@ -1,13 +1,13 @@
 """One process of the two-process CPU job started by `test_distributed.py`.
 
-Usage: python multihost_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_JSON
-       python multihost_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_DIR GIN_FILE
+Usage: python multihost_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID OUT_JSON [OUT_DIR GIN_FILE]
 
 Each process owns 2 CPU devices; together they form one (data=2, model=2)
-mesh: rows split across the processes, heads within each. In the first form
-both decode the same inputs with the baseline and with speculative sampling and
-process 0 writes the gathered outputs to OUT_JSON; in the second both run
-`experiments.run` on GIN_FILE (which binds the mesh) into OUT_DIR.
+mesh: rows split across the processes, heads within each. Both decode the same
+inputs with the baseline and with speculative sampling, and process 0 writes
+the gathered outputs to OUT_JSON; then, given GIN_FILE (which binds the mesh),
+both run `experiments.run` on it into OUT_DIR. One job does both, so the suite
+starts the two processes once.
 """
 
 from __future__ import annotations
@@ -50,15 +50,11 @@ def inputs_for_test() -> np.ndarray:
   return np.random.RandomState(0).randint(2, 96, (BATCH, INPUT_LEN)).astype(np.int32)
 
 
-def main(coordinator: str, num_processes: int, process_id: int, out_path: str,
-         gin_file: str | None = None) -> None:
+def main(coordinator: str, num_processes: int, process_id: int, out_json: str,
+         out_dir: str | None = None, gin_file: str | None = None) -> None:
   jax.config.update("jax_num_cpu_devices", 2)
   distributed.maybe_initialize(coordinator, num_processes, process_id, timeout_s=60)
   assert jax.process_count() == num_processes and jax.device_count() == 2 * num_processes
-  if gin_file:
-    from specdec_jax.experiment import runner
-    runner.run(runner.load_experiment([gin_file], []), out_path)
-    return
   model, params = make_model("test-v1_1", 0, **CONFIG)
   mesh = partitioning.make_mesh(num_processes, 2)
   with jax.set_mesh(mesh):
@@ -67,8 +63,11 @@ def main(coordinator: str, num_processes: int, process_id: int, out_path: str,
   gathered = {k: multihost_utils.process_allgather(v, tiled=True).tolist()
               for k, v in outputs.items()}
   if distributed.is_primary():
-    with open(out_path, "w") as f:
+    with open(out_json, "w") as f:
       json.dump(gathered, f)
+  if gin_file:
+    from specdec_jax.experiment import runner
+    runner.run(runner.load_experiment([gin_file], []), out_dir)
 
 
 if __name__ == "__main__":

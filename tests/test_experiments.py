@@ -372,7 +372,7 @@ def test_shipped_experiment_configs_parse_and_plan(name, points):
 
 def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
   """The README's first command on the shipped family, cut to a tiny budget (one example,
-  T = 0, eight tokens, γ = 'auto' among 1..3): it measures although results/quickstart holds
+  T = 0, eight tokens, γ = 'auto' among 1..3 calibrated on two examples): it measures although results/quickstart holds
   the same points, and ends with the summary table, the committed reference speedup beside
   the measured one."""
   out = tmp_path / "quickstart"
@@ -381,7 +381,8 @@ def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
        f"--output_dir={out}", "--gin.Experiment.num_examples=1",
        "--gin.Experiment.temperatures=[0.0]", "--gin.Experiment.repetitions=1",
        "--gin.Experiment.max_decode_len=8", "--gin.Experiment.timing_calls=2",
-       "--gin.Experiment.timing_repeats=1", "--gin.Experiment.auto_max_gamma=3"],
+       "--gin.Experiment.timing_repeats=1", "--gin.Experiment.timing_rounds=1",
+       "--gin.Experiment.auto_max_gamma=3", "--gin.Experiment.auto_calibration_examples=2"],
       cwd=layout.REPO_ROOT, capture_output=True, text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   assert "quickstart: 1 points, 0 already in" in done.stdout + done.stderr

@@ -32,7 +32,8 @@ MESSAGES = ["What is the capital of France?",
             "Summarize: cp copies files and directories."]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# One worker loads the file, ours and transformers' (~35 s), once for the module.
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.xdist_group("gguf")]
 
 
 @pytest.fixture(scope="module")
