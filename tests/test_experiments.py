@@ -372,9 +372,9 @@ def test_shipped_experiment_configs_parse_and_plan(name, points):
 
 def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
   """The README's first command on the shipped family, cut to a tiny budget (one example,
-  T = 0, eight tokens, γ = 'auto' among 1..3 calibrated on two examples): it measures although results/quickstart holds
-  the same points, and ends with the summary table, the committed reference speedup beside
-  the measured one."""
+  T = 0, eight tokens, γ = 'auto' among 1..3 calibrated on two examples in one round): it
+  measures although results/quickstart holds the same points, and ends with the summary
+  table, the committed reference speedup beside the measured one."""
   out = tmp_path / "quickstart"
   done = subprocess.run(
       [sys.executable, "-m", "experiments.run", "--gin_file=gin_configs/quickstart.gin",
