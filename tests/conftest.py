@@ -39,6 +39,20 @@ def pytest_configure(config):
                     float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 
+# The modules whose tests take a minute or more each (other processes, the 30-layer GGUF
+# model), longest first. They run before the rest, so that the two workers end together
+# instead of one finishing such a test alone at the end.
+LONG_MODULES = ("test_llama_gguf.py", "test_distributed.py", "test_partitioning.py",
+                "test_experiments.py", "test_device_check.py", "test_auto_gamma.py",
+                "test_notebook.py")
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  rank = {name: i for i, name in enumerate(LONG_MODULES)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(LONG_MODULES)))  # Stable.
+
+
 def pytest_unconfigure(config):
   if getattr(config, "_specdec_cache", None):
     shutil.rmtree(config._specdec_cache, ignore_errors=True)
