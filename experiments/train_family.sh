@@ -13,6 +13,7 @@
 # family, in the order above) picks which members to train and in what order.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source experiments/train_run.sh
 CKPT_ROOT="${CKPT_ROOT:-$PWD/checkpoints}"
 mkdir -p "$CKPT_ROOT"
 
@@ -24,17 +25,10 @@ for name in $MEMBERS; do
     exit 1
   fi
   dir="$CKPT_ROOT/$name"
-  if [[ -f "$dir/train_summary.json" ]]; then
-    echo "$(date -Is) $name: finished earlier, skipping."
-    continue
-  fi
-  if [[ -f "assets/models/$name/config.json" && "${RETRAIN_SHIPPED:-0}" != 1 ]]; then
+  if [[ -f "assets/models/$name/config.json" && ! -f "$dir/train_summary.json"
+        && "${RETRAIN_SHIPPED:-0}" != 1 ]]; then
     echo "$(date -Is) $name: shipped in assets/models, skipping (RETRAIN_SHIPPED=1 retrains)."
     continue
-  fi
-  if pgrep -f -- "--model_dir=$dir( |\$)" > /dev/null; then
-    echo "$(date -Is) $name: a trainer is already running on $dir; stopping." >&2
-    exit 1
   fi
   extra=()
   if [[ "$name" == draft_distilled ]]; then
@@ -47,17 +41,7 @@ for name in $MEMBERS; do
     fi
     extra=("--gin.train.teacher_dir='$teacher'")
   fi
-  echo "$(date -Is) $name: training (log $CKPT_ROOT/$name.log)."
-  status=0
-  python -m experiments.train --gin_file="gin_configs/train/$name.gin" --model_dir="$dir" \
-    "${extra[@]}" "$@" >> "$CKPT_ROOT/$name.log" 2>&1 || status=$?
-  if [[ "$status" -ne 0 ]]; then
-    echo "$(date -Is) $name: failed (exit $status); see $CKPT_ROOT/$name.log." >&2
-    exit "$status"
-  fi
-  if [[ ! -f "$dir/train_summary.json" ]]; then
-    echo "$(date -Is) $name: stopped before finishing (signal?); rerun to resume." >&2
-    exit 1
-  fi
+  train_run "$name" "$dir" "$CKPT_ROOT/$name.log" --gin_file="gin_configs/train/$name.gin" \
+    "${extra[@]}" "$@"
 done
 echo "$(date -Is) trained: $MEMBERS."

@@ -16,6 +16,7 @@
 # shape first, then the most telling); extra arguments go to every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source experiments/train_run.sh
 CKPT_ROOT="${CKPT_ROOT:-$PWD/checkpoints}/shapes"
 STEPS="${STEPS:-2000}"
 SHAPES="${SHAPES:-d128_l2 d128_l1 d256_l2 d192_l2 d128_l3 d256_l1 d192_l1 d192_l3 d256_l3}"
@@ -28,28 +29,9 @@ for shape in $SHAPES; do
   fi
   d_model="${BASH_REMATCH[1]}"
   layers="${BASH_REMATCH[2]}"
-  dir="$CKPT_ROOT/$shape"
-  if [[ -f "$dir/train_summary.json" ]]; then
-    echo "$(date -Is) $shape: finished earlier, skipping."
-    continue
-  fi
-  if pgrep -f -- "--model_dir=$dir( |\$)" > /dev/null; then
-    echo "$(date -Is) $shape: a trainer is already running on $dir; stopping." >&2
-    exit 1
-  fi
-  echo "$(date -Is) $shape: training $STEPS steps (log $CKPT_ROOT/$shape.log)."
-  status=0
-  python -m experiments.train --gin_file=gin_configs/train/draft_shared_enc_signals_shape.gin \
+  train_run "$shape ($STEPS steps)" "$CKPT_ROOT/$shape" "$CKPT_ROOT/$shape.log" \
+    --gin_file=gin_configs/train/draft_shared_enc_signals_shape.gin \
     --gin.model_config.d_model="$d_model" --gin.model_config.num_decoder_layers="$layers" \
-    --gin.train.total_steps="$STEPS" --model_dir="$dir" "$@" >> "$CKPT_ROOT/$shape.log" 2>&1 \
-    || status=$?
-  if [[ "$status" -ne 0 ]]; then
-    echo "$(date -Is) $shape: failed (exit $status); see $CKPT_ROOT/$shape.log." >&2
-    exit "$status"
-  fi
-  if [[ ! -f "$dir/train_summary.json" ]]; then
-    echo "$(date -Is) $shape: stopped before finishing (signal?); rerun to resume." >&2
-    exit 1
-  fi
+    --gin.train.total_steps="$STEPS" "$@"
 done
 echo "$(date -Is) trained: $SHAPES."
