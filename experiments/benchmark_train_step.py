@@ -1,4 +1,4 @@
-"""A draft's distillation step with the target in it, against the step on stored signals.
+"""A draft's distillation step with the target in it, on stored signals, and on-policy.
 
   python -m experiments.benchmark_train_step [--draft=assets/models/draft_shared_enc_long]
       [--batch_size=64] [--batches=8] [--rounds=3] [--output=results/alpha/train_step.json]
@@ -7,14 +7,17 @@ Round 2 trained the shared-encoder drafts with the frozen target in every step
 (`trainer.make_train_step`: the target's encoder for the student's cross-attention, its
 decoder for the logits of the KL term). The step on stored signals
 (`sparse_distill.make_signals_train_step`) reads the target's encoder outputs and
-top-k log-probabilities from the batch, so only the draft runs. Both steps take the same
+top-k log-probabilities from the batch, so only the draft runs. The on-policy step
+(`on_policy.make_on_policy_train_step`) samples from the draft and runs the target's
+decoder along the samples (total variation, as its recipe). All steps take the same
 batches (the first `--batches` of a pass over the stored signals of `--tasks` that exist
 now), the same draft, optimizer and loss weights; each round times every batch
 through each step, the steps alternating per batch. The first call of each batch shape
 is compiled and timed apart. Medians over rounds. Runs inside a `contention.Guard`
 (our registered jobs paused; nothing written unless the machine stayed quiet).
 
-Writes one JSON (atomically): steps/s and target tokens/s of each step, their ratio,
+Writes one JSON (atomically): steps/s and target tokens/s of each step, the ratio of the
+first two,
 the guard's record and the environment.
 """
 
@@ -33,7 +36,7 @@ from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import teacher_signals
 from specdec_jax.models import T5Model
-from specdec_jax.training import optimizer, signals_source, sparse_distill, trainer
+from specdec_jax.training import on_policy, optimizer, signals_source, sparse_distill, trainer
 
 _DRAFT = flags.DEFINE_string("draft", "assets/models/draft_shared_enc_long",
                              "A shared-encoder draft (its shape and weights).")
@@ -46,6 +49,8 @@ _OUTPUT = flags.DEFINE_string("output", "results/alpha/train_step.json", "The JS
 
 # Both steps train with the recipe of gin_configs/train/draft_shared_enc_signals.gin.
 LOSS = trainer.LossConfig(distill_weight=0.5, distill_divergence="forward_kl")
+# gin_configs/train/draft_shared_enc_signals_on_policy.gin's teacher term.
+ON_POLICY_LOSS = trainer.LossConfig(distill_weight=1.0, distill_divergence="total_variation")
 OLD_KEYS = ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens",
             "decoder_loss_weights")
 
@@ -69,17 +74,20 @@ def measure() -> dict:
                                 kind="adafactor", clip_norm=0.0)
   old_step = trainer.make_train_step(draft, tx, LOSS, target)
   new_step = sparse_distill.make_signals_train_step(draft, tx, LOSS)
+  policy_step = on_policy.make_on_policy_train_step(draft, target, tx, ON_POLICY_LOSS)
   rng = jax.random.PRNGKey(0)
   states = {name: trainer.TrainState.create(jax.device_put(params), tx)
-            for name in ("target_in_step", "stored_signals")}
+            for name in ("target_in_step", "stored_signals", "on_policy")}
 
   def run(name: str, batch: dict) -> float:
     start = time.perf_counter()
     if name == "target_in_step":
       states[name], metrics = old_step(states[name], {k: batch[k] for k in OLD_KEYS}, rng,
                                        target_params)
-    else:
+    elif name == "stored_signals":
       states[name], metrics = new_step(states[name], batch, rng)
+    else:
+      states[name], metrics = policy_step(states[name], batch, rng, target_params)
     jax.block_until_ready(metrics)
     return time.perf_counter() - start
 
@@ -104,7 +112,8 @@ def measure() -> dict:
                    "first_round_s_with_compilation": first[name]}
   return {
       "what": "one optimizer step of the shared-encoder draft: the target in the step "
-              "(round 2) against the target's stored signals",
+              "(round 2), the target's stored signals, and on-policy (the draft's samples "
+              "scored by the target's decoder in the step)",
       "command": "python -m experiments.benchmark_train_step",
       "draft": _DRAFT.value, "target": _TARGET.value, "batch_size": _BATCH_SIZE.value,
       "batches": _BATCHES.value, "rounds": _ROUNDS.value, "target_tokens": tokens,
@@ -113,6 +122,7 @@ def measure() -> dict:
       "pairs_available": data.num_pairs,
       "top_k": data.top_k, "loss": {"distill_weight": LOSS.distill_weight,
                                     "distill_divergence": LOSS.distill_divergence},
+      "on_policy_loss": {"distill_divergence": ON_POLICY_LOSS.distill_divergence},
       "steps": steps,
       "speedup": steps["stored_signals"]["steps_per_s"] / steps["target_in_step"]["steps_per_s"],
       "idle_check": guard.record(), "environment": benchmarking.environment(),

@@ -61,12 +61,12 @@ def _loops(shared: settings.Settings) -> dict[str, tuple]:
     contexts = [target.encode(x) for x in batches]
 
     def run_baseline(contexts=contexts, warp=warp):
-      return [baseline._temperature_sample(target, c, rng, max_decode_len=max_len,  # noqa: SLF001
+      return [baseline.decode_context(target, c, rng, max_decode_len=max_len,
                                            warp=warp, eos_id=eos) for c in contexts]
 
     outs = run_baseline()
     steps = sum(int(o.lengths.max()) for o in outs)
-    hlo = baseline._temperature_sample.lower(  # noqa: SLF001
+    hlo = baseline.decode_context.lower(
         target, contexts[0], rng, max_decode_len=max_len, warp=warp, eos_id=eos
     ).compile().as_text()
     loops[f"baseline, T={t:g}"] = (run_baseline, hlo, steps)

@@ -93,10 +93,10 @@ def test_top_k_1_equals_greedy_and_second_call_does_not_recompile(greedy_case):
   out = baseline.temperature_sample(model, params, inputs, rng=jax.random.PRNGKey(3), **kwargs)
   np.testing.assert_array_equal(out.sequences, want_sequences)
   np.testing.assert_array_equal(out.lengths, want_lengths)
-  compiled = baseline._temperature_sample._cache_size()
+  compiled = baseline.decode_context._cache_size()
   other_inputs = _inputs(seed=5)
   baseline.temperature_sample(model, params, other_inputs, rng=jax.random.PRNGKey(4), **kwargs)
-  assert baseline._temperature_sample._cache_size() == compiled
+  assert baseline.decode_context._cache_size() == compiled
 
 
 def test_rng_determines_the_samples():

@@ -45,7 +45,7 @@ def _traced_loops(panels: bool) -> dict[str, jax.stages.Traced]:
   out = {}
   for t in (0.0, 1.0):
     loops = {
-        "baseline": (baseline._temperature_sample, (scorer, context, rng),  # noqa: SLF001
+        "baseline": (baseline.decode_context, (scorer, context, rng),
                      dict(max_decode_len=8, warp=Warp(t), eos_id=eos)),
         "speculative": (speculative._speculative_sample,  # noqa: SLF001
                         (scorer, context, draft, inputs, rng),

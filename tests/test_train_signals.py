@@ -12,8 +12,11 @@ import gin
 import jax
 import numpy as np
 import pytest
+from absl import flags
+from absl.testing import flagsaver
 from safetensors.numpy import load_file
 
+from experiments import draft_speedups
 from specdec_jax import atomic_io
 from specdec_jax.checkpoints import load_model, save_hf_checkpoint
 from specdec_jax.data import corpora, distill, layout
@@ -23,6 +26,7 @@ from specdec_jax.experiment import alpha_curves, alpha_tracking
 from specdec_jax.experiment.train import train
 from specdec_jax.models import T5Model, get_config
 from specdec_jax.models.layers import ParamInfo
+from specdec_jax.training import trainer
 
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("train_signals")
@@ -125,6 +129,7 @@ def run(data, monkeypatch):
                     alpha_tasks=("ende",), alpha_temperatures=(1.0,))
     return train(model_dir, **{**settings, **kwargs})
 
+  call.teacher = teacher
   yield call
   gin.clear_config()
 
@@ -173,12 +178,44 @@ def test_training_from_signals_tracks_alpha_and_exports_the_best(run, tmp_path):
     alpha_curves.collect([model_dir, model_dir])
 
 
+def test_on_policy_training_runs_from_the_stored_inputs(run, tmp_path):
+  model_dir = str(tmp_path / "on_policy")
+  gin.bind_parameter("LossConfig.distill_divergence", "total_variation")
+  summary = run(model_dir, source="on_policy", total_steps=3)
+  assert summary["steps"] == 3
+  curve = alpha_tracking.read_curve(model_dir)
+  assert [e["step"] for e in curve["entries"]] == [0, 3]
+  assert curve["recipe"]["source"] == "on_policy"
+  assert curve["recipe"]["distill_divergence"] == "total_variation"
+  train_losses = curve["entries"][-1]["train"]
+  assert 0 < train_losses["distill_loss"] <= 1  # Total variation.
+  # The teacher term alone (and the z-loss): no label term on the student's own samples.
+  assert train_losses["loss"] == pytest.approx(
+      train_losses["distill_loss"] + trainer.LossConfig().z_loss * train_losses["z_loss"],
+      rel=1e-5)
+  assert type(load_model(os.path.join(model_dir, "hf"))[0]).__name__ == "SharedEncoderModel"
+  # The run, ranked by the cost model from its best alpha and its measured c.
+  flags.FLAGS.mark_as_parsed()  # As app.run would (flagsaver sets the values).
+  with flagsaver.flagsaver(model_dirs=[model_dir], target=run.teacher, examples=2, max_gamma=2,
+                           max_decode_len=MAX_DECODE_LEN):
+    record = draft_speedups.measure()
+  ranked = record["runs"]["on_policy"]
+  best = next(e for e in curve["entries"] if e["step"] == curve["best"]["step"])
+  assert ranked["recipe"]["step"] == best["step"]
+  assert set(ranked["by_temperature"]) == {"T=1"}
+  by_t = ranked["by_temperature"]["T=1"]
+  assert by_t["alpha"] == best["alpha"]["ende"]["T=1"]
+  assert by_t["gamma"] in (1, 2) and by_t["c"] > 0 and by_t["speedup_cost_model"] > 0
+
+
 def test_bad_settings_fail_before_any_work(run, tmp_path):
   model_dir = str(tmp_path / "bad")
   with pytest.raises(ValueError, match="train.source"):
     run(model_dir, source="disk", total_steps=2)
   with pytest.raises(ValueError, match="train.passes"):
     run(model_dir, source="pipeline", passes=2.0)
+  with pytest.raises(ValueError, match="train.student='shared_encoder'"):
+    run(model_dir, source="on_policy", student="t5", total_steps=2)
   with pytest.raises(ValueError, match="train.total_steps"):
     run(model_dir)
   with pytest.raises(ValueError, match="alpha_select_task"):

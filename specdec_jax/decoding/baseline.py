@@ -121,15 +121,17 @@ def decode(scorer: Scorer, inputs: Array, rng: Array, *, max_decode_len: int, wa
   Returns:
     `DecodeOutput` with `[batch, max_decode_len]` sequences and `[batch]` lengths.
   """
-  return _temperature_sample(scorer, scorer.encode(inputs), rng, max_decode_len=max_decode_len,
+  return decode_context(scorer, scorer.encode(inputs), rng, max_decode_len=max_decode_len,
                              warp=warp, eos_id=eos_id)
 
 
 @functools.partial(cached_decoder.loop_jit, static_argnames=("max_decode_len", "warp",
                                                              "eos_id"))
-def _temperature_sample(scorer: Scorer, context: object, rng: Array, *, max_decode_len: int,
-                        warp: Warp, eos_id: int) -> DecodeOutput:
-  """The generation loop, given the scorer's context (`scorer.encode(inputs)`)."""
+def decode_context(scorer: Scorer, context: object, rng: Array, *, max_decode_len: int,
+                   warp: Warp, eos_id: int) -> DecodeOutput:
+  """`decode` given the scorer's context (`scorer.encode(inputs, ...)`, computed by the
+  caller: e.g. a shared-encoder draft's, from stored encoder outputs); the loop itself,
+  one compiled program, inlined under an outer trace."""
   state = scorer.init_state(context, max_decode_len)
   batch = scorer.cached_lengths(state).shape[0]
   init = SamplingLoopState(

@@ -7,11 +7,13 @@ few), `hf/` (HF T5 format with the vocabulary as `spiece.model`) and `train_summ
 Rerunning resumes from the latest checkpoint (SIGTERM / Ctrl-C save one first); a
 finished run is not retrained. The steps, losses and optimizer are `specdec_jax.training`.
 
-Two sources of batches: the seqio mixture (`train.source = "pipeline"`; a teacher term
-runs the target in every step), or the target's stored signals (`"signals"`:
+Three sources of batches: the seqio mixture (`train.source = "pipeline"`; a teacher term
+runs the target in every step), the target's stored signals (`"signals"`:
 `data.teacher_signals`, held in memory by `training.signals_source`; the step runs the
-student alone, `training.sparse_distill`). With `train.alpha_every_steps` the draft's
-acceptance rate against the target is measured during training
+student alone, `training.sparse_distill`), or their inputs with the student's own samples
+scored by the target in the step (`"on_policy"`, `training.on_policy`). With
+`train.alpha_every_steps` the draft's acceptance rate against the target is measured
+during training
 (`experiment.alpha_tracking`: `alpha_curve.json`, `best/`), and the best parameters by
 alpha, not the last ones, are exported to `hf/`.
 """
@@ -56,6 +58,7 @@ from specdec_jax.models.shared_encoder import SharedEncoderModel  # noqa: E402
 from specdec_jax.training import (  # noqa: E402
     batching,
     evaluation,
+    on_policy,
     optimizer,
     signals_source,
     sparse_distill,
@@ -66,7 +69,7 @@ from specdec_jax.training.model_config import model_config  # noqa: E402
 
 SUMMARY = "train_summary.json"
 STUDENTS = ("t5", "shared_encoder")
-SOURCES = ("pipeline", "signals")
+SOURCES = ("pipeline", "signals", "on_policy")
 HF_DIR = "hf"
 
 
@@ -121,16 +124,20 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int | None = 
     eval_only: skip training; evaluate and export the latest checkpoint (the best one by
       alpha, if alpha was measured).
     total_steps: optimizer steps (one batch each).
-    passes: with source "signals", the length of the run in passes over the data instead:
-      total_steps = ceil(passes * steps per pass), replacing `total_steps`.
+    passes: with source "signals" or "on_policy", the length of the run in passes over
+      the data instead: total_steps = ceil(passes * steps per pass), replacing
+      `total_steps`.
     source: "pipeline": batches of `mixture` through seqio (the target runs in the step
       for a teacher term, or as a shared-encoder student's encoder); "signals": the
       target's stored signals along the distillation data of `signals_tasks`, held in
       memory (`training.signals_source`); the step runs the student alone
-      (`training.sparse_distill`, LossConfig's terms on the stored top-k).
+      (`training.sparse_distill`, LossConfig's terms on the stored top-k);
+      "on_policy": the same batches' inputs and stored encoder outputs, with the
+      student's own samples scored by the target's decoder in the step
+      (`training.on_policy`: LossConfig's teacher term alone; a shared-encoder student).
     mixture: seqio Task or Mixture to train on (source "pipeline").
-    signals_tasks: corpora whose distillation data and signals are read (source
-      "signals"; `<data_dir>/distill/<corpus>/`).
+    signals_tasks: corpora whose distillation data and signals are read (sources
+      "signals" and "on_policy"; `<data_dir>/distill/<corpus>/`).
     batch_size: rows per batch.
     inputs_length: encoder length (longer inputs are cut); also alpha's input length.
     targets_length: decoder length (longer targets are cut); also the test and alpha
@@ -180,7 +187,7 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int | None = 
   model = (SharedEncoderModel(cfg, teacher_model.config.d_model) if student == "shared_encoder"
            else T5Model(cfg))
   signals = None
-  if source == "signals":
+  if source in ("signals", "on_policy"):
     signals = _signals_batches(model, signals_tasks, teacher_dir, batch_size=batch_size,
                                seed=seed, window=bucket_window)
     if passes is not None:
@@ -223,7 +230,12 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int | None = 
         recipe=_recipe(model_dir, model, source=source, init_from=init_from,
                        batch_size=batch_size, loss_cfg=loss_cfg))
   if not eval_only and int(state.step) < total_steps:
-    if signals is not None:
+    if source == "on_policy":
+      train_step = functools.partial(
+          on_policy.make_on_policy_train_step(model, teacher_model, tx, loss_cfg),
+          teacher_params=teacher_params)
+      batches = signals.batches(int(state.step))
+    elif source == "signals":
       train_step = sparse_distill.make_signals_train_step(model, tx, loss_cfg)
       batches = signals.batches(int(state.step))
     else:
@@ -269,6 +281,9 @@ def _check_settings(*, student: str, source: str, teacher_dir: str | None,
     raise ValueError(f"train.student={student!r} is unknown; use one of {STUDENTS}.")
   if source not in SOURCES:
     raise ValueError(f"train.source={source!r} is unknown; use one of {SOURCES}.")
+  if source == "on_policy" and student != "shared_encoder":
+    raise ValueError("train.source='on_policy' trains a shared-encoder draft on the stored "
+                     "encoder outputs: set train.student='shared_encoder'.")
   if student == "shared_encoder" and not teacher_dir:
     raise ValueError("train.student='shared_encoder' reads the target's encoder: set "
                      "train.teacher_dir to the target's checkpoint directory.")
@@ -280,9 +295,10 @@ def _check_settings(*, student: str, source: str, teacher_dir: str | None,
   if alpha_every_steps and alpha_select_task not in alpha_tasks:
     raise ValueError(f"train.alpha_select_task={alpha_select_task!r} is not measured: use one "
                      f"of train.alpha_tasks {tuple(alpha_tasks)}.")
-  if passes is not None and (source != "signals" or passes <= 0):
+  if passes is not None and (source == "pipeline" or passes <= 0):
     raise ValueError(f"train.passes={passes} counts passes over the stored signals: use it "
-                     "with train.source='signals' and a value > 0, or set train.total_steps.")
+                     "with train.source='signals' or 'on_policy' and a value > 0, or set "
+                     "train.total_steps.")
   if passes is None and (not isinstance(total_steps, int) or total_steps < 1):
     raise ValueError(f"train.total_steps={total_steps!r}: set it to the steps to train (>= 1)"
                      ", or train.passes with train.source='signals'.")

@@ -219,8 +219,13 @@ class Transformer(nn.Module):
     """`[batch, input_len]` tokens -> `EncodedInputs` (cross K/V for every layer, and the
     encoder's hidden states)."""
     outputs = self.encoder(tokens, deterministic)
-    keys, values = self.decoder.cross_kv(outputs)
-    return EncodedInputs(keys, values, tokens != self.config.pad_token_id, outputs)
+    return self.encoded_from_outputs(outputs, tokens != self.config.pad_token_id)
+
+  def encoded_from_outputs(self, outputs: Array, mask: Array) -> EncodedInputs:
+    """Encoder outputs `[batch, input_len, d_model]` computed earlier (`mask [batch,
+    input_len]`: the real input tokens) -> `EncodedInputs`, as `encode` gives them."""
+    keys, values = self.decoder.cross_kv(outputs.astype(self.config.compute_dtype))
+    return EncodedInputs(keys, values, mask, outputs)
 
   def encoder_outputs(self, tokens: Array) -> Array:
     """`[batch, input_len]` -> the encoder's final hidden states `[b, s, d_model]`."""
@@ -282,6 +287,15 @@ class T5Model:
   @functools.partial(jax.jit, static_argnums=0)
   def _encode(self, params: dict, inputs: Array) -> EncodedInputs:
     encoded = self.module.apply({"params": params}, inputs, method=Transformer.encode)
+    return constrain_encoded(encoded, self.axis_rules)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def encoded_from_outputs(self, params: dict, outputs: Array, mask: Array) -> EncodedInputs:
+    """`EncodedInputs` from encoder outputs computed earlier (e.g. stored, in float16):
+    `outputs [batch, input_len, d_model]`, `mask [batch, input_len]`; the encoder is not
+    run."""
+    encoded = self.module.apply({"params": params}, outputs, mask,
+                                method=Transformer.encoded_from_outputs)
     return constrain_encoded(encoded, self.axis_rules)
 
   @functools.partial(jax.jit, static_argnums=0)
