@@ -12,17 +12,14 @@ import gin
 import jax
 import numpy as np
 import pytest
-from absl import flags
-from absl.testing import flagsaver
 from safetensors.numpy import load_file
 
-from experiments import draft_speedups
 from specdec_jax import atomic_io
 from specdec_jax.checkpoints import load_model, save_hf_checkpoint
 from specdec_jax.data import corpora, distill, layout
 from specdec_jax.distillation import signals
 from specdec_jax.distillation.teacher import load_teacher
-from specdec_jax.experiment import alpha_curves, alpha_tracking
+from specdec_jax.experiment import alpha_curves, alpha_tracking, draft_ranking
 from specdec_jax.experiment.train import train
 from specdec_jax.models import T5Model, get_config
 from specdec_jax.models.layers import ParamInfo
@@ -195,10 +192,8 @@ def test_on_policy_training_runs_from_the_stored_inputs(run, tmp_path):
       rel=1e-5)
   assert type(load_model(os.path.join(model_dir, "hf"))[0]).__name__ == "SharedEncoderModel"
   # The run, ranked by the cost model from its best alpha and its measured c.
-  flags.FLAGS.mark_as_parsed()  # As app.run would (flagsaver sets the values).
-  with flagsaver.flagsaver(model_dirs=[model_dir], target=run.teacher, examples=2, max_gamma=2,
-                           max_decode_len=MAX_DECODE_LEN):
-    record = draft_speedups.measure()
+  record = draft_ranking.rank_drafts([model_dir], target_dir=run.teacher, examples=2,
+                                     max_decode_len=MAX_DECODE_LEN, max_gamma=2)
   ranked = record["runs"]["on_policy"]
   best = next(e for e in curve["entries"] if e["step"] == curve["best"]["step"])
   assert ranked["recipe"]["step"] == best["step"]

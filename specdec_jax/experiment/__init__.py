@@ -4,8 +4,9 @@ One module per job: `settings` (the gin-bound `Settings` every command reads and
 the run's `Experiment`), `measure` (one measured point), `runner` (a run over a
 grid, resumable), `results_io` (results files, row keys, best points), `tables`,
 `figures` and `report` (analysis), `prompts` (examples, tokenisation, vocabulary
-and special ids), `family` and `stand_ins` (the model family), `gin_flags`, and
-`train` (the training driver). The statistics and the timing harness every
+and special ids), `family` and `stand_ins` (the model family), `gin_flags`, `train`
+(the training driver), `alpha_tracking` and `alpha_curves` (alpha during training) and
+`draft_ranking` (trained drafts by predicted speedup). The statistics and the timing harness every
 command shares are core modules: `specdec_jax.stats` and `specdec_jax.benchmarking`.
 
 Nothing is imported here, so `prompts` and `family` stay usable without gin,
