@@ -4,8 +4,9 @@
       [--examples=8] [--output=results/alpha/draft_speedups.json]
 
 `specdec_jax.experiment.draft_ranking.rank_drafts` over the runs (their held-out alpha,
-their measured c, the whole cost model; the guard on). Writes one JSON (atomically; runs
-already in it and not named now are kept) and prints the ranking.
+their c timed in turn, the cost model; the guard on). Writes one JSON (atomically; runs
+already in it and not named now are kept) and prints the ranking, by the speedup the
+model calls predict (alpha, c, T_verify(k)), with the whole cost model's beside it.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ def main(argv: list[str]) -> None:
     with open(_OUTPUT.value, encoding="utf-8") as f:
       record["runs"] = {**json.load(f)["runs"], **record["runs"]}
   atomic_io.write_json(_OUTPUT.value, record)
-  ranked = sorted(record["runs"].items(), key=lambda kv: -kv[1]["mean_speedup_cost_model"])
+  ranked = sorted(record["runs"].items(), key=lambda kv: -kv[1]["mean_speedup_steps_only"])
   for name, run in ranked:
-    row = " | ".join(f"{t}: alpha {v['alpha']:.3f} c {v['c']:.3f} gamma {v['gamma']} "
-                     f"{v['speedup_cost_model']:.2f}X" for t, v in run["by_temperature"].items())
+    row = " | ".join(
+        f"{t}: alpha {v['alpha']:.3f} c {v['c']:.3f} model calls {v['speedup_steps_only']:.2f}X"
+        f" (gamma {v['gamma_steps_only']}), whole {v['speedup_cost_model']:.2f}X (gamma "
+        f"{v['gamma']})" for t, v in run["by_temperature"].items())
     print(f"{name:32s} {run['params'] / 1e6:.2f}M  {row}")
   print(f"Wrote {_OUTPUT.value}.")
 

@@ -23,7 +23,7 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -337,19 +337,50 @@ def draft_token_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cac
   Returns:
     `StepTimes` with seconds per proposed token.
   """
+  loop = _propose_program(draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len,
+                          position=position, calls=calls, seed=seed,
+                          target_encoded=target_encoded)
+  per_call = _per_call(loop, calls, repeats)
+  return StepTimes(per_call.seconds / gamma, per_call.compile_s)
+
+
+def draft_token_times_rotated(drafts: Mapping[Any, tuple[Draft, Array, EncoderOutputs]], *,
+                              gamma: int, warp: Warp, cache_len: int, position: int,
+                              calls: int, repetitions: int, seed: int = 0
+                              ) -> dict[Any, float]:
+  """`draft_token_time` of several drafts timed in turn (`time_rotated`), so that each
+  repetition sees all of them on the same machine: drafts compared with each other
+  by c are not told apart by the machine's drift or by their order.
+
+  Args:
+    drafts: key -> (draft, inputs, target_encoded), as `draft_token_time` takes them.
+    gamma, warp, cache_len, position, calls, seed: as `draft_token_time`.
+    repetitions: timed loop runs of each draft (the median is used).
+
+  Returns:
+    key -> seconds per proposed token (the median over repetitions).
+  """
+  programs = {key: _propose_program(draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len,
+                                    position=position, calls=calls, seed=seed,
+                                    target_encoded=encoded)
+              for key, (draft, inputs, encoded) in drafts.items()}
+  seconds = time_rotated(programs, repetitions)
+  return {key: statistics.median(s) / (calls * gamma) for key, s in seconds.items()}
+
+
+def _propose_program(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cache_len: int,
+                     position: int, calls: int, seed: int, target_encoded: EncoderOutputs
+                     ) -> Callable[[], Array]:
+  """`propose_loop` over `draft`'s state of `inputs` (its encoder run here, once)."""
   if position + gamma + 2 > cache_len:
     raise ValueError(f"position={position} + gamma={gamma} + 2 must fit in cache_len={cache_len}.")
   batch = inputs.shape[0]
   lengths = jnp.full((batch,), position, jnp.int32)
   tokens = jnp.ones((batch, cache_len + 1), jnp.int32)
-
-  # The encoder runs once, outside the timing.
   state = draft.init_state(inputs, cache_len, target_encoded)
   rng = jax.random.PRNGKey(seed)
-  per_call = _per_call(
-      lambda: propose_loop(draft, state, tokens, lengths, rng, gamma=gamma, warp=warp,
-                            calls=calls), calls, repeats)
-  return StepTimes(per_call.seconds / gamma, per_call.compile_s)
+  return lambda: propose_loop(draft, state, tokens, lengths, rng, gamma=gamma, warp=warp,
+                              calls=calls)
 
 
 @functools.partial(cached_decoder.loop_jit, static_argnames=("gamma", "warp", "calls"))

@@ -200,7 +200,9 @@ def test_on_policy_training_runs_from_the_stored_inputs(run, tmp_path):
   assert set(ranked["by_temperature"]) == {"T=1"}
   by_t = ranked["by_temperature"]["T=1"]
   assert by_t["alpha"] == best["alpha"]["ende"]["T=1"]
-  assert by_t["gamma"] in (1, 2) and by_t["c"] > 0 and by_t["speedup_cost_model"] > 0
+  assert by_t["gamma"] in (1, 2) and by_t["gamma_steps_only"] in (1, 2) and by_t["c"] > 0
+  assert by_t["speedup_steps_only"] == max(by_t["choice"]["speedup_steps_only"].values())
+  assert ranked["mean_speedup_steps_only"] == by_t["speedup_steps_only"]
 
 
 def test_bad_settings_fail_before_any_work(run, tmp_path):

@@ -5,12 +5,11 @@ proposed token. For each training run (`experiment.train` with `train.alpha_ever
 `rank_drafts` takes the held-out En-De alpha of its best entry (`alpha_curve.json`:
 validation inputs, gamma 3, at the curve's temperatures) and that entry's parameters
 (`<run>/best`, kept beside the curve, so a run still training can be ranked), then
-calibrates the whole cost model on other validation inputs, batch 1
-(`auto_gamma.calibrate` with that alpha: the draft's seconds per token, so its c, both
-loops' own work and both encoders; the target's T_verify(k) timed once for all drafts),
-and records gamma* and the predicted speedup. Timings run inside the guard
-(`contention.quiet`: our registered jobs paused). `experiments.draft_speedups` is its
-command.
+prices it under the whole cost model on other validation inputs, batch 1 (the draft's
+seconds per token, so its c, timed in turn with the other drafts'; both loops' own work
+and both encoders; the target's T_verify(k) timed once for all), and records gamma* and
+the predicted speedup. Timings run inside the guard (`contention.quiet`: our registered
+jobs paused). `experiments.draft_speedups` is its command.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import jax
 import numpy as np
 import sentencepiece as spm
 
-from specdec_jax import auto_gamma, benchmarking
+from specdec_jax import auto_gamma, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import make_draft
@@ -58,8 +57,17 @@ def calibration_inputs(model_dirs: list[str], examples: int) -> np.ndarray:
 
 
 def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
-                max_decode_len: int = 64, max_gamma: int = 8) -> dict:
-  """Calibrates every run's draft at each temperature of its curve.
+                max_decode_len: int = 64, max_gamma: int = 8, timing_calls: int = 32,
+                timing_repeats: int = 5) -> dict:
+  """Prices every run's draft at each temperature of its curve.
+
+  Inside the guard: the target's T_verify(k) once; per temperature, every draft's
+  seconds per proposed token at gamma 3, the drafts timed in turn
+  (`benchmarking.draft_token_times_rotated`: their c are compared with each other,
+  so neither the machine's drift nor their order may decide); then, per draft, both
+  loops' own work and the encoders (`auto_gamma.measure_loop_costs` over the
+  calibration inputs); the choice of gamma under the whole cost model with the run's
+  held-out alpha (`auto_gamma.make_choice`).
 
   Args:
     model_dirs: training runs with an alpha curve.
@@ -67,10 +75,16 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
     examples: validation inputs the cost model is calibrated on (batch 1).
     max_decode_len: the most tokens per output.
     max_gamma: gamma candidates are 1..max_gamma.
+    timing_calls: calls per timed loop (T_verify(k), T_draft).
+    timing_repeats: timed runs per loop (the median is used).
 
   Returns:
-    The JSON record: per run, its recipe and, per temperature, alpha, c, gamma*, the
-    cost model's and Theorem 3.8's speedups at gamma* and the whole `GammaChoice`.
+    The JSON record: per run, its recipe and, per temperature, alpha, c, gamma* and
+    the whole cost model's and Theorem 3.8's speedups there, the best speedup of the
+    model calls alone (alpha, c and T_verify(k): `speedup_steps_only`, what drafts are
+    ranked by, `mean_speedup_steps_only` over temperatures) and the `GammaChoice`. The
+    loops' own work is the same for drafts of one kind; measured per draft it differs
+    by its noise alone, so it prices the drafts but does not rank them.
 
   Raises:
     FileNotFoundError: a run has no alpha curve, or the corpora are not prepared.
@@ -79,38 +93,61 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
   target_model = T5Model(target_cfg)
   target = T5Scorer(target_model, target_model.prepare(jax.device_put(target_params)))
   batches = [buckets.to_bucket(x[None]) for x in calibration_inputs(model_dirs, examples)]
-  verify = auto_gamma.verify_times(target, batches[0], max_gamma=max_gamma,
-                                   max_decode_len=max_decode_len, calls=8, repeats=3)
+  gamma = min(auto_gamma.DEFAULT_CALIBRATION_GAMMA, max_gamma)
+  cache_len, position = auto_gamma.timing_geometry(max_decode_len, max_gamma)
   runs = {}
   for model_dir in model_dirs:
     recipe, alphas = best_alpha(model_dir)
     model, params = load_model(os.path.join(model_dir, alpha_tracking.BEST_DIR),
                                dropout_rate=0.0)
-    draft = make_draft(model, jax.device_put(params))
-    by_t = {}
-    for t, alpha in alphas.items():
-      choice = auto_gamma.calibrate(
-          target, draft, batches, warp=Warp(temperature=t), max_decode_len=max_decode_len,
-          max_gamma=max_gamma, eos_id=target_cfg.eos_token_id, rng=jax.random.PRNGKey(0),
-          verify=verify, alpha=alpha,
-          calibration_gamma=min(auto_gamma.DEFAULT_CALIBRATION_GAMMA, max_gamma))
-      by_t[f"T={t:g}"] = {"alpha": alpha, "c": choice.c, "gamma": choice.gamma,
-                          "speedup_cost_model": choice.speedup_cost_model[choice.gamma],
-                          "speedup_thm38": choice.speedup_thm38[choice.gamma],
-                          "choice": choice.to_json()}
-    runs[recipe["name"]] = {
-        "model_dir": model_dir, "recipe": recipe,
-        "params": int(sum(np.size(x) for x in jax.tree.leaves(params))),
-        "by_temperature": by_t,
-        "mean_speedup_cost_model": float(np.mean([v["speedup_cost_model"]
-                                                  for v in by_t.values()]))}
+    runs[recipe["name"]] = {"model_dir": model_dir, "recipe": recipe, "alphas": alphas,
+                            "draft": make_draft(model, jax.device_put(params)),
+                            "params": int(sum(np.size(x) for x in jax.tree.leaves(params)))}
+  temperatures = sorted({t for run in runs.values() for t in run["alphas"]})
+  with contention.quiet("draft ranking") as guard:
+    verify = auto_gamma.verify_times(target, batches[0], max_gamma=max_gamma,
+                                     max_decode_len=max_decode_len, calls=timing_calls,
+                                     repeats=timing_repeats)
+    ratios = auto_gamma.fitted_ratios({k: t / verify.t_step for k, t in verify.t_chunk.items()})
+    t_chunk = {k: verify.t_step * r for k, r in ratios.items()}
+    for t in temperatures:
+      warp = Warp(temperature=t)
+      names = [name for name, run in runs.items() if t in run["alphas"]]
+      t_draft = benchmarking.draft_token_times_rotated(
+          {name: (runs[name]["draft"], batches[0],
+                  benchmarking.target_encoded_for(runs[name]["draft"], target, batches[0]))
+           for name in names},
+          gamma=gamma, warp=warp, cache_len=cache_len, position=position, calls=timing_calls,
+          repetitions=timing_repeats)
+      for name in names:
+        run = runs[name]
+        loop_costs, _ = auto_gamma.measure_loop_costs(
+            target, run["draft"], batches, gamma=gamma, warp=warp,
+            max_decode_len=max_decode_len, eos_id=target_cfg.eos_token_id, t_chunk=t_chunk,
+            t_draft=t_draft[name], rng=jax.random.PRNGKey(0), repeats=timing_repeats,
+            held_out=True)
+        choice = auto_gamma.make_choice(run["alphas"][t], verify.t_chunk, t_draft[name],
+                                        loop_costs=loop_costs, spread=verify.spread,
+                                        max_gamma=max_gamma)
+        steps_gamma = max(choice.speedup_steps_only, key=choice.speedup_steps_only.get)
+        run.setdefault("by_temperature", {})[f"T={t:g}"] = {
+            "alpha": run["alphas"][t], "c": choice.c, "gamma": choice.gamma,
+            "speedup_cost_model": choice.speedup_cost_model[choice.gamma],
+            "speedup_thm38": choice.speedup_thm38[choice.gamma],
+            "gamma_steps_only": steps_gamma,
+            "speedup_steps_only": choice.speedup_steps_only[steps_gamma],
+            "choice": choice.to_json()}
+  for run in runs.values():
+    del run["draft"], run["alphas"]
+    for key in ("speedup_steps_only", "speedup_cost_model"):
+      run[f"mean_{key}"] = float(np.mean([v[key] for v in run["by_temperature"].values()]))
   return {
       "what": "trained drafts ranked by the whole cost model's predicted speedup at gamma*, "
               "from held-out alpha (the run's best curve entry) and measured c",
       "command": "python -m experiments.draft_speedups", "target": target_dir,
       "task": TASK, "calibration_examples": examples, "batch_size": 1,
-      "max_decode_len": max_decode_len,
+      "timing_calls": timing_calls, "timing_repeats": timing_repeats, "draft_gamma": gamma,
       "verify_ratio": {str(k): t / verify.t_step for k, t in verify.t_chunk.items()},
-      "t_step_s": verify.t_step, "verify_idle_check": dict(verify.idle_check),
+      "t_step_s": verify.t_step, "idle_check": guard.record(),
       "runs": runs, "environment": benchmarking.environment(),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
