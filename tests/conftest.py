@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -18,6 +19,7 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from specdec_jax.models import T5Model, get_config  # noqa: E402
+from specdec_jax.models.shared_encoder import SharedEncoderModel  # noqa: E402
 
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 
@@ -66,6 +68,16 @@ def make_model(name: str, seed: int = 0, **overrides) -> tuple[T5Model, dict]:
   """A small random model of config `name` (see `NAMED_CONFIGS`) and its params."""
   model = T5Model(get_config(name, **overrides))
   return model, _random_params(name, seed, model)
+
+
+def make_shared_encoder_pair() -> tuple[T5Model, dict, SharedEncoderModel, dict]:
+  """A small random target and a one-layer shared-encoder student reading its encoder:
+  (target, its params, student, the student's params)."""
+  target, target_params = make_model("test-v1_1", seed=0, num_decoder_layers=2)
+  cfg = dataclasses.replace(target.config, d_model=16, num_heads=2, d_ff=32,
+                            num_decoder_layers=1)
+  student = SharedEncoderModel(cfg, target.config.d_model)
+  return target, target_params, student, student.init_params(jax.random.PRNGKey(5))
 
 
 @functools.cache

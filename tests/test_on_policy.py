@@ -10,10 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import make_model
+from conftest import make_shared_encoder_pair
 from scipy import stats as scipy_stats
 
-from specdec_jax.models.shared_encoder import SharedEncoderModel
 from specdec_jax.training import on_policy, optimizer, trainer
 
 VOCAB = 97
@@ -21,11 +20,7 @@ VOCAB = 97
 
 @pytest.fixture(scope="module")
 def setup():
-  target, target_params = make_model("test-v1_1", seed=0, num_decoder_layers=2)
-  cfg = dataclasses.replace(target.config, d_model=16, num_heads=2, d_ff=32,
-                            num_decoder_layers=1)
-  student = SharedEncoderModel(cfg, target.config.d_model)
-  params = student.init_params(jax.random.PRNGKey(5))
+  target, target_params, student, params = make_shared_encoder_pair()
   # A peaked student (random logits are near uniform), so that distributions differ.
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: 6.0 * x if "logits_dense" in jax.tree_util.keystr(path) else x, params)

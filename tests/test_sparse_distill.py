@@ -8,9 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import make_model
+from conftest import make_shared_encoder_pair
 
-from specdec_jax.models.shared_encoder import SharedEncoderModel
 from specdec_jax.training import optimizer, sparse_distill, trainer
 
 VOCAB = 97
@@ -102,11 +101,7 @@ def test_every_dense_divergence_has_a_sparse_one():
 
 @pytest.fixture(scope="module")
 def shared_setup():
-  target, target_params = make_model("test-v1_1", seed=0, num_decoder_layers=2)
-  cfg = dataclasses.replace(target.config, d_model=16, num_heads=2, d_ff=32,
-                            num_decoder_layers=1)
-  student = SharedEncoderModel(cfg, target.config.d_model)
-  return target, target_params, student, student.init_params(jax.random.PRNGKey(5))
+  return make_shared_encoder_pair()
 
 
 def _signals_batch(target, target_params, k: int, seed: int = 0) -> dict:

@@ -104,6 +104,7 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
                             "draft": make_draft(model, jax.device_put(params)),
                             "params": int(sum(np.size(x) for x in jax.tree.leaves(params)))}
   temperatures = sorted({t for run in runs.values() for t in run["alphas"]})
+  encoded = target.encoder_outputs(target.encode(batches[0]))  # For drafts that read it.
   with contention.quiet("draft ranking") as guard:
     verify = auto_gamma.verify_times(target, batches[0], max_gamma=max_gamma,
                                      max_decode_len=max_decode_len, calls=timing_calls,
@@ -115,7 +116,7 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
       names = [name for name, run in runs.items() if t in run["alphas"]]
       t_draft = benchmarking.draft_token_times_rotated(
           {name: (runs[name]["draft"], batches[0],
-                  benchmarking.target_encoded_for(runs[name]["draft"], target, batches[0]))
+                  encoded if runs[name]["draft"].reads_target_encoder else None)
            for name in names},
           gamma=gamma, warp=warp, cache_len=cache_len, position=position, calls=timing_calls,
           repetitions=timing_repeats)
