@@ -10,6 +10,13 @@ repetition, in an order rotated per repetition, so all see the same machine. Med
 The ratio T(k) / T(1) is what verification of k tokens costs in weight
 products alone, over one step's.
 
+Beside them, in the same rotation, a yardstick of the machine's arithmetic: a
+dense float32 product of `--dense` rows through XLA's own dot (both cores),
+which no memory bound holds. Each k's row gives what its products did in those
+units: GFLOP/s (2 x weights x k per step) and GB/s of panels read, so the table
+says from which k verification is bound by the cores' arithmetic rather than by
+the weights' bytes.
+
   python -m experiments.benchmark_panel_dot --compare_with=d6457c3 \
       --output=results/decode_step/panel_dot_vs_d6457c3.json
 """
@@ -37,6 +44,8 @@ _MAX_ROWS = flags.DEFINE_integer("max_rows", 8, "Rows k timed: 1..max_rows.", lo
 _CALLS = flags.DEFINE_integer("calls", 8, "Steps per jitted loop.", lower_bound=1)
 _REPETITIONS = flags.DEFINE_integer("repetitions", 40, "Interleaved timed repetitions.",
                                     lower_bound=1)
+_DENSE = flags.DEFINE_integer("dense", 512, "Rows of the dense yardstick product (its K and N "
+                              "are 1024).", lower_bound=1)
 _OUTPUT = flags.DEFINE_string("output", "results/decode_step/panel_dot.json",
                               "JSON file written atomically.")
 _SOURCE = "specdec_jax/models/panel_dot.cc"
@@ -69,6 +78,17 @@ def step_products(x: jax.Array, panels: list[jax.Array], *, variant: str | None,
   return jax.lax.fori_loop(0, calls, body, jnp.zeros((), jnp.float32))
 
 
+@functools.partial(jax.jit, static_argnames=("calls",))
+def dense_products(x: jax.Array, w: jax.Array, *, calls: int) -> jax.Array:
+  """`calls` dense products `x [m, K] @ w [K, N]` (XLA's dot), each depending on the one
+  before; a scalar using all."""
+
+  def body(_, acc: jax.Array) -> jax.Array:
+    return acc + 1e-30 * jnp.dot(x + acc, w)[0, 0]
+
+  return jax.lax.fori_loop(0, calls, body, jnp.zeros((), jnp.float32))
+
+
 def main(argv: Sequence[str]) -> None:
   del argv
   if not panel_dot.available():
@@ -87,22 +107,39 @@ def main(argv: Sequence[str]) -> None:
     for name, variant in variants.items():
       programs[k, name] = functools.partial(step_products, x, panels, variant=variant,
                                             calls=_CALLS.value)
+  dense_x = jnp.full((_DENSE.value, 1024), 0.01, jnp.float32)
+  programs["dense"] = functools.partial(dense_products, dense_x,
+                                        jnp.full((1024, 1024), 0.01, jnp.float32),
+                                        calls=_CALLS.value)
   with contention.quiet("benchmark_panel_dot") as guard:
     times = benchmarking.time_rotated(programs, _REPETITIONS.value)
+  dense_gflops = 2 * dense_x.size * 1024 * _CALLS.value / statistics.median(times["dense"]) / 1e9
+  weights = sum(p.size for p in panels)
+  panel_bytes = sum(p.nbytes for p in panels)
   rows = [{"k": k, **{f"{name}_ms": 1e3 * statistics.median(times[k, name]) / _CALLS.value
                       for name in variants}} for k in range(1, _MAX_ROWS.value + 1)]
   for name in variants:
     for row in rows:
       row[f"{name}_over_k1"] = row[f"{name}_ms"] / rows[0][f"{name}_ms"]
-  print(f"{'k':>2} " + " ".join(f"{name + ' ms':>14} {'/ k=1':>6}" for name in variants))
+  for row in rows:
+    row["this_gflops"] = 2 * weights * row["k"] / row["this_ms"] / 1e6
+    row["this_gbytes_per_s"] = panel_bytes / row["this_ms"] / 1e6
+    row["this_of_dense"] = row["this_gflops"] / dense_gflops
+  print(f"{'k':>2} " + " ".join(f"{name + ' ms':>14} {'/ k=1':>6}" for name in variants)
+        + f" {'GFLOP/s':>8} {'GB/s':>6} {'of dense':>8}")
   for row in rows:
     print(f"{row['k']:>2} " + " ".join(
-        f"{row[f'{name}_ms']:>14.3f} {row[f'{name}_over_k1']:>6.2f}" for name in variants))
+        f"{row[f'{name}_ms']:>14.3f} {row[f'{name}_over_k1']:>6.2f}" for name in variants)
+        + f" {row['this_gflops']:>8.1f} {row['this_gbytes_per_s']:>6.1f}"
+        f" {row['this_of_dense']:>8.2f}")
+  print(f"dense yardstick ({_DENSE.value} x 1024 @ 1024 x 1024, XLA's dot): "
+        f"{dense_gflops:.1f} GFLOP/s")
   atomic_io.write_json(_OUTPUT.value, {
       "command": "python -m experiments.benchmark_panel_dot "
                  f"--compare_with={_COMPARE_WITH.value}",
       "target_dir": _TARGET_DIR.value, "products_per_step": len(panels),
-      "panel_bytes": sum(p.nbytes for p in panels), "revisions": {"other": revision},
+      "panel_bytes": panel_bytes, "weights": weights, "dense_rows": _DENSE.value,
+      "dense_gflops": dense_gflops, "revisions": {"other": revision},
       "calls": _CALLS.value, "repetitions": _REPETITIONS.value, "rows": rows,
       "idle_check": guard.record(), "environment": benchmarking.environment()})
   print(f"wrote {_OUTPUT.value}")

@@ -98,13 +98,25 @@ def fig_speedup_vs_batch(rows: Sequence[Row], path: str) -> str | None:
 
 
 def fig_speedup_vs_alpha(rows: Sequence[Row], path: str) -> str:
-  """Measured speedup vs alpha, one colour per draft (the paper's Fig. 4, measured)."""
+  """Measured speedup vs alpha, one colour per draft (the paper's Fig. 4, measured), beside
+  each row's cost-model prediction (hollow, same colour) and Theorem 3.8's curve at the
+  rows' median gamma and c."""
   fig, ax = plt.subplots(figsize=(6, 4))
   for (draft,), group in results_io.group(rows, "draft").items():
-    ax.scatter([r["alpha_beta"] for r in group], [r["speedup_measured"] for r in group],
-               label=draft)
+    alphas = [r["alpha_beta"] for r in group]
+    measured = ax.scatter(alphas, [r["speedup_measured"] for r in group], label=draft)
+    predicted = [(a, r["speedup_predicted_cost_model"]) for a, r in zip(alphas, group, strict=True)
+                 if r.get("speedup_predicted_cost_model") is not None]
+    if predicted:
+      ax.scatter(*zip(*predicted, strict=True), s=18, facecolors="none",
+                 edgecolors=measured.get_facecolor())
+  gamma = int(np.median([r["gamma"] for r in rows]))
+  c = float(np.median([r["c"] for r in rows]))
+  ax.plot(ALPHA_GRID, theory.walltime_improvement(ALPHA_GRID, gamma, c), "k--", lw=1,
+          label=f"Thm 3.8 (gamma {gamma}, c {c:.2f})")
+  ax.scatter([], [], s=18, facecolors="none", edgecolors="gray", label="cost model (hollow)")
   ax.axhline(1, color="gray", lw=0.8)
-  ax.set(xlabel="alpha (mean beta)", ylabel="measured speedup", xlim=(0, 1))
+  ax.set(xlabel="alpha (mean beta)", ylabel="speedup", xlim=(0, 1))
   ax.legend(fontsize="small")
   return _save(fig, path)
 
