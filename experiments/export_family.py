@@ -58,11 +58,18 @@ ROLES = {
 # Members another member beats on every count (α on both tasks and temperatures, at the
 # same shape and cost), kept for what still needs them; their cards say so.
 SUPERSEDED = {
+    "draft_shared_enc": "Superseded: draft_shared_enc_signals (the same shape, trained on "
+                        "from this one through draft_shared_enc_long) has a higher α on both "
+                        "tasks at both temperatures. This draft stays shipped as the first "
+                        "stage of that recipe and for the committed rows that measured it; "
+                        "round 3's remeasured sweep (`gin_configs/distilled_drafts.gin`) "
+                        "leaves it out.",
     "draft_shared_enc_long": "Superseded: draft_shared_enc_signals (the same shape, trained on "
                              "from this one) has a higher α on both tasks at both "
                              "temperatures. This draft stays shipped as that recipe's "
                              "starting point (`gin_configs/train/draft_shared_enc_signals.gin`"
-                             ") and for the committed rows that measured it.",
+                             ") and for the committed rows that measured it; round 3's remeasured "
+                             "sweep (`gin_configs/distilled_drafts.gin`) leaves it out.",
 }
 DISTILL_DATA = ("the target's own outputs on every training input of `specdec_mix` (its "
                 "greedy output and 4 samples at T=1 each; `python -m experiments.distill_data`, "

@@ -81,4 +81,4 @@ def test_card_names_the_exported_step_the_signals_and_what_supersedes_it():
   card = export_family.model_card("draft_shared_enc_long", summary, None)
   assert "| training steps | 6034; exported: step 5000" in card and "0.622" in card
   assert "stored signals" in card and export_family.SUPERSEDED["draft_shared_enc_long"] in card
-  assert "Superseded" not in export_family.model_card("draft_shared_enc", summary, None)
+  assert "Superseded" not in export_family.model_card("draft_shared_enc_signals", summary, None)
