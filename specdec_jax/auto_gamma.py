@@ -167,6 +167,12 @@ class VerifyTimes:
   def t_step(self) -> float:
     return self.t_chunk[1]
 
+  def fitted(self, max_gamma: int) -> dict[int, float]:
+    """{k: T_verify(k)} for k = 1..max_gamma + 1 with the ratios to T_step fitted
+    non-decreasing in k over those k alone (`fitted_ratios`), as `make_choice` fits them."""
+    ratios = {k: self.t_chunk[k] / self.t_step for k in range(1, max_gamma + 2)}
+    return {k: self.t_step * r for k, r in fitted_ratios(ratios).items()}
+
 
 def verify_times(target: Scorer, inputs: Array, *, max_gamma: int, max_decode_len: int,
                  calls: int, repeats: int, rounds: int = DEFAULT_TIMING_ROUNDS) -> VerifyTimes:
@@ -575,9 +581,7 @@ def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: W
     The `GammaChoice`.
   """
   start = time.perf_counter()
-  # Fitted as `make_choice` fits them: over the candidates' k alone.
-  ratios = {k: verify.t_chunk[k] / verify.t_step for k in range(1, max_gamma + 2)}
-  t_chunk = {k: verify.t_step * r for k, r in fitted_ratios(ratios).items()}
+  t_chunk = verify.fitted(max_gamma)
   with contention.quiet("gamma calibration") as guard:
     t_draft = draft_time(draft, batches[0], gamma=calibration_gamma, warp=warp,
                          max_decode_len=max_decode_len, max_gamma=max_gamma, calls=timing_calls,

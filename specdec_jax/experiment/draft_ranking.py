@@ -109,8 +109,7 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
     verify = auto_gamma.verify_times(target, batches[0], max_gamma=max_gamma,
                                      max_decode_len=max_decode_len, calls=timing_calls,
                                      repeats=timing_repeats)
-    ratios = auto_gamma.fitted_ratios({k: t / verify.t_step for k, t in verify.t_chunk.items()})
-    t_chunk = {k: verify.t_step * r for k, r in ratios.items()}
+    t_chunk = verify.fitted(max_gamma)
     for t in temperatures:
       warp = Warp(temperature=t)
       names = [name for name, run in runs.items() if t in run["alphas"]]
@@ -143,8 +142,9 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
     for key in ("speedup_steps_only", "speedup_cost_model"):
       run[f"mean_{key}"] = float(np.mean([v[key] for v in run["by_temperature"].values()]))
   return {
-      "what": "trained drafts ranked by the whole cost model's predicted speedup at gamma*, "
-              "from held-out alpha (the run's best curve entry) and measured c",
+      "what": "trained drafts ranked by the model calls' predicted speedup (alpha, c, "
+              "T_verify(k)), the whole cost model's beside it, from held-out alpha (the run's "
+              "best curve entry) and c timed in turn",
       "command": "python -m experiments.draft_speedups", "target": target_dir,
       "task": TASK, "calibration_examples": examples, "batch_size": 1,
       "timing_calls": timing_calls, "timing_repeats": timing_repeats, "draft_gamma": gamma,
