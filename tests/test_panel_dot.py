@@ -28,7 +28,7 @@ def test_the_custom_call_is_built_here():
   assert cached_decoder.panel_dots()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 13, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 13, 14, 15, 29, 33])
 @pytest.mark.parametrize("k,n", [(64, 64), (100, 192), (384, 1152)])
 def test_equals_the_matrix_product(rows, k, n):
   rng = np.random.RandomState(rows * 1000 + k + n)
@@ -93,7 +93,7 @@ def test_leading_dimensions_packing_and_its_inverse():
     panel_dot.dot(x[..., :47], panels)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 6, 7, 13])
+@pytest.mark.parametrize("rows", [1, 2, 6, 7, 14, 15])
 def test_float16_panels_give_the_float32_panels_products_bit_for_bit(rows):
   rng = np.random.RandomState(rows)
   w = jnp.asarray(rng.standard_normal((96, 6 * panel_dot.panel_width())).astype(np.float16),

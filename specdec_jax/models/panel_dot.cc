@@ -7,14 +7,17 @@
 // float16 only where it holds every weight exactly).  A panel is one contiguous
 // walk down K for P output columns, P = two vector registers of columns with
 // AVX2 (16 registers), four with AVX-512 (32): wide enough that each broadcast
-// of x feeds several FMAs, narrow enough that up to kGroupRows rows' partial sums
-// stay in registers, so the panel streams from memory in one pass.  More rows go
-// through a panel in groups, block by block of kBlock K-rows: the groups after
-// the first find the block in L1, so the weights are read from memory once per
-// call for any number of rows.  The panels are shared between the calling thread
-// and helper threads of our own, as many as XLA's intra-op pool has beyond it
-// (`Helper`: awake between the products of a step).  Written with GCC vector
-// extensions for the widest vectors -march=native enables.
+// of x feeds several FMAs.  Up to kGroupRows (6) rows' sums of a whole panel stay
+// in registers, so the panel streams from memory in one pass.  7 to kHalfRows
+// (14) rows take the panel's column halves one after the other, block by block
+// of kBlock K-rows: each half holds every row's sums, the first walk prefetches
+// the whole block and the second finds it in L1, so each weight is read from
+// memory and widened once and multiplied by every row (a verification of up to
+// 14 tokens is one pass over the weights).  More rows go through in groups of
+// equal size, each group a pass over the block in L1.  The panels are shared
+// between the calling thread and helper threads of our own, as many as XLA's
+// intra-op pool has beyond it (`Helper`: awake between the products of a step).
+// Written with GCC vector extensions for the widest vectors -march=native enables.
 
 #include <algorithm>
 #include <atomic>
@@ -76,111 +79,99 @@ inline vec Load(const uint16_t* w) {
 
 constexpr int kVectors = kRegisters / 8;        // Vectors per panel row: 2 or 4.
 constexpr int64_t kPanel = kVectors * kWidth;   // Output columns per panel.
-// Rows per pass: R x kVectors sums + kVectors weights + 1 broadcast registers.
-constexpr int kGroupRows = (kRegisters - kVectors - 1) / kVectors;  // 6 either way.
+constexpr int kHalf = kVectors / 2;             // Vectors per column half of a panel.
+// Rows per pass over V vectors of columns: R x V sums + V weights + 1 broadcast.
+constexpr int RowsFor(int vectors) { return (kRegisters - vectors - 1) / vectors; }
+constexpr int kGroupRows = RowsFor(kVectors);   // 6 either way.
+constexpr int kHalfRows = RowsFor(kHalf);       // 14 either way.
 constexpr int64_t kBlock = 64;                  // K-rows per block of a panel (<= 16 KB).
 constexpr int64_t kAhead = 128;                 // K-rows a panel walk prefetches ahead.
+constexpr int64_t kLine = 64;                   // Bytes per cache line.
 constexpr int64_t kMinChunkBytes = 1 << 16;     // Less weight than this stays on one thread.
 constexpr int64_t kSpinNs = 200000;             // A helper's wait for the next chunk awake.
 
-// Touches a panel kAhead K-rows ahead of `panel_row`: the hardware prefetchers
-// alone leave a panel walk short of the memory's bandwidth once a few rows' FMAs
-// sit between its loads.
+// Touches `lines` cache lines of the panel row kAhead K-rows ahead of `panel_row`:
+// the hardware prefetchers alone leave a panel walk short of the memory's
+// bandwidth once a few rows' FMAs sit between its loads.
 template <typename W>
-inline void Prefetch(const W* panel_row) {
-  __builtin_prefetch(panel_row + kAhead * kPanel);
+inline void Prefetch(const W* panel_row, int64_t lines) {
+  const char* ahead = reinterpret_cast<const char*>(panel_row + kAhead * kPanel);
+  for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(ahead + l * kLine);
 }
 
-// y[r, col:col + kPanel] (+)= x[r, k0:k1] @ panel[k0:k1] for R rows; x is [R, K]
-// with row stride K, y [R, N]; the first block (k0 == 0) starts from 0.
-template <int R, typename W>
+// Cache lines per panel row.
+template <typename W>
+constexpr int64_t kRowLines = (kPanel * static_cast<int64_t>(sizeof(W)) + kLine - 1) / kLine;
+
+// y[r, col:col + V * kWidth] (+)= x[r, k0:k1] @ panel[k0:k1, v0 * kWidth:...] for R
+// rows, V of the panel's kVectors vectors from vector v0; x is [R, K] with row
+// stride K, y [R, N]; the first block (k0 == 0) starts from 0.  The first (or
+// only) slice of a panel prefetches whole panel rows ahead; a later one finds
+// its block in L1.
+template <int R, int V, typename W>
 inline void Block(const float* x, const W* panel, float* y, int64_t k, int64_t n,
-                  int64_t col, int64_t k0, int64_t k1) {
-  vec acc[R][kVectors];
+                  int64_t col, int64_t v0, int64_t k0, int64_t k1) {
+  vec acc[R][V];
+  const int64_t prefetch = v0 == 0 ? kRowLines<W> : 0;
+  const int64_t out = col + v0 * kWidth;
   for (int r = 0; r < R; ++r) {
-    const vecu* sums = reinterpret_cast<const vecu*>(y + r * n + col);
-    for (int j = 0; j < kVectors; ++j) acc[r][j] = k0 == 0 ? vec{} : vec(sums[j]);
+    const vecu* sums = reinterpret_cast<const vecu*>(y + r * n + out);
+    for (int j = 0; j < V; ++j) acc[r][j] = k0 == 0 ? vec{} : vec(sums[j]);
   }
   for (int64_t i = k0; i < k1; ++i) {
     const W* w = panel + i * kPanel;
-    Prefetch(w);
-    vec wv[kVectors];
-    for (int j = 0; j < kVectors; ++j) {
-      wv[j] = Load(w + j * kWidth);
+    Prefetch(w, prefetch);
+    vec wv[V];
+    for (int j = 0; j < V; ++j) {
+      wv[j] = Load(w + (v0 + j) * kWidth);
       if constexpr (R > 1) __asm__("" : "+x"(wv[j]));  // Loaded once for all R rows.
     }
     for (int r = 0; r < R; ++r) {
       const float s = x[r * k + i];
-      for (int j = 0; j < kVectors; ++j) acc[r][j] += s * wv[j];
+      for (int j = 0; j < V; ++j) acc[r][j] += s * wv[j];
     }
   }
   for (int r = 0; r < R; ++r) {
-    vecu* out = reinterpret_cast<vecu*>(y + r * n + col);
-    for (int j = 0; j < kVectors; ++j) out[j] = acc[r][j];
+    vecu* sums = reinterpret_cast<vecu*>(y + r * n + out);
+    for (int j = 0; j < V; ++j) sums[j] = acc[r][j];
   }
 }
 
-// R (1 or 2) rows through two adjacent panels at once: twice the independent sums
-// of one panel, to cover the FMA latency (one row: while the weights stream; two rows:
-// where the float16 widening and the FMAs, not the bytes, bound the call).
-template <int R, typename W>
-void PairBlock(const float* x, const W* panels, float* y, int64_t k, int64_t n, int64_t col) {
-  static_assert(R == 1 || R == 2, "two panels hold the sums of at most two rows");
-  vec acc[R][2][kVectors] = {};
-  const W* second = panels + k * kPanel;
-  for (int64_t i = 0; i < k; ++i) {
-    const W* w0 = panels + i * kPanel;
-    const W* w1 = second + i * kPanel;
-    Prefetch(w0);
-    Prefetch(w1);
-    vec wv[2][kVectors];
-    for (int j = 0; j < kVectors; ++j) {
-      wv[0][j] = Load(w0 + j * kWidth);
-      wv[1][j] = Load(w1 + j * kWidth);
-    }
-    for (int r = 0; r < R; ++r) {
-      const float s = x[r * k + i];
-      for (int j = 0; j < kVectors; ++j) {
-        acc[r][0][j] += s * wv[0][j];
-        acc[r][1][j] += s * wv[1][j];
-      }
-    }
+// Calls F<R>() for R = rows, one of 1..Max (a compile-time count of rows).
+template <int Max, typename F>
+inline void WithRows(int64_t rows, F&& f) {
+  if constexpr (Max > 1) {
+    if (rows < Max) return WithRows<Max - 1>(rows, f);
   }
-  for (int r = 0; r < R; ++r) {
-    for (int h = 0; h < 2; ++h) {
-      vecu* out = reinterpret_cast<vecu*>(y + r * n + col + h * kPanel);
-      for (int j = 0; j < kVectors; ++j) out[j] = acc[r][h][j];
-    }
-  }
+  f(std::integral_constant<int, Max>{});
 }
 
-// One block for `rows` (1..kGroupRows) rows.
+// One block of a panel for `rows` (1..kHalfRows) rows: the whole panel width in one
+// walk for up to kGroupRows rows, its two column halves one after the other for more.
 template <typename W>
 void GroupBlock(int64_t rows, const float* x, const W* panel, float* y, int64_t k,
                 int64_t n, int64_t col, int64_t k0, int64_t k1) {
-  static_assert(kGroupRows == 6, "the cases below are 1..6 rows");
-  switch (rows) {
-    case 1: Block<1>(x, panel, y, k, n, col, k0, k1); break;
-    case 2: Block<2>(x, panel, y, k, n, col, k0, k1); break;
-    case 3: Block<3>(x, panel, y, k, n, col, k0, k1); break;
-    case 4: Block<4>(x, panel, y, k, n, col, k0, k1); break;
-    case 5: Block<5>(x, panel, y, k, n, col, k0, k1); break;
-    default: Block<6>(x, panel, y, k, n, col, k0, k1); break;
+  if (rows <= kGroupRows) {
+    WithRows<kGroupRows>(rows, [&](auto r) {
+      Block<decltype(r)::value, kVectors>(x, panel, y, k, n, col, 0, k0, k1);
+    });
+  } else {
+    WithRows<kHalfRows>(rows, [&](auto r) {
+      if constexpr (decltype(r)::value > kGroupRows) {
+        Block<decltype(r)::value, kHalf>(x, panel, y, k, n, col, 0, k0, k1);
+        Block<decltype(r)::value, kHalf>(x, panel, y, k, n, col, kHalf, k0, k1);
+      }
+    });
   }
 }
 
-// Panels [p0, p1) for all m rows: one or two rows two panels at a time, up to
-// kGroupRows in one pass over each panel, more in groups of equal size, block by block.
+// Panels [p0, p1) for all m rows: up to kGroupRows in one walk over each panel, up
+// to kHalfRows block by block in one pass, more in groups of equal size per block.
 template <typename W>
 void Panels(const float* x, const W* w, float* y, int64_t m, int64_t k, int64_t n,
             int64_t p0, int64_t p1) {
-  if (m == 1) {  // Pairs of panels, then the odd one out.
-    for (; p0 + 1 < p1; p0 += 2) PairBlock<1>(x, w + p0 * k * kPanel, y, k, n, p0 * kPanel);
-  } else if (m == 2) {
-    for (; p0 + 1 < p1; p0 += 2) PairBlock<2>(x, w + p0 * k * kPanel, y, k, n, p0 * kPanel);
-  }
-  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
-  const int64_t block = groups == 1 ? k : kBlock;
+  const int64_t groups = (m + kHalfRows - 1) / kHalfRows;
+  const int64_t block = m <= kGroupRows ? k : kBlock;
   for (int64_t p = p0; p < p1; ++p) {
     const W* panel = w + p * k * kPanel;
     const int64_t col = p * kPanel;

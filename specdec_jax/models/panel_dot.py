@@ -10,9 +10,10 @@ down K per P output columns, done once per parameter set by
 `cached_decoder.prepare`), and shares the panels between the calling thread
 and helper threads that stay awake between the products of a decoder step
 (as many as XLA's intra-op pool has beyond the caller), so both decoders use
-every core. The panel width P is the
-build's (`panel_width`): two vector registers of columns with AVX2, four with
-AVX-512, so that up to six rows' sums stay in registers. Panels are float16
+every core. The panel width P is the build's (`panel_width`): two vector
+registers of columns with AVX2, four with AVX-512, so that six rows' sums of a
+panel stay in registers, and up to 14 rows' of its column halves: a
+verification of up to 14 tokens reads each weight once. Panels are float16
 where that holds every weight exactly (checkpoints stored in float16, as ours
 are), widened to float32 in registers: half the bytes to read for the same
 products; float32 otherwise.
