@@ -4,7 +4,8 @@ The two decoders run interleaved over the same fixed-length batches
 (`benchmarking.time_interleaved`: the order alternates per batch and repetition,
 so background load hits both alike; the first call of each compiles and is
 reported apart; times are medians over repetitions of the total over all
-batches). The row (`record.PointRow`) holds the measured speedup, alpha by both
+batches, the speedup per generated token, and at T > 0 every pass samples new
+texts, `_Draws`). The row (`record.PointRow`) holds the measured speedup, alpha by both
 estimators, tokens per call and c (`specdec_jax.stats`), the measured step
 costs, and the speedups predicted by Theorem 3.8, by `CostModel` on the model
 calls alone (steps only), and by `CostModel` with the loops' own work and the
@@ -60,43 +61,85 @@ def calibrate(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
       timing_calls=exp.timing_calls, timing_repeats=exp.timing_repeats)
 
 
-def _first_difference(a: np.ndarray, b: np.ndarray) -> str:
+def _first_difference(base: Any, spec: Any) -> str:
+  a, b = np.asarray(base.sequences), np.asarray(spec.sequences)
+  if np.array_equal(a, b):
+    return (f"lengths: baseline {np.asarray(base.lengths).tolist()}, speculative "
+            f"{np.asarray(spec.lengths).tolist()}")
   row, col = np.argwhere(a != b)[0]
   return (f"row {row}, token {col}: baseline {a[row, col:col + 5].tolist()}, speculative "
           f"{b[row, col:col + 5].tolist()}")
 
 
-def _greedy_check(point: Point) -> Callable[[int, dict], None]:
-  """`time_interleaved`'s check at temperature 0: speculative tokens equal the baseline's."""
+def _check_greedy(point: Point, i: int, outputs: dict[str, Any]) -> None:
+  """At temperature 0: raises unless the speculative tokens of batch i equal the baseline's."""
+  base, spec = outputs["baseline"], outputs["speculative"]
+  if not (np.array_equal(base.sequences, spec.sequences)
+          and np.array_equal(base.lengths, spec.lengths)):
+    raise RuntimeError(
+        f"Greedy speculative output differs from the baseline ({point}, batch {i}, "
+        f"{_first_difference(base, spec)}); "
+        "speculative sampling at temperature 0 must reproduce the target's greedy tokens.")
 
-  def check(i: int, outputs: dict) -> None:
-    base, spec = outputs["baseline"], outputs["speculative"]
-    if not (np.array_equal(base.sequences, spec.sequences)
-            and np.array_equal(base.lengths, spec.lengths)):
-      raise RuntimeError(
-          f"Greedy speculative output differs from the baseline ({point}, batch {i}, "
-          f"{_first_difference(np.asarray(base.sequences), np.asarray(spec.sequences))}); "
-          "speculative sampling at temperature 0 must reproduce the target's greedy tokens.")
 
-  return check
+class _Draws:
+  """The PRNG key of every decoder call, and the tokens each call generated.
+
+  Each call of a decoder on a batch samples with a key of its own (the seed, the
+  batch, the call's number), so at T > 0 every pass draws new texts for both
+  decoders: with one fixed draw per example, every pass would compare the same
+  two samples of different lengths, and a per-token speedup would carry their
+  difference (a sequence's fixed costs spread over more or fewer tokens).
+  Decoders' j-th calls on a batch share a key.
+
+  Attributes:
+    tokens: decoder name -> `[pass][batch]` generated tokens (`record`).
+  """
+
+  def __init__(self, seed: int, names: Sequence[str], num_batches: int,
+               point: Point) -> None:
+    self._base = jax.random.PRNGKey(seed)
+    self._calls = {name: [0] * num_batches for name in names}
+    self._num_batches = num_batches
+    self._point = point
+    self.tokens: dict[str, list[list[int]]] = {name: [] for name in names}
+
+  def key(self, name: str, i: int) -> Array:
+    """The key of decoder `name`'s next call on batch `i`."""
+    n = self._calls[name][i]
+    self._calls[name][i] += 1
+    return jax.random.fold_in(jax.random.fold_in(self._base, i), n)
+
+  def record(self, i: int, outputs: dict[str, Any]) -> None:
+    """`time_interleaved`'s check: keeps each output's token count (called pass by pass,
+    batch by batch) and, at temperature 0, checks greedy equality."""
+    if self._point.temperature == 0:
+      _check_greedy(self._point, i, outputs)
+    for name, out in outputs.items():
+      if i == 0:
+        self.tokens[name].append([0] * self._num_batches)
+      self.tokens[name][-1][i] = int(np.sum(out.lengths))
 
 
 def _time_decoders(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
                    batches: Sequence[Array]
-                   ) -> tuple[dict[str, benchmarking.DecoderTiming], dict[str, list]]:
-  """Both decoders interleaved over `batches` (`benchmarking.time_interleaved`)."""
-  rngs = [jax.random.fold_in(jax.random.PRNGKey(exp.seed), i) for i in range(len(batches))]
+                   ) -> tuple[dict[str, benchmarking.DecoderTiming], dict[str, list],
+                              dict[str, list[list[int]]]]:
+  """Both decoders interleaved over `batches` (`benchmarking.time_interleaved`); also
+  returns `_Draws.tokens`."""
+  draws = _Draws(exp.seed, ("baseline", "speculative"), len(batches), point)
   kwargs = dict(max_decode_len=exp.max_decode_len, warp=Warp(point.temperature),
                 eos_id=target.eos_id)
   decoders = {
-      "baseline": lambda i: baseline.decode(target.scorer, batches[i], rngs[i], **kwargs),
+      "baseline": lambda i: baseline.decode(
+          target.scorer, batches[i], draws.key("baseline", i), **kwargs),
       "speculative": lambda i: speculative.speculative_decode(
-          target.scorer, draft, batches[i], rngs[i], gamma=point.gamma,
+          target.scorer, draft, batches[i], draws.key("speculative", i), gamma=point.gamma,
           draft_inputs=batches[i], **kwargs)}
-  return benchmarking.time_interleaved(
-      decoders, len(batches), exp.repetitions, fetch=distributed.fetch,
-      check=_greedy_check(point) if point.temperature == 0 else None,
+  timings, outputs = benchmarking.time_interleaved(
+      decoders, len(batches), exp.repetitions, fetch=distributed.fetch, check=draws.record,
       warmup=benchmarking.first_of_each_shape(batches))
+  return timings, outputs, draws.tokens
 
 
 def _identity(exp: Experiment, point: Point) -> dict[str, Any]:
@@ -108,19 +151,21 @@ def _identity(exp: Experiment, point: Point) -> dict[str, Any]:
               max_decode_len=exp.max_decode_len, repetitions=exp.repetitions, seed=exp.seed)
 
 
-def _times(timings: dict[str, benchmarking.DecoderTiming], outputs: dict[str, list]
+def _times(timings: dict[str, benchmarking.DecoderTiming], tokens: dict[str, list[list[int]]]
            ) -> dict[str, Any]:
-  """The decoders' times, tokens and the measured speedup."""
+  """The decoders' times, tokens and the measured speedup, per generated token (at T > 0
+  the decoders sample texts of different lengths; each pass draws anew, `_Draws`)."""
   fields: dict[str, Any] = {}
+  per_batch = {}
   for name, timing in timings.items():
-    tokens = int(sum(int(np.sum(o.lengths)) for o in outputs[name]))
-    # Per generated token: at T > 0 the two decoders sample texts of different lengths.
+    per_pass = [1e3 * seconds / max(sum(n), 1)
+                for seconds, n in zip(timing.totals_s, tokens[name], strict=True)]
     fields.update({f"{name}_s": list(timing.totals_s), f"{name}_median_s": timing.median_s,
-                   f"{name}_compile_s": timing.compile_s, f"{name}_tokens": tokens,
-                   f"{name}_ms_per_token": 1e3 * timing.median_s / max(tokens, 1)})
-  per_batch = {name: [statistics.median(calls[i] for calls in timing.calls_s)
-                      / max(int(np.sum(outputs[name][i].lengths)), 1)
-                      for i in range(len(outputs[name]))] for name, timing in timings.items()}
+                   f"{name}_compile_s": timing.compile_s, f"{name}_tokens": sum(tokens[name][0]),
+                   f"{name}_ms_per_token": statistics.median(per_pass)})
+    passes = list(zip(timing.calls_s, tokens[name], strict=True))
+    per_batch[name] = [statistics.median(calls[i] / max(n[i], 1) for calls, n in passes)
+                       for i in range(len(tokens[name][0]))]
   speedups = np.divide(per_batch["baseline"], per_batch["speculative"])
   return fields | dict(
       speedup_measured=fields["baseline_ms_per_token"] / fields["speculative_ms_per_token"],
@@ -196,7 +241,7 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
       baseline's (they must be identical).
   """
   with contention.quiet(str(point)) as guard:
-    timings, outputs = _time_decoders(exp, point, target, draft, batches)
+    timings, outputs, tokens = _time_decoders(exp, point, target, draft, batches)
     draft_cost = auto_gamma.draft_time(
         draft, batches[0], gamma=point.gamma, warp=Warp(point.temperature),
         max_decode_len=exp.max_decode_len, max_gamma=max_gamma, calls=exp.timing_calls,
@@ -211,7 +256,7 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
       np.mean([int(np.max(o.lengths)) for o in outputs["baseline"]])))
   pooled = stats.Pooled.of(outputs["speculative"])
   return PointRow(
-      **_identity(exp, point), **_times(timings, outputs), **_acceptance(pooled),
+      **_identity(exp, point), **_times(timings, tokens), **_acceptance(pooled),
       **_costs_and_predictions(point, verify, draft_cost, loop_costs, pooled.alpha_beta(),
                                pooled.tokens_per_call()),
       cost_model_terms=loop_costs, greedy_identical=True if point.temperature == 0 else None,

@@ -60,9 +60,11 @@ class PointRow:
     speculative_median_s: the median of `speculative_s`.
     baseline_compile_s: the baseline's first call less a later one.
     speculative_compile_s: the same for the speculative decoder.
-    baseline_tokens: tokens the baseline generated in one pass.
-    speculative_tokens: tokens the speculative decoder generated in one pass.
-    baseline_ms_per_token: the baseline's median milliseconds per token.
+    baseline_tokens: tokens the baseline generated in the first pass.
+    speculative_tokens: tokens the speculative decoder generated in the first pass.
+    baseline_ms_per_token: the baseline's milliseconds per generated token, the median
+      over passes (at T > 0 each pass samples new texts; rows measured before
+      2026-12-03 divided by the first pass's tokens, one fixed draw per example).
     speculative_ms_per_token: the speculative decoder's.
     speedup_measured: baseline over speculative milliseconds per token.
     speedup_walltime_ratio: baseline over speculative seconds per pass.
@@ -103,7 +105,7 @@ class PointRow:
       and why), None for a fixed gamma. Rows measured before the whole cost
       model decided hold that older record's fields.
     speedup_spread: the 10th, 50th and 90th percentiles over batches of each
-      batch's speedup (its median seconds over passes, per generated token, of
+      batch's speedup (its median over passes of seconds per generated token, of
       the baseline over the speculative decoder): how much the measured
       speedup varies between examples. None in rows measured before it was
       recorded (the key is then absent).
