@@ -123,8 +123,10 @@ inline void Block(const float* x, const W* panel, float* y, int64_t k, int64_t n
     Prefetch(w, prefetch);
     vec wv[V];
     for (int j = 0; j < V; ++j) {
-      wv[j] = Load(w + (v0 + j) * kWidth);
-      if constexpr (R > 1) __asm__("" : "+x"(wv[j]));  // Loaded once for all R rows.
+      vec loaded = Load(w + (v0 + j) * kWidth);
+      // In a register, loaded once for all R rows (not folded into each row's FMA).
+      if constexpr (R > 1) __asm__("" : "+v"(loaded));
+      wv[j] = loaded;
     }
     for (int r = 0; r < R; ++r) {
       const float s = x[r * k + i];
