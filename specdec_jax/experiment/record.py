@@ -63,8 +63,8 @@ class PointRow:
     baseline_tokens: tokens the baseline generated in the first pass.
     speculative_tokens: tokens the speculative decoder generated in the first pass.
     baseline_ms_per_token: the baseline's milliseconds per generated token, the median
-      over passes (at T > 0 each pass samples new texts; rows measured before
-      2026-12-03 divided by the first pass's tokens, one fixed draw per example).
+      over passes (at T > 0 each pass samples new texts; rows measured on code
+      before commit 6cbe6f8 divided by the first pass's tokens, one fixed draw per example).
     speculative_ms_per_token: the speculative decoder's.
     speedup_measured: baseline over speculative milliseconds per token.
     speedup_walltime_ratio: baseline over speculative seconds per pass.
