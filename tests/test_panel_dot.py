@@ -105,6 +105,20 @@ def test_float16_panels_give_the_float32_panels_products_bit_for_bit(rows):
   np.testing.assert_array_equal(panel_dot.dot(x, half), panel_dot.dot(x, panel_dot.pack(w)))
 
 
+@pytest.mark.parametrize("half", [False, True])
+def test_a_rows_products_do_not_depend_on_the_rows_beside_it(half):
+  # Bit for bit: a verification chunk's row gives the one-token step's logits, so greedy
+  # speculative tokens equal the baseline's at any chunk length (one pass, halves, groups).
+  rng = np.random.RandomState(3)
+  w = jnp.asarray(rng.standard_normal((200, 4 * panel_dot.panel_width())).astype(np.float16),
+                  jnp.float32)
+  panels = panel_dot.pack(w, half=half)
+  x = jnp.asarray(rng.standard_normal((33, 200)), jnp.float32)
+  alone = np.concatenate([np.asarray(panel_dot.dot(x[i:i + 1], panels)) for i in range(33)])
+  for rows in (2, 5, 6, 7, 13, 14, 15, 33):
+    np.testing.assert_array_equal(panel_dot.dot(x[:rows], panels), alone[:rows])
+
+
 def test_prepare_packs_float16_panels_only_where_float16_holds_the_weights():
   model, params = make_model("test-v1_1", **PANEL_CONFIG)
   params = jax.device_put(params)
