@@ -252,23 +252,31 @@ def test_choose_gamma_calibrates(pair):
   assert choice.calibration_s > 0 and "enforced" in choice.idle_check
 
 
-def test_verify_times_takes_the_median_over_rounds(pair, monkeypatch):
-  """Rounds alternate the order of k; one slow round cannot move the median."""
+def test_verify_times_reads_the_level_from_medians_and_the_shape_from_fastest_rounds(
+    pair, monkeypatch):
+  """Rounds alternate the order of k. Each call of k costs 1 + 0.1 k slowed by its
+  moment's factor: T_step is its median over rounds, and T_verify(k) / T_step
+  the ratio of the fastest rounds, which per-k medians would get wrong."""
   target, params, inputs = pair
-  orders, slow = [], {0: 1.0, 1: 1.0, 2: 3.0}
+  orders = []
+  slowed = [{1: 3.0, 2: 1.0, 3: 1.0}, {1: 1.5, 2: 1.0, 3: 1.5}, {1: 1.0, 2: 1.2, 3: 1.2}]
 
   def fake(*a, chunk_lengths, **k):
     orders.append(list(chunk_lengths))
-    scale = slow[len(orders) - 1]
-    return {c: benchmarking.StepTimes(seconds=scale * (1 + 0.1 * c), compile_s=0.5)
+    factor = slowed[len(orders) - 1]
+    return {c: benchmarking.StepTimes(seconds=factor[c] * (1 + 0.1 * c), compile_s=0.5)
             for c in chunk_lengths}
 
   monkeypatch.setattr(auto_gamma.benchmarking, "target_step_times", fake)
   got = auto_gamma.verify_times(T5Scorer(target, params), inputs, max_gamma=2,
                                 max_decode_len=6, calls=2, repeats=1, rounds=3)
   assert orders == [[1, 2, 3], [3, 2, 1], [1, 2, 3]]
-  np.testing.assert_allclose([got.t_chunk[k] for k in (1, 2, 3)], [1.1, 1.2, 1.3])
-  np.testing.assert_allclose(got.spread[1], 2.0) and got.rounds == 3
+  t_step = 1.65  # The median of 3.3, 1.65 and 1.1.
+  np.testing.assert_allclose([got.t_chunk[k] for k in (1, 2, 3)],
+                             [t_step, t_step * 1.2 / 1.1, t_step * 1.3 / 1.1])
+  np.testing.assert_allclose([got.fastest[k] for k in (1, 2, 3)], [1.1, 1.2, 1.3])
+  assert np.median([1.2, 1.2, 1.44]) / t_step < 1  # Medians: 2 tokens cheaper than 1.
+  np.testing.assert_allclose(got.spread[1], (3.3 - 1.1) / t_step) and got.rounds == 3
   assert got.compile_s == 1.5 and "enforced" in got.idle_check
 
 

@@ -174,8 +174,9 @@ class Experiment(Settings):
     timing_calls: calls per jitted loop when timing step costs.
     timing_repeats: timed runs of each such loop (median used).
     timing_rounds: rounds over every k of the target's T_verify(k) (k ascending,
-      then descending, ...; the median over rounds is used), so that noise and
-      drift cannot make one k look cheaper than its neighbours.
+      then descending, ...; T_step's median and each k's fastest round are used:
+      `auto_gamma.VerifyTimes`), so that noise and drift cannot make one k look
+      cheaper than its neighbours.
     stand_ins_when_missing: if the target is missing from `models_dir` (the
       trained family is not shipped yet), measure random-init stand-ins of the
       family's shapes instead, written once to `<data_dir>/random_models`; a
@@ -197,7 +198,7 @@ class Experiment(Settings):
   repetitions: int = 2
   timing_calls: int = 8
   timing_repeats: int = 3
-  timing_rounds: int = 5
+  timing_rounds: int = 11
   stand_ins_when_missing: bool = False
 
   def __post_init__(self):
