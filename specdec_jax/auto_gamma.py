@@ -22,17 +22,21 @@ One calibration (`calibrate`) measures every term on a few examples and
   T_verify(7) below T_verify(4) and chose gamma = 6, slower than gamma = 3;
   the rounds' spread is recorded beside it.
 - T_draft at `calibration_gamma` (taken to be the same per token at every gamma).
-- Both decoders over the calibration batches at `calibration_gamma`
-  (`measure_loop_costs`): alpha by both estimators from the speculative
-  outputs (under the paper's i.i.d. model alpha does not depend on gamma), and
-  the loops' own work: each decoding's time less its model calls and encoders,
-  per step and per iteration (taken to be the same at every gamma), the
+- Both decoders over the calibration batches, the speculative one at
+  `calibration_gamma` and at a second gamma (`measure_loop_costs`): alpha by
+  both estimators from the outputs at `calibration_gamma` (under the paper's
+  i.i.d. model alpha does not depend on gamma), and the loops' own work: each
+  decoding's time less its model calls and encoders, per baseline step, and
+  per speculative iteration as a fixed part plus a part per proposal (the
+  line through the two gammas' overheads, its slope at least 0), the
   encoders timed apart, and N, the tokens a batch runs for.
 
 The encoders do not move the best gamma (they add the same seconds to every
 gamma's speculative time), but they decide how much it gains and whether any
 gamma beats the target alone. The loops' own work does move it: a fixed cost
-per iteration favours longer gammas. The choice records all of it and a
+per iteration favours longer gammas, a cost per proposal shorter ones (priced
+as one constant from a single gamma, it made gamma = 2 look faster than 1
+where 1 was). The choice records all of it and a
 one-line reason:
 
   choice = choose_gamma(target, target_params, draft, inputs, max_decode_len=64,
@@ -242,11 +246,14 @@ class LoopCosts:
       a prefill; ~0 for a table look-up).
     step_overhead_s: seconds per baseline step beyond T_step.
     iteration_overhead_s: seconds per speculative iteration beyond gamma T_draft +
-      T_verify(gamma + 1).
+      T_verify(gamma + 1) + gamma proposal_overhead_s.
     batches: how many batches the decoders were timed on.
     held_out: whether those were examples outside the measured ones.
     loop_tokens: tokens per batch as the loops run them (until the batch's
       longest row ends), the mean over batches: N in the sequence speedup.
+    proposal_overhead_s: seconds per proposed token of the loop's own work
+      (0 when the speculative decoder was timed at one gamma, as rows before
+      this term were).
   """
 
   encode_target_s: float
@@ -256,22 +263,30 @@ class LoopCosts:
   batches: int
   held_out: bool
   loop_tokens: float
+  proposal_overhead_s: float = 0.0
 
   def cost_model(self, t_chunk: Mapping[int, float], t_draft: float) -> theory.CostModel:
     """The whole `theory.CostModel`: these terms with the model calls' times."""
     return theory.CostModel(
         t_chunk[1], t_draft, t_chunk, t_step_overhead=self.step_overhead_s,
-        t_iteration_overhead=self.iteration_overhead_s, t_encode_target=self.encode_target_s,
+        t_iteration_overhead=self.iteration_overhead_s,
+        t_proposal_overhead=self.proposal_overhead_s, t_encode_target=self.encode_target_s,
         t_encode_draft=self.encode_draft_s)
 
 
 def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *, gamma: int,
                        warp: Warp, max_decode_len: int, eos_id: int,
                        t_chunk: Mapping[int, float], t_draft: float, rng: Array, repeats: int,
-                       held_out: bool) -> tuple[LoopCosts, AlphaEstimate]:
+                       held_out: bool, slope_gamma: int | None = None
+                       ) -> tuple[LoopCosts, AlphaEstimate]:
   """Times both models' work once per sequence and one decoding of each batch by each
   decoder (after one untimed call per batch shape), and attributes to overhead what the
   model calls leave.
+
+  With `slope_gamma`, the speculative decoder also decodes at that gamma, and
+  its iteration overhead is split into a fixed part and a part per proposal:
+  the line through the two gammas' overheads, its slope at least 0 (flat at
+  their mean otherwise). Without, the whole overhead is per iteration.
 
   The target's work once per sequence is `encode` and the arrays `init_state`
   makes (`benchmarking.state_arrays`: an empty cache; a decoder-only target's
@@ -293,19 +308,22 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
     rng: PRNG key of the decodings.
     repeats: timed calls of each model's once-per-sequence work (the median is used).
     held_out: recorded: whether `batches` lie outside the measured examples.
+    slope_gamma: a second gamma to decode at (with `t_chunk[slope_gamma + 1]`),
+      or None.
 
   Returns:
-    The `LoopCosts`, and alpha pooled over the speculative decodings.
+    The `LoopCosts`, and alpha pooled over the speculative decodings at `gamma`.
   """
   kwargs = dict(max_decode_len=max_decode_len, warp=warp, eos_id=eos_id)
-  decoders = {
-      "baseline": lambda i: baseline.decode(target, batches[i], rng, **kwargs),
-      "speculative": lambda i: speculative.speculative_decode(
-          target, draft, batches[i], rng, gamma=gamma, draft_inputs=batches[i], **kwargs)}
+  gammas = sorted({gamma} if slope_gamma is None else {gamma, slope_gamma})
+  decoders = {"baseline": lambda i: baseline.decode(target, batches[i], rng, **kwargs)}
+  for g in gammas:
+    decoders[f"gamma={g}"] = lambda i, g=g: speculative.speculative_decode(
+        target, draft, batches[i], rng, gamma=g, draft_inputs=batches[i], **kwargs)
   timings, outputs = benchmarking.time_interleaved(
       decoders, len(batches), 1, fetch=distributed.fetch,
       warmup=benchmarking.first_of_each_shape(batches))
-  cache_len, _ = timing_geometry(max_decode_len, gamma)
+  cache_len, _ = timing_geometry(max_decode_len, gammas[-1])
   init_draft = jax.jit(lambda d, x, encoded: d.init_state(x, cache_len, encoded))
   n = len(batches)
   encode_target = encode_draft = 0.0  # Means over the batches: their lengths differ.
@@ -319,15 +337,20 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
     encode_draft += benchmarking.time_calls(
         lambda x=x, e=encoded: init_draft(draft, x, e), repeats).median_s / n
   steps = sum(int(np.max(o.lengths)) for o in outputs["baseline"])
-  iterations = sum(int(o.stats.loop_iterations) for o in outputs["speculative"])
+  overhead = {}  # {gamma: seconds per iteration beyond the model calls}
+  for g in gammas:
+    iterations = sum(int(o.stats.loop_iterations) for o in outputs[f"gamma={g}"])
+    overhead[g] = ((timings[f"gamma={g}"].median_s - n * (encode_target + encode_draft))
+                   / max(iterations, 1) - (g * t_draft + t_chunk[g + 1]))
+  per_proposal = (0.0 if len(gammas) == 1 else max(
+      0.0, (overhead[gammas[-1]] - overhead[gammas[0]]) / (gammas[-1] - gammas[0])))
   costs = LoopCosts(
       encode_target_s=encode_target, encode_draft_s=encode_draft,
       step_overhead_s=(timings["baseline"].median_s - n * encode_target) / max(steps, 1)
       - t_chunk[1],
-      iteration_overhead_s=(timings["speculative"].median_s - n * (encode_target + encode_draft))
-      / max(iterations, 1) - (gamma * t_draft + t_chunk[gamma + 1]),
-      batches=n, held_out=held_out, loop_tokens=steps / n)
-  return costs, pooled_alpha(outputs["speculative"], gamma)
+      iteration_overhead_s=float(np.mean([o - g * per_proposal for g, o in overhead.items()])),
+      batches=n, held_out=held_out, loop_tokens=steps / n, proposal_overhead_s=per_proposal)
+  return costs, pooled_alpha(outputs[f"gamma={gamma}"], gamma)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,7 +489,8 @@ def _reason(choice: GammaChoice) -> str:
   simpler = {"Thm 3.8 (free verification)": choice.speedup_thm38}
   if loops is not None:
     parts.append(f"loop work {loops.iteration_overhead_s / choice.t_step_s:.2f} T_step per "
-                 f"iteration, {loops.step_overhead_s / choice.t_step_s:.2f} per step; encoders "
+                 f"iteration + {loops.proposal_overhead_s / choice.t_step_s:.2f} per proposal, "
+                 f"{loops.step_overhead_s / choice.t_step_s:.2f} per step; encoders "
                  f"{1e3 * (loops.encode_target_s + loops.encode_draft_s):.1f} ms over "
                  f"{loops.loop_tokens:.0f} tokens")
     simpler = {"steps only": choice.speedup_steps_only, **simpler}
@@ -551,13 +575,20 @@ def _agreed(t_chunk: Mapping[int, float], t_draft: float, loop_costs: LoopCosts
   """
   ks = sorted(t_chunk)
   names = ("encode_target_s", "encode_draft_s", "step_overhead_s", "iteration_overhead_s",
-           "loop_tokens")
+           "loop_tokens", "proposal_overhead_s")
   values = multihost_utils.broadcast_one_to_all(np.array(
       [t_chunk[k] for k in ks] + [t_draft] + [getattr(loop_costs, n) for n in names]))
   values = list(map(float, values))
   loop_costs = dataclasses.replace(loop_costs, **dict(zip(names, values[len(ks) + 1:],
                                                           strict=True)))
   return dict(zip(ks, values[:len(ks)], strict=True)), values[len(ks)], loop_costs
+
+
+def _slope_gamma(calibration_gamma: int, max_gamma: int) -> int | None:
+  """The second gamma the calibration decodes at: 1 (2 when calibrating at 1), or None
+  when max_gamma leaves no other."""
+  other = 1 if calibration_gamma > 1 else 2
+  return other if other <= max_gamma else None
 
 
 def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: Warp,
@@ -568,8 +599,9 @@ def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: W
   """The one calibration: measures what the whole cost model needs and chooses gamma.
 
   Inside `contention.quiet`, times the draft's proposals at `calibration_gamma`
-  and both decoders over `batches` at `calibration_gamma`
-  (`measure_loop_costs`: alpha, the loops' own work, the encoders); the
+  and both decoders over `batches`, the speculative one at `calibration_gamma`
+  and at 1 (`measure_loop_costs`: alpha, the loops' own work per step, per
+  iteration and per proposal, the encoders); the
   target's T_verify(k) come from `verify`. Arguments are the checked ones of
   `choose_gamma` (or of `experiments.run`'s settings).
 
@@ -603,7 +635,8 @@ def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: W
     loop_costs, estimate = measure_loop_costs(
         target, draft, batches, gamma=calibration_gamma, warp=warp,
         max_decode_len=max_decode_len, eos_id=eos_id, t_chunk=t_chunk, t_draft=t_draft,
-        rng=rng, repeats=timing_repeats, held_out=True)
+        rng=rng, repeats=timing_repeats, held_out=True,
+        slope_gamma=_slope_gamma(calibration_gamma, max_gamma))
   t_chunk, t_draft, loop_costs = _agreed(verify.t_chunk, t_draft, loop_costs)
   return make_choice(estimate if alpha is None else alpha, t_chunk, t_draft,
                      loop_costs=loop_costs, spread=verify.spread, max_gamma=max_gamma,

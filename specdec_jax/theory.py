@@ -247,7 +247,11 @@ class CostModel:
       interpolated linearly. Stored as a read-only mapping sorted by k.
     t_step_overhead: seconds per baseline step besides its model call.
     t_iteration_overhead: seconds per speculative iteration besides the
-      draft's gamma steps and the verification.
+      draft's gamma steps, the verification and `t_proposal_overhead`.
+    t_proposal_overhead: seconds per proposed token besides the draft's step:
+      the loop's own work that grows with gamma (each proposal's sampling,
+      acceptance test and cache writes), so an iteration's overhead is
+      t_iteration_overhead + gamma t_proposal_overhead.
     t_encode_target: seconds of the target's encoder per sequence (both
       decoders pay it).
     t_encode_draft: seconds of the draft's encoder per sequence (speculative
@@ -259,6 +263,7 @@ class CostModel:
   t_verify: Mapping[int, float]
   t_step_overhead: float = 0.0
   t_iteration_overhead: float = 0.0
+  t_proposal_overhead: float = 0.0
   t_encode_target: float = 0.0
   t_encode_draft: float = 0.0
 
@@ -272,8 +277,8 @@ class CostModel:
     for k, t in self.t_verify.items():
       if not isinstance(k, (int, np.integer)) or k < 1 or not (np.isfinite(t) and t > 0):
         raise ValueError(f"t_verify must map ints k >= 1 to times > 0 s, got {k!r}: {t!r}.")
-    for name in ("t_step_overhead", "t_iteration_overhead", "t_encode_target",
-                 "t_encode_draft"):
+    for name in ("t_step_overhead", "t_iteration_overhead", "t_proposal_overhead",
+                 "t_encode_target", "t_encode_draft"):
       value = getattr(self, name)
       if not np.isfinite(value):
         raise ValueError(f"{name} must be a finite time in seconds, got {value!r}.")
@@ -313,10 +318,11 @@ class CostModel:
     return float(np.interp(k, ks, list(self.t_verify.values())))
 
   def iteration_time(self, gamma: int) -> float:
-    """Seconds per iteration: gamma draft steps, one verification of gamma+1 tokens and
-    the iteration's overhead."""
+    """Seconds per iteration: gamma draft steps and proposals' overhead, one verification
+    of gamma+1 tokens and the iteration's overhead."""
     g = int(_check_gamma(gamma))
-    return g * self.t_draft_step + self.verify_time(g + 1) + self.t_iteration_overhead
+    return (g * (self.t_draft_step + self.t_proposal_overhead) + self.verify_time(g + 1)
+            + self.t_iteration_overhead)
 
   def expected_speedup(self, alpha: ArrayLike, gamma: int) -> float | np.ndarray:
     """E[tokens](alpha, gamma) * (t_target_step + t_step_overhead) / iteration_time(gamma):

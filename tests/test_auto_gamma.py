@@ -13,6 +13,7 @@ from conftest import make_model
 from specdec_jax import auto_gamma, benchmarking, stats, theory
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.decoding.drafts import T5Draft
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import T5Scorer
 from specdec_jax.decoding.speculative import SpeculativeStats
 from specdec_jax.experiment import measure, results_io, runner, settings
@@ -278,6 +279,46 @@ def test_verify_times_reads_the_level_from_medians_and_the_shape_from_fastest_ro
   assert np.median([1.2, 1.2, 1.44]) / t_step < 1  # Medians: 2 tokens cheaper than 1.
   np.testing.assert_allclose(got.spread[1], (3.3 - 1.1) / t_step) and got.rounds == 3
   assert got.compile_s == 1.5 and "enforced" in got.idle_check
+
+
+@pytest.mark.parametrize("fixed, per_proposal, want_fixed, want_per_proposal", [
+    (0.5, 0.2, 0.5, 0.2),  # The line through gamma = 1 and 3.
+    (0.5, -0.1, 0.5 - 0.2, 0.0),  # A falling line: flat at the two overheads' mean.
+])
+def test_measure_loop_costs_prices_the_loop_per_iteration_and_per_proposal(
+    pair, monkeypatch, fixed, per_proposal, want_fixed, want_per_proposal):
+  """Each speculative decoding's time is its model calls, encoders and loop work
+  fixed + gamma * per_proposal per iteration; two gammas recover both terms."""
+  target, params, inputs = pair
+  batches = [inputs[:1], inputs[1:]]
+  t_chunk, t_draft, encoders = {k: 1.0 + 0.1 * k for k in range(1, 5)}, 0.05, 0.003
+  monkeypatch.setattr(auto_gamma.benchmarking, "time_calls",
+                      lambda fn, repeats: benchmarking.Timing(first_s=0.0, times_s=(0.001,)))
+  real = benchmarking.time_interleaved
+
+  def timed(decoders, *a, **k):
+    timings, outputs = real(decoders, *a, **k)
+    for name, outs in outputs.items():
+      if name != "baseline":
+        g = int(name.removeprefix("gamma="))
+        loop = g * t_draft + t_chunk[g + 1] + fixed + g * per_proposal
+        total = len(batches) * encoders + sum(int(o.stats.loop_iterations) for o in outs) * loop
+        timings[name] = benchmarking.DecoderTiming(first_s=(0.0,), calls_s=((total,),),
+                                                   warmup=(0,))
+    return timings, outputs
+
+  monkeypatch.setattr(auto_gamma.benchmarking, "time_interleaved", timed)
+  costs, estimate = auto_gamma.measure_loop_costs(
+      T5Scorer(target, params), T5Draft(target, params), batches, gamma=3, warp=Warp(0.0),
+      max_decode_len=6, eos_id=1, t_chunk=t_chunk, t_draft=t_draft,
+      rng=jax.random.PRNGKey(0), repeats=1, held_out=True, slope_gamma=1)
+  assert costs.encode_target_s + costs.encode_draft_s == pytest.approx(encoders)
+  assert costs.proposal_overhead_s == pytest.approx(want_per_proposal)
+  assert costs.iteration_overhead_s == pytest.approx(want_fixed)
+  assert estimate.gamma == 3
+  model = costs.cost_model(t_chunk, t_draft)
+  assert model.iteration_time(2) == pytest.approx(
+      2 * (t_draft + want_per_proposal) + t_chunk[3] + want_fixed)
 
 
 def test_choose_gamma_with_given_alpha_decides_with_it(pair, monkeypatch):

@@ -108,6 +108,16 @@ def test_cost_model_adds_the_loops_overheads_and_the_encoders():
   assert bare.sequence_speedup(0.6, 3, 40) == pytest.approx(bare.expected_speedup(0.6, 3))
 
 
+def test_a_cost_per_proposal_is_paid_gamma_times_and_favours_shorter_gammas():
+  ratios = {k: 1.0 + 0.1 * k for k in range(1, 10)}
+  fixed = theory.CostModel(1.0, 0.05, ratios, t_iteration_overhead=0.6)
+  per_proposal = theory.CostModel(1.0, 0.05, ratios, t_iteration_overhead=0.2,
+                                  t_proposal_overhead=0.2)
+  assert per_proposal.iteration_time(3) == pytest.approx(3 * (0.05 + 0.2) + 1.4 + 0.2)
+  assert per_proposal.iteration_time(2) == pytest.approx(fixed.iteration_time(2))
+  assert per_proposal.optimal_gamma(0.6, 8).gamma < fixed.optimal_gamma(0.6, 8).gamma
+
+
 def test_optimal_gamma_over_a_sequence_reports_its_speedup_not_another_gamma():
   model = theory.CostModel(2.0, 0.2, {k: 2.0 + 0.1 * k for k in range(1, 10)},
                            t_step_overhead=0.4, t_iteration_overhead=1.5, t_encode_target=30.0,
@@ -195,6 +205,7 @@ def test_alpha_estimators():
     lambda: theory.CostModel(t_target_step=1.0, t_draft_step=0.1, t_verify={0: 1.0}),
     lambda: theory.CostModel.from_ratios(-0.5, {1: 1.0}),
     lambda: theory.CostModel(1.0, 0.1, {1: 1.0}, t_iteration_overhead=float("nan")),
+    lambda: theory.CostModel(1.0, 0.1, {1: 1.0}, t_proposal_overhead=float("inf")),
     lambda: theory.CostModel(1.0, 0.1, {1: 1.0}, t_encode_draft=-1.0),
     lambda: theory.CostModel(1.0, 0.1, {1: 1.0, 2: 1.0}).sequence_speedup(0.5, 1, 0),
 ])
