@@ -200,6 +200,10 @@ class PointRow:
       row[name] = {str(k): v for k, v in row[name].items()}
     if row["speedup_spread"] is None:  # Rows from before it was recorded stay as they were.
       del row["speedup_spread"]
+    if row["cost_model_terms"]["proposal_overhead_s"] == 0.0:
+      # A row times its loop at its own gamma alone, so it has no per-proposal term, and
+      # rows from before the term existed stay as they were.
+      del row["cost_model_terms"]["proposal_overhead_s"]
     return row
 
   @property
