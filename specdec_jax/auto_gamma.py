@@ -584,7 +584,7 @@ def _agreed(t_chunk: Mapping[int, float], t_draft: float, loop_costs: LoopCosts
   return dict(zip(ks, values[:len(ks)], strict=True)), values[len(ks)], loop_costs
 
 
-def slope_gamma(calibration_gamma: int, max_gamma: int) -> int | None:
+def second_gamma(calibration_gamma: int, max_gamma: int) -> int | None:
   """The second gamma a calibration decodes at (`measure_loop_costs`' slope_gamma): 1,
   2 when calibrating at 1, or None when max_gamma leaves no other."""
   other = 1 if calibration_gamma > 1 else 2
@@ -600,8 +600,8 @@ def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: W
 
   Inside `contention.quiet`, times the draft's proposals at `calibration_gamma`
   and both decoders over `batches`, the speculative one at `calibration_gamma`
-  and at 1 (`measure_loop_costs`: alpha, the loops' own work per step, per
-  iteration and per proposal, the encoders); the
+  and at `second_gamma`'s (`measure_loop_costs`: alpha, the loops' own work per
+  step, per iteration and per proposal, the encoders); the
   target's T_verify(k) come from `verify`. Arguments are the checked ones of
   `choose_gamma` (or of `experiments.run`'s settings).
 
@@ -636,7 +636,7 @@ def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: W
         target, draft, batches, gamma=calibration_gamma, warp=warp,
         max_decode_len=max_decode_len, eos_id=eos_id, t_chunk=t_chunk, t_draft=t_draft,
         rng=rng, repeats=timing_repeats, held_out=True,
-        slope_gamma=slope_gamma(calibration_gamma, max_gamma))
+        slope_gamma=second_gamma(calibration_gamma, max_gamma))
   t_chunk, t_draft, loop_costs = _agreed(verify.t_chunk, t_draft, loop_costs)
   return make_choice(estimate if alpha is None else alpha, t_chunk, t_draft,
                      loop_costs=loop_costs, spread=verify.spread, max_gamma=max_gamma,

@@ -321,6 +321,11 @@ def test_measure_loop_costs_prices_the_loop_per_iteration_and_per_proposal(
       2 * (t_draft + want_per_proposal) + t_chunk[3] + want_fixed)
 
 
+@pytest.mark.parametrize("calibration_gamma, max_gamma, want", [(3, 8, 1), (1, 8, 2), (1, 1, None)])
+def test_the_second_gamma_of_a_calibration(calibration_gamma, max_gamma, want):
+  assert auto_gamma.second_gamma(calibration_gamma, max_gamma) == want
+
+
 def test_choose_gamma_with_given_alpha_decides_with_it(pair, monkeypatch):
   target, params, inputs = pair
   steps = benchmarking.StepTimes(seconds=1.0, compile_s=0.0)

@@ -67,7 +67,7 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
   so neither the machine's drift nor their order may decide); then, per draft, both
   loops' own work and the encoders (`auto_gamma.measure_loop_costs` over the
   calibration inputs, the speculative loop at gamma 3 and at
-  `auto_gamma.slope_gamma`'s); the choice of gamma under the whole cost model with the run's
+  `auto_gamma.second_gamma`'s); the choice of gamma under the whole cost model with the run's
   held-out alpha (`auto_gamma.make_choice`).
 
   Args:
@@ -126,7 +126,7 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
             target, run["draft"], batches, gamma=gamma, warp=warp,
             max_decode_len=max_decode_len, eos_id=target_cfg.eos_token_id, t_chunk=t_chunk,
             t_draft=t_draft[name], rng=jax.random.PRNGKey(0), repeats=timing_repeats,
-            held_out=True, slope_gamma=auto_gamma.slope_gamma(gamma, max_gamma))
+            held_out=True, slope_gamma=auto_gamma.second_gamma(gamma, max_gamma))
         choice = auto_gamma.make_choice(run["alphas"][t], verify.t_chunk, t_draft[name],
                                         loop_costs=loop_costs, spread=verify.spread,
                                         max_gamma=max_gamma)
