@@ -163,8 +163,7 @@ class VerifyTimes:
   which is what the decoders pay on average.
 
   Attributes:
-    t_chunk: {k: seconds per call scoring k tokens}: k = 1 is T_step, the
-      median over rounds; T_verify(k) is T_step times fastest[k] / fastest[1].
+    t_step: T_step, seconds per one-token call, the median over rounds.
     fastest: {k: seconds per call in k's fastest round}.
     spread: {k: (slowest - fastest round) / median}: the timing's noise.
     rounds: the rounds timed.
@@ -172,7 +171,7 @@ class VerifyTimes:
     idle_check: the `contention.Guard` record of the timing.
   """
 
-  t_chunk: Mapping[int, float]
+  t_step: float
   fastest: Mapping[int, float]
   spread: Mapping[int, float]
   rounds: int
@@ -180,13 +179,14 @@ class VerifyTimes:
   idle_check: Mapping[str, Any]
 
   @property
-  def t_step(self) -> float:
-    return self.t_chunk[1]
+  def t_chunk(self) -> dict[int, float]:
+    """{k: seconds per call scoring k tokens}: T_step times fastest[k] / fastest[1]."""
+    return {k: self.t_step * t / self.fastest[1] for k, t in self.fastest.items()}
 
   def fitted(self, max_gamma: int) -> dict[int, float]:
     """{k: T_verify(k)} for k = 1..max_gamma + 1 with the ratios to T_step fitted
     non-decreasing in k over those k alone (`fitted_ratios`), as `make_choice` fits them."""
-    ratios = {k: self.t_chunk[k] / self.t_step for k in range(1, max_gamma + 2)}
+    ratios = {k: self.fastest[k] / self.fastest[1] for k in range(1, max_gamma + 2)}
     return {k: self.t_step * r for k, r in fitted_ratios(ratios).items()}
 
 
@@ -214,9 +214,8 @@ def verify_times(target: Scorer, inputs: Array, *, max_gamma: int, max_decode_le
         for r in range(rounds)]
   seconds = {k: [t[k].seconds for t in timed] for k in ks}
   median = {k: float(np.median(s)) for k, s in seconds.items()}
-  fastest = {k: float(min(s)) for k, s in seconds.items()}
   return VerifyTimes(
-      t_chunk={k: median[1] * fastest[k] / fastest[1] for k in ks}, fastest=fastest,
+      t_step=median[1], fastest={k: float(min(s)) for k, s in seconds.items()},
       spread={k: (max(s) - min(s)) / median[k] for k, s in seconds.items()},
       rounds=rounds, compile_s=sum(t.compile_s for t in timed[0].values()),
       idle_check=guard.record())
