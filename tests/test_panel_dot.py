@@ -217,3 +217,37 @@ def test_without_a_compiler_it_says_why_and_decodes_on_xla_dots(tmp_path):
   assert "off: no C++ compiler" in done.stdout and "no-such-compiler" in done.stdout
   assert "(1, 3)" in done.stdout
   assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("name", ["test-v1_1", "test-v1_0"])  # logits_dense; tied.
+def test_a_shortlist_head_scores_its_tokens_alone(name, packed):
+  """With head_tokens, the logits equal the full head's at those tokens, -inf elsewhere."""
+  model, params = make_model(name, **PANEL_CONFIG)
+  params = jax.device_put(params)
+  head = np.sort(np.random.RandomState(5).choice(128, 64, replace=False)).astype(np.int32)
+  if packed:
+    full, short = model.prepare(params), model.prepare(params, head)
+    assert short.decoder.logits.ndim == 3  # Packed as the full head is.
+  else:
+    full = model.prepare(jax.tree.map(np.asarray, params))
+    short = model.prepare(jax.tree.map(np.asarray, params), head)
+  assert short.decoder.logits.size == full.decoder.logits.size // 2
+  rng = np.random.RandomState(6)
+  inputs = jnp.asarray(rng.randint(2, 128, (2, 9)), jnp.int32)
+  targets = jnp.asarray(rng.randint(2, 128, (2, 3)), jnp.int32)
+  out = {}
+  for key, prepared in (("full", full), ("short", short)):
+    encoded = model.encode(prepared, inputs)
+    out[key], _ = model.decode_chunk(prepared, encoded, model.init_cache(2, 8), targets)
+  np.testing.assert_allclose(out["short"][..., head], out["full"][..., head], atol=1e-6, rtol=0)
+  rest = np.setdiff1d(np.arange(128), head)
+  assert np.all(np.asarray(out["short"][..., rest]) == -np.inf)
+
+
+@pytest.mark.parametrize("head", [np.array([[1, 2]]), np.array([], np.int32), np.array([1, 1]),
+                                  np.array([0, 128]), np.array([0.0, 1.0])])
+def test_bad_head_tokens_raise(head):
+  model, params = make_model("test-v1_1", **PANEL_CONFIG)
+  with pytest.raises(ValueError, match="head_tokens"):
+    model.prepare(params, head)

@@ -13,7 +13,7 @@ from scipy import stats as scipy_stats
 
 from specdec_jax.decoding import acceptance, sampling, speculative
 from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft, T5Draft
+from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft, T5Draft, make_draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import T5Scorer
 from specdec_jax.decoding.speculative import speculative_sample
@@ -228,6 +228,22 @@ def test_output_distribution_is_the_targets(tiny_pair, warp_kwargs):
   base = temperature_sample(target, params, inputs, max_decode_len=LENGTH,
                             rng=jax.random.PRNGKey(1), **warp_kwargs)
   assert _chi_square_p_value(base.sequences, base.lengths, dist) > 1e-3
+  assert _chi_square_p_value(out.sequences, out.lengths, dist) > 1e-3
+
+
+def test_a_draft_with_a_shortlist_head_keeps_the_targets_distribution(tiny_pair):
+  """A draft that can propose only tokens {1, 2, 4} (q = 0 on 0 and 3): the target's
+  residual distribution supplies the others, so the output is still the target's."""
+  target, params, draft, inputs = tiny_pair
+  dist = _exact_distribution(target, params, inputs[0], dict(temperature=1.0), eos_id=1)
+  short = make_draft(draft.model, draft.params, np.array([1, 2, 4], np.int32))
+  out = speculative_sample(target, params, short, inputs, gamma=2, max_decode_len=LENGTH,
+                           rng=jax.random.PRNGKey(2), temperature=1.0)
+  alpha = float(np.mean(out.stats.alpha_empirical()))
+  assert 0.2 < alpha < 0.95, alpha
+  sequences = np.asarray(out.sequences)[:, :LENGTH]
+  emitted = sequences[np.arange(LENGTH)[None] < np.asarray(out.lengths)[:, None]]
+  assert {0, 3} <= set(emitted.tolist())  # Tokens the draft cannot propose, before EOS.
   assert _chi_square_p_value(out.sequences, out.lengths, dist) > 1e-3
 
 

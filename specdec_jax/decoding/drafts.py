@@ -222,15 +222,19 @@ class SharedEncoderDraft(T5Draft):
   scorer_kind: ClassVar[type[T5Scorer]] = SharedEncoderScorer
 
 
-def make_draft(model: T5Model | SharedEncoderModel, params: dict) -> T5Draft:
+def make_draft(model: T5Model | SharedEncoderModel, params: dict,
+               head_tokens: Array | None = None) -> T5Draft:
   """The draft of a model, its weights prepared once, here (`model.prepare`).
 
   A `SharedEncoderDraft` for a `SharedEncoderModel`, else a `T5Draft`. Prepared
   outside the loop, the weights are packed once instead of on every generation,
   into float16 panels where that is exact (half the bytes a proposal streams).
+  With `head_tokens` (int32 `[head]`), the draft proposes only those tokens: its
+  output layer scores them alone (`cached_decoder.prepare`), and speculative
+  sampling stays exact, since the target's residual covers every other token.
   """
   kind = SharedEncoderDraft if isinstance(model, SharedEncoderModel) else T5Draft
-  return kind(model, model.prepare(params))
+  return kind(model, model.prepare(params, head_tokens))
 
 
 @struct.dataclass

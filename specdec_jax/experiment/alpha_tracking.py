@@ -109,10 +109,12 @@ class AlphaProbe:
             "max_decode_len": self.max_decode_len, "batch_size": self.batch_size,
             "seed": self.seed, "estimator": ESTIMATOR}
 
-  def measure(self, model: T5Model | SharedEncoderModel, params: dict
+  def measure(self, model: T5Model | SharedEncoderModel, params: dict,
+              head_tokens: np.ndarray | None = None
               ) -> dict[str, dict[str, auto_gamma.AlphaEstimate]]:
-    """`{task: {"T=<t>": AlphaEstimate}}` of the draft `(model, params)`."""
-    draft = make_draft(model, params)
+    """`{task: {"T=<t>": AlphaEstimate}}` of the draft `(model, params)`, its output
+    layer restricted to `head_tokens` if given (`make_draft`)."""
+    draft = make_draft(model, params, head_tokens)
     out = {}
     for task, inputs in self.inputs.items():
       batches = [inputs[i:i + self.batch_size] for i in range(0, len(inputs), self.batch_size)]

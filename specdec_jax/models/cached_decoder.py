@@ -258,7 +258,9 @@ class DecodeWeights:
     final_norm: `[d_model]` scale of the final layer norm.
     logits: `[d_model, vocab]`: `logits_dense` (T5.1.1), or the embedding
       transposed and scaled by d_model^-0.5 (T5 v1.0, tied); panels where
-      packed, as the layers' matrices.
+      packed, as the layers' matrices. `[d_model, head]` with `head_tokens`.
+    head_tokens: None, or int32 `[head]`: the tokens the logits' columns score
+      (`prepare`'s `head_tokens`); every other token's logit is -inf.
   """
 
   embedding: Array
@@ -266,6 +268,7 @@ class DecodeWeights:
   layers: tuple[LayerWeights, ...]
   final_norm: Array
   logits: Array
+  head_tokens: Array | None = None
 
 
 @struct.dataclass
@@ -303,13 +306,18 @@ def half_panels(params: dict) -> bool:
   return HALF_PANELS and panel_dots() and panel_dot.exact_in_half(params)
 
 
-def prepare(config: T5Config, params: dict, panels: bool = False,
-            half: bool = False) -> DecodeWeights:
+def prepare(config: T5Config, params: dict, panels: bool = False, half: bool = False,
+            head_tokens: Array | None = None) -> DecodeWeights:
   """The decoder weights of a T5X-layout parameter tree, fused and cast for generation.
 
   With `panels` (`panel_dots()`), every weight matrix that `panel_dot.packable`
   is stored as `[N / P, K, P]` panels (`panel_dot.pack`) and multiplied by
   `panel_dot.dot`; in float16 with `half` (`half_panels(params)` must hold).
+
+  `head_tokens` (int32 `[head]`, distinct ids) keeps only those columns of the
+  logits matrix: a draft whose output layer scores a shortlist of the vocabulary
+  (the rest get probability 0, which speculative sampling allows) streams
+  `head / vocab` of that matrix per call.
   """
   dtype = config.compute_dtype
   dec = params["decoder"]
@@ -344,10 +352,13 @@ def prepare(config: T5Config, params: dict, panels: bool = False,
     logits = embedding.T * jnp.asarray(config.d_model**-0.5, dtype)
   else:
     logits = kernel(dec["logits_dense"])
+  if head_tokens is not None:
+    logits = jnp.take(logits, head_tokens, axis=1)
   return DecodeWeights(embedding=embedding, relpos=dec["relpos_bias"]["rel_embedding"],
                        layers=tuple(prepared), final_norm=dec["decoder_norm"]["scale"],
                        # Tied: scaled by d_model^-0.5, no longer float16 values.
-                       logits=layout(logits, not config.tie_word_embeddings))
+                       logits=layout(logits, not config.tie_word_embeddings),
+                       head_tokens=head_tokens)
 
 
 def write_positions(cache: Array, chunk: Array, start: Array, axis: int) -> Array:
@@ -455,4 +466,7 @@ def decode_chunk(config: T5Config, weights: DecodeWeights, encoded: EncodedInput
     values.append(cache_v)
   x = layers.rms_norm(x, weights.final_norm, config.layer_norm_epsilon, dtype)
   logits = dense(x, weights.logits, by_row)
+  if weights.head_tokens is not None:
+    logits = jnp.full(logits.shape[:-1] + (config.vocab_size,), -jnp.inf, logits.dtype).at[
+        ..., weights.head_tokens].set(logits, unique_indices=True)
   return logits, DecoderCache(tuple(keys), tuple(values), cache.lengths + k)

@@ -124,9 +124,10 @@ class SharedEncoderModel:
                                 method=SharedEncoderDecoder.encode)
     return constrain_encoded(encoded, self.axis_rules)
 
-  def prepare(self, params: dict | PreparedParams) -> PreparedParams:
+  def prepare(self, params: dict | PreparedParams,
+              head_tokens: Array | None = None) -> PreparedParams:
     """See `T5Model.prepare` (the same decoder weights)."""
-    return self._decoder.prepare(params)
+    return self._decoder.prepare(params, head_tokens)
 
   def init_cache(self, batch_size: int, max_len: int) -> DecoderCache:
     return self._decoder.init_cache(batch_size, max_len)

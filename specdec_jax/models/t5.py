@@ -32,6 +32,7 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_jax.models import cached_decoder, layers
 from specdec_jax.models.cached_decoder import (
@@ -52,8 +53,8 @@ from specdec_jax.models.layers import (
 
 Array = jax.Array
 
-# T5Model.prepare's memory: (config, panels, ids of the tree's arrays) -> (the arrays, which
-# keep the ids valid, and their PreparedParams), most recently used last.
+# T5Model.prepare's memory: (config, panels, ids of the tree's arrays, head tokens) -> (the
+# arrays, which keep the ids valid, and their PreparedParams), most recently used last.
 _PREPARED: collections.OrderedDict[tuple, tuple[list, PreparedParams]] = (
     collections.OrderedDict())
 _PREPARED_MAX = 8
@@ -303,7 +304,8 @@ class T5Model:
     """`[batch, input_len]` -> encoder hidden states `[batch, input_len, d_model]`."""
     return self.module.apply({"params": params}, inputs, method=Transformer.encoder_outputs)
 
-  def prepare(self, params: dict | PreparedParams) -> PreparedParams:
+  def prepare(self, params: dict | PreparedParams,
+              head_tokens: Array | None = None) -> PreparedParams:
     """`params` with the decoder's weights fused and cast for generation.
 
     The decoders call this on every call; a tree of `jax.Array`s is prepared
@@ -315,31 +317,51 @@ class T5Model:
 
     Args:
       params: a T5X-layout tree, or an already `PreparedParams` (returned as is).
+      head_tokens: None, or int32 `[head]` distinct token ids: the output layer
+        scores only these, every other token gets logit -inf
+        (`cached_decoder.prepare`).
 
     Returns:
       `PreparedParams`.
+
+    Raises:
+      ValueError: `head_tokens` is not a 1-D array of distinct ids in the vocabulary.
     """
     if isinstance(params, PreparedParams):
       return params
+    if head_tokens is not None:
+      head_tokens = self._check_head_tokens(head_tokens)
     panels = cached_decoder.panel_dots()
     leaves = jax.tree.leaves(params)
     if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
       # Traced or numpy: no memory, so no per-call check of float16's exactness either.
-      return PreparedParams(params, self._prepare_decoder(params, panels, False))
-    key = (self.config, panels, cached_decoder.HALF_PANELS, tuple(map(id, leaves)))
+      return PreparedParams(params, self._prepare_decoder(params, panels, False, head_tokens))
+    key = (self.config, panels, cached_decoder.HALF_PANELS, tuple(map(id, leaves)),
+           None if head_tokens is None else head_tokens.tobytes())
     if key in _PREPARED:
       _PREPARED.move_to_end(key)
       return _PREPARED[key][1]
     half = cached_decoder.half_panels(params["decoder"])
-    prepared = PreparedParams(params, self._prepare_decoder(params, panels, half))
+    prepared = PreparedParams(params, self._prepare_decoder(params, panels, half, head_tokens))
     _PREPARED[key] = (leaves, prepared)
     if len(_PREPARED) > _PREPARED_MAX:
       _PREPARED.popitem(last=False)
     return prepared
 
   @functools.partial(jax.jit, static_argnums=(0, 2, 3))
-  def _prepare_decoder(self, params: dict, panels: bool, half: bool) -> DecodeWeights:
-    return cached_decoder.prepare(self.config, params, panels, half)
+  def _prepare_decoder(self, params: dict, panels: bool, half: bool,
+                       head_tokens: Array | None) -> DecodeWeights:
+    return cached_decoder.prepare(self.config, params, panels, half, head_tokens)
+
+  def _check_head_tokens(self, head_tokens: Array) -> np.ndarray:
+    ids = np.asarray(head_tokens)
+    vocab = self.config.vocab_size
+    if (ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer)
+        or ids.min() < 0 or ids.max() >= vocab or np.unique(ids).size != ids.size):
+      raise ValueError(f"head_tokens must be a non-empty 1-D array of distinct token ids in "
+                       f"[0, {vocab}), got {ids.dtype} of shape {ids.shape}; take them from "
+                       "`distillation.head_tokens.frequent_tokens`.")
+    return ids.astype(np.int32)
 
   def init_cache(self, batch_size: int, max_len: int) -> DecoderCache:
     """An empty cache of `max_len` positions per row (all lengths 0), constrained to
