@@ -17,9 +17,10 @@ from specdec_jax.checkpoints import (
   load_hf_checkpoint,
   load_hf_config,
   parameter_names,
+  rounded_to_half,
   save_hf_checkpoint,
 )
-from specdec_jax.models import T5Model, get_config
+from specdec_jax.models import T5Model, cached_decoder, get_config
 
 
 @pytest.fixture
@@ -311,3 +312,18 @@ def test_bad_overrides_are_named(ckpt):
   with pytest.raises(CheckpointError, match=r"with overrides \{'dtype': 'float33'\}: "
                                             r"dtype='float33' is not a dtype"):
     load_hf_checkpoint(ckpt, dtype="float33")
+
+
+def test_rounded_to_half_is_what_a_float16_checkpoint_loads_as():
+  # Decoder matrices of whole panels (multiples of 64 outputs), so they can pack.
+  _, params = make_model("test-v1_1", vocab_size=128, d_model=64, d_kv=32, num_heads=2,
+                         d_ff=64)
+  rounded = rounded_to_half({**params, "step": np.arange(3)})
+  np.testing.assert_array_equal(rounded.pop("step"), np.arange(3))
+  for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(rounded), strict=True):
+    assert y.dtype == np.asarray(x).dtype
+    np.testing.assert_array_equal(y, np.asarray(x).astype(np.float16).astype(y.dtype))
+  assert not cached_decoder.half_panels(jax.device_put(params["decoder"]))
+  assert cached_decoder.half_panels(jax.device_put(rounded["decoder"]))
+  with pytest.raises(CheckpointError, match="float16's range"):
+    rounded_to_half({"w": np.array([1e6], np.float32)})

@@ -8,7 +8,9 @@ on its stored distillation outputs, both corpora weighing the same) cuts that st
 `head_sweep` measures both sides for each draft and head size: held-out En-De alpha with
 the real speculative loop (`alpha_tracking.AlphaProbe`, the training curves' settings),
 and c timed in turn with every other variant inside the guard, then the model calls'
-predicted speedup (alpha, c, T_verify(k)). `experiments.draft_heads` is its command.
+predicted speedup (alpha, c, T_verify(k)). Every draft is measured with its weights
+rounded to float16, as the shipped family stores them (`checkpoints.rounded_to_half`).
+`experiments.draft_heads` is its command.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import jax
 
 from specdec_jax import auto_gamma, benchmarking, contention
-from specdec_jax.checkpoints import load_hf_checkpoint, load_model
+from specdec_jax.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.data import layout
 from specdec_jax.data.distill import read_distilled
 from specdec_jax.decoding import buckets
@@ -87,7 +89,7 @@ def head_sweep(draft_dirs: list[str], head_sizes: list[int], *, target_dir: str,
   variants, drafts = {}, {}
   for draft_dir in draft_dirs:
     model, params = load_model(draft_dir, dropout_rate=0.0)
-    params = jax.device_put(params)
+    params = jax.device_put(rounded_to_half(params))
     name = draft_name(draft_dir)
     for head, tokens in heads.items():
       alphas = probe.measure(model, params, tokens)[TASK]

@@ -6,7 +6,8 @@ proposed token. For each training run (`experiment.train` with `train.alpha_ever
 validation inputs, gamma 3, at the curve's temperatures) and that entry's parameters
 (`<run>/best`, kept beside the curve, so a run still training can be ranked), then
 prices it under the whole cost model on other validation inputs, batch 1 (the draft's
-seconds per token, so its c, timed in turn with the other drafts'; both loops' own work
+seconds per token, so its c, timed in turn with the other drafts' and, like theirs, with
+its weights rounded to float16 as the shipped family stores them; both loops' own work
 and both encoders; the target's T_verify(k) timed once for all), and records gamma* and
 the predicted speedup. Timings run inside the guard (`contention.quiet`: our registered
 jobs paused). `experiments.draft_speedups` is its command.
@@ -22,7 +23,7 @@ import numpy as np
 import sentencepiece as spm
 
 from specdec_jax import auto_gamma, benchmarking, contention
-from specdec_jax.checkpoints import load_hf_checkpoint, load_model
+from specdec_jax.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import make_draft
 from specdec_jax.decoding.sampling import Warp
@@ -102,7 +103,7 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
     model, params = load_model(os.path.join(model_dir, alpha_tracking.BEST_DIR),
                                dropout_rate=0.0)
     runs[recipe["name"]] = {"model_dir": model_dir, "recipe": recipe, "alphas": alphas,
-                            "draft": make_draft(model, jax.device_put(params)),
+                            "draft": make_draft(model, jax.device_put(rounded_to_half(params))),
                             "params": int(sum(np.size(x) for x in jax.tree.leaves(params)))}
   temperatures = sorted({t for run in runs.values() for t in run["alphas"]})
   encoded = target.encoder_outputs(target.encode(batches[0]))  # For drafts that read it.
