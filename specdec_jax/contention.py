@@ -12,7 +12,8 @@ Entering it pauses (SIGSTOP) our own long jobs registered with `register_job`
 (distillation data, training), checks that no other process uses the CPU
 (`/proc`, over a short window) and times a calibration kernel; leaving it times
 the kernel again, checks `/proc` again and resumes the jobs it paused (SIGCONT),
-whatever happened in between (a job stopped before it came stays stopped). The
+whatever happened in between, even the timing process's death (a watcher outlives it;
+a job stopped before it came stays stopped). The
 check is `ok` when other processes used less than `max_other_cores` both times
 and the two calibrations agree within `max_drift`: a factor of 2 by default,
 because this VM's own speed moves with its recent load even when nothing else
@@ -38,6 +39,7 @@ import functools
 import glob
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -195,6 +197,22 @@ def _stopped(pid: int) -> bool:
   return stat[stat.rindex(")") + 2:].split()[0] == "T"
 
 
+def _resume_if_we_die(pids: list[int]) -> subprocess.Popen | None:
+  """A watcher that resumes `pids` (SIGCONT) if this process dies first, or None (no pids).
+
+  A timing command that crashes outside Python (a segfault, SIGKILL) runs no `finally`,
+  and would leave the jobs it paused stopped for good. The watcher is a shell in its own
+  session (a Ctrl-C to the command's group does not reach it) that checks once a second
+  whether this process is alive; the guard kills it after resuming the jobs itself.
+  """
+  if not pids:
+    return None
+  script = (f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; "
+            f"kill -CONT {' '.join(map(str, pids))} 2>/dev/null")
+  return subprocess.Popen(["sh", "-c", script], start_new_session=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def _signal(pids: list[int], sig: signal.Signals) -> list[int]:
   done = []
   for pid in pids:
@@ -219,6 +237,7 @@ class Guard:
     self.max_drift = max_drift
     self.window_s = window_s
     self._paused: list[int] = []
+    self._watcher: subprocess.Popen | None = None
     self._before: tuple[list[Process], float] | None = None
     self._after: tuple[list[Process], float] | None = None
 
@@ -227,9 +246,10 @@ class Guard:
     running = [pid for pid in registered_jobs() if not _stopped(pid)]
     self._paused = _signal(running, signal.SIGSTOP)
     try:
+      self._watcher = _resume_if_we_die(self._paused)
       self._before = (busy_processes(self.window_s), calibrate())
     except BaseException:
-      _signal(self._paused, signal.SIGCONT)
+      self._resume()
       raise
     return self
 
@@ -238,7 +258,14 @@ class Guard:
       calibration = calibrate()
       self._after = (busy_processes(self.window_s), calibration)
     finally:
-      _signal(self._paused, signal.SIGCONT)
+      self._resume()
+
+  def _resume(self) -> None:
+    _signal(self._paused, signal.SIGCONT)
+    if self._watcher is not None:
+      self._watcher.kill()
+      self._watcher.wait()
+      self._watcher = None
 
   def _others(self, busy: list[Process]) -> float:
     return sum(p.cores for p in busy)

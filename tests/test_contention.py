@@ -105,3 +105,22 @@ def test_guard_leaves_a_job_stopped_before_it_stopped(busy_process, tmp_path, mo
   assert _state(busy_process.pid) == "T"
   assert busy_process.pid not in guard.record()["paused_jobs"]
   os.kill(busy_process.pid, signal.SIGCONT)
+
+
+def test_jobs_resume_when_the_timing_process_dies_inside_the_guard(busy_process, tmp_path):
+  """A segfault or SIGKILL runs no `finally`: the guard's watcher resumes the job."""
+  env = {**os.environ, "SPECDEC_DATA_DIR": str(tmp_path)}
+  os.makedirs(os.path.join(tmp_path, "jobs"))
+  with open(os.path.join(tmp_path, "jobs", f"job.{busy_process.pid}.pid"), "w") as f:
+    f.write(f"{busy_process.pid}\n")
+  dies = ("import os, signal\nfrom specdec_jax import contention\n"
+          "contention.Guard().__enter__()\nprint(open(f'/proc/{pid}/stat').read().split(')')"
+          "[-1].split()[0], flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+  out = subprocess.run([sys.executable, "-c", dies.replace("{pid}", str(busy_process.pid))],
+                       env=env, capture_output=True, text=True, check=False, timeout=120)
+  assert out.returncode == -signal.SIGKILL
+  assert out.stdout.strip() == "T"  # Paused inside the guard ...
+  deadline = time.time() + 5
+  while _state(busy_process.pid) == "T" and time.time() < deadline:
+    time.sleep(0.1)
+  assert _state(busy_process.pid) in ("R", "S")  # ... and resumed after its death.
