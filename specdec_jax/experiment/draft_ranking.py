@@ -131,6 +131,10 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
         choice = auto_gamma.make_choice(run["alphas"][t], verify.t_chunk, t_draft[name],
                                         loop_costs=loop_costs, spread=verify.spread,
                                         max_gamma=max_gamma)
+        # Each draft compiles its loops per length bucket and gamma, and XLA:CPU maps every
+        # program's kernels apart: seven drafts' programs passed the kernel's 65,530 maps
+        # per process (vm.max_map_count) and compilation failed. They are not run again.
+        jax.clear_caches()
         steps_gamma = max(choice.speedup_steps_only, key=choice.speedup_steps_only.get)
         run.setdefault("by_temperature", {})[f"T={t:g}"] = {
             "alpha": run["alphas"][t], "c": choice.c, "gamma": choice.gamma,
