@@ -36,7 +36,7 @@ import numpy as np
 import sentencepiece as spm
 
 from specdec_jax import atomic_io, auto_gamma
-from specdec_jax.decoding.drafts import make_draft
+from specdec_jax.decoding.drafts import Draft, make_draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import prompts
 from specdec_jax.models import T5Model
@@ -109,12 +109,13 @@ class AlphaProbe:
             "max_decode_len": self.max_decode_len, "batch_size": self.batch_size,
             "seed": self.seed, "estimator": ESTIMATOR}
 
-  def measure(self, model: T5Model | SharedEncoderModel, params: dict,
-              head_tokens: np.ndarray | None = None
+  def measure(self, model: T5Model | SharedEncoderModel, params: dict
               ) -> dict[str, dict[str, auto_gamma.AlphaEstimate]]:
-    """`{task: {"T=<t>": AlphaEstimate}}` of the draft `(model, params)`, its output
-    layer restricted to `head_tokens` if given (`make_draft`)."""
-    draft = make_draft(model, params, head_tokens)
+    """`{task: {"T=<t>": AlphaEstimate}}` of the draft `(model, params)`."""
+    return self.measure_draft(make_draft(model, params))
+
+  def measure_draft(self, draft: Draft) -> dict[str, dict[str, auto_gamma.AlphaEstimate]]:
+    """`{task: {"T=<t>": AlphaEstimate}}` of any draft of the target's vocabulary."""
     out = {}
     for task, inputs in self.inputs.items():
       batches = [inputs[i:i + self.batch_size] for i in range(0, len(inputs), self.batch_size)]

@@ -92,11 +92,11 @@ def head_sweep(draft_dirs: list[str], head_sizes: list[int], *, target_dir: str,
     params = jax.device_put(rounded_to_half(params))
     name = draft_name(draft_dir)
     for head, tokens in heads.items():
-      alphas = probe.measure(model, params, tokens)[TASK]
+      drafts[(name, head)] = make_draft(model, params, tokens)
+      alphas = probe.measure_draft(drafts[(name, head)])[TASK]
       variants[(name, head)] = {
           "coverage": 1.0 if tokens is None else head_tokens.coverage(frequencies, tokens),
           "alpha": {t: {"beta": a.beta, "empirical": a.empirical} for t, a in alphas.items()}}
-      drafts[(name, head)] = make_draft(model, params, tokens)
   timing_input = buckets.to_bucket(probe.inputs[TASK][:1])
   encoded = target.encoder_outputs(target.encode(timing_input))
   cache_len, position = auto_gamma.timing_geometry(max_decode_len, max_gamma)
