@@ -6,7 +6,8 @@
 `specdec_jax.experiment.draft_ranking.rank_drafts` over the runs (their held-out alpha,
 their c timed in turn, the cost model; the guard on). Writes one JSON (atomically; runs
 already in it and not named now are kept) and prints the ranking, by the speedup the
-model calls predict (alpha, c, T_verify(k)), with the whole cost model's beside it.
+model calls predict (alpha, c, T_verify(k)), with the whole cost model's beside it, and
+draws alpha against c over that speedup's contours (the JSON's path with `.png`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 from absl import app, flags
 
 from specdec_jax import atomic_io
-from specdec_jax.experiment import draft_ranking
+from specdec_jax.experiment import draft_ranking, figures
 
 _MODEL_DIRS = flags.DEFINE_list("model_dirs", None, "Training runs, comma-separated.")
 _TARGET = flags.DEFINE_string("target", "assets/models/target", "The target the runs measured "
@@ -40,6 +41,7 @@ def main(argv: list[str]) -> None:
     with open(_OUTPUT.value, encoding="utf-8") as f:
       record["runs"] = {**json.load(f)["runs"], **record["runs"]}
   atomic_io.write_json(_OUTPUT.value, record)
+  figure = figures.fig_draft_tradeoff(record, os.path.splitext(_OUTPUT.value)[0] + ".png")
   ranked = sorted(record["runs"].items(), key=lambda kv: -kv[1]["mean_speedup_steps_only"])
   for name, run in ranked:
     row = " | ".join(
@@ -47,7 +49,7 @@ def main(argv: list[str]) -> None:
         f" (gamma {v['gamma_steps_only']}), whole {v['speedup_cost_model']:.2f}X (gamma "
         f"{v['gamma']})" for t, v in run["by_temperature"].items())
     print(f"{name:32s} {run['params'] / 1e6:.2f}M  {row}")
-  print(f"Wrote {_OUTPUT.value}.")
+  print(f"Wrote {_OUTPUT.value} and {figure}.")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from specdec_jax.checkpoints import load_model, save_hf_checkpoint
 from specdec_jax.data import corpora, distill, layout
 from specdec_jax.distillation import signals
 from specdec_jax.distillation.teacher import load_teacher
-from specdec_jax.experiment import alpha_curves, alpha_tracking, draft_ranking
+from specdec_jax.experiment import alpha_curves, alpha_tracking, draft_ranking, figures
 from specdec_jax.experiment.train import train
 from specdec_jax.models import T5Model, get_config
 from specdec_jax.models.layers import ParamInfo
@@ -203,6 +203,12 @@ def test_on_policy_training_runs_from_the_stored_inputs(run, tmp_path):
   assert by_t["gamma"] in (1, 2) and by_t["gamma_steps_only"] in (1, 2) and by_t["c"] > 0
   assert by_t["speedup_steps_only"] == max(by_t["choice"]["speedup_steps_only"].values())
   assert ranked["mean_speedup_steps_only"] == by_t["speedup_steps_only"]
+  # The figure's contours are the same prediction the ranking made.
+  ratio = {int(k): v for k, v in record["verify_ratio"].items()}
+  assert figures.model_calls_speedup(by_t["alpha"], by_t["c"], ratio) == pytest.approx(
+      by_t["speedup_steps_only"])
+  figure = figures.fig_draft_tradeoff(record, str(tmp_path / "tradeoff.png"))
+  assert os.path.getsize(figure) > 0
 
 
 def test_bad_settings_fail_before_any_work(run, tmp_path):

@@ -1,9 +1,10 @@
-"""The figures of a results directory (PNG) and the paper's theory figures (Fig. 2, Fig. 3)."""
+"""The figures of a results directory (PNG), the drafts' ranking (`draft_ranking`) and the
+paper's theory figures (Fig. 2, Fig. 3)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib
 
@@ -19,6 +20,8 @@ THEORY_GAMMAS = (1, 2, 3, 5, 7, 10)  # Fig. 2 curves.
 THEORY_CS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # Fig. 3 curves (the paper's c = .02-.11 inside).
 ALPHA_GRID = np.linspace(0.0, 0.99, 100)
 FIG1_CHARS_PER_LINE = 80
+TRADEOFF_GRID = 60  # Points per axis of the iso-speedup contours.
+TRADEOFF_LEVELS = (0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8, 2.0)
 
 
 def _save(fig: plt.Figure, path: str) -> str:
@@ -179,4 +182,51 @@ def fig3_optimal_gamma(path: str) -> str:
     ax.plot(ALPHA_GRID, [b.gamma if b.helps else np.nan for b in best], label=f"c={c:g}")
   ax.set(xlabel="alpha", ylabel="optimal gamma", yscale="log")
   ax.legend(fontsize="small")
+  return _save(fig, path)
+
+
+def model_calls_speedup(alpha: float, c: float, verify_ratio: Mapping[int, float]) -> float:
+  """The model calls' best predicted speedup over gamma (what `draft_ranking` ranks by).
+
+  Args:
+    alpha: the draft's acceptance rate.
+    c: draft step time / target step time.
+    verify_ratio: k -> T_verify(k) / T_step, measured for k = 1..max_gamma + 1.
+
+  Returns:
+    max over gamma = 1..max(verify_ratio) - 1 of `theory.CostModel.expected_speedup`.
+  """
+  model = theory.CostModel.from_ratios(c, verify_ratio)
+  return max(float(model.expected_speedup(alpha, g)) for g in range(1, max(verify_ratio)))
+
+
+def fig_draft_tradeoff(record: dict, path: str) -> str:
+  """alpha against c for every ranked draft, one panel per temperature, over the contours of
+  the model calls' predicted speedup at this run's T_verify(k) (`model_calls_speedup`).
+
+  Args:
+    record: `draft_ranking.rank_drafts`'s JSON record.
+    path: the PNG written.
+  """
+  runs = record["runs"]
+  temperatures = sorted({t for run in runs.values() for t in run["by_temperature"]})
+  fig, axes = _panels(temperatures)
+  ratio = {int(k): v for k, v in record["verify_ratio"].items()}
+  for ax, t in zip(axes, temperatures, strict=True):
+    points = {name: run["by_temperature"][t] for name, run in sorted(runs.items())
+              if t in run["by_temperature"]}
+    cs = [p["c"] for p in points.values()]
+    alphas = [p["alpha"] for p in points.values()]
+    c_grid = np.linspace(0.5 * min(cs), 1.2 * max(cs), TRADEOFF_GRID)
+    alpha_grid = np.linspace(min(alphas) - 0.05, min(max(alphas) + 0.05, 0.99), TRADEOFF_GRID)
+    speedup = [[model_calls_speedup(a, c, ratio) for c in c_grid] for a in alpha_grid]
+    lines = ax.contour(c_grid, alpha_grid, speedup, levels=TRADEOFF_LEVELS, colors="gray",
+                       linewidths=0.8)
+    ax.clabel(lines, fmt="%.1fX", fontsize="small")
+    ax.scatter(cs, alphas, color="C0")
+    for name, p in points.items():
+      ax.annotate(f"{name} {p['speedup_steps_only']:.2f}X", (p["c"], p["alpha"]),
+                  fontsize="x-small", xytext=(3, 3), textcoords="offset points")
+    ax.set(title=f"{t} (contours: the model calls' predicted speedup)",
+           xlabel="c (draft step / target step, timed in turn)", ylabel="held-out alpha")
   return _save(fig, path)
