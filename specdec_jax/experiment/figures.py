@@ -194,10 +194,9 @@ def model_calls_speedup(alpha: float, c: float, verify_ratio: Mapping[int, float
     verify_ratio: k -> T_verify(k) / T_step, measured for k = 1..max_gamma + 1.
 
   Returns:
-    max over gamma = 1..max(verify_ratio) - 1 of `theory.CostModel.expected_speedup`.
+    `theory.CostModel.optimal_gamma`'s improvement over gamma = 1..max(verify_ratio) - 1.
   """
-  model = theory.CostModel.from_ratios(c, verify_ratio)
-  return max(float(model.expected_speedup(alpha, g)) for g in range(1, max(verify_ratio)))
+  return theory.CostModel.from_ratios(c, verify_ratio).optimal_gamma(alpha).improvement
 
 
 def fig_draft_tradeoff(record: dict, path: str) -> str:
