@@ -3,10 +3,11 @@
   python -m experiments.draft_speedups --model_dirs=checkpoints/shapes/d128_l1,... \
       [--examples=8] [--output=results/alpha/draft_speedups.json]
 
-`specdec_jax.experiment.draft_ranking.rank_drafts` over the runs (their held-out alpha,
-their c timed in turn, the cost model; the guard on). Writes one JSON (atomically; runs
-already in it and not named now are kept) and prints the ranking, by the speedup the
-model calls predict (alpha, c, T_verify(k)), with the whole cost model's beside it, and
+`specdec_jax.experiment.draft_ranking.rank_drafts` over the drafts (training runs' held-out
+alpha from their curves, an exported draft's such as assets/models/draft_shared_enc_signals
+measured alike; their c timed in turn; the cost model; the guard on). Writes one JSON
+(atomically; runs already in it and not named now are kept) and prints the ranking, by the
+speedup the model calls predict (alpha, c, T_verify(k)), with the whole cost model's beside it, and
 draws alpha against c over that speedup's contours (the JSON's path with `.png`).
 """
 
@@ -20,7 +21,8 @@ from absl import app, flags
 from specdec_jax import atomic_io
 from specdec_jax.experiment import draft_ranking, figures
 
-_MODEL_DIRS = flags.DEFINE_list("model_dirs", None, "Training runs, comma-separated.")
+_MODEL_DIRS = flags.DEFINE_list("model_dirs", None, "Training runs or exported drafts, "
+                                "comma-separated.")
 _TARGET = flags.DEFINE_string("target", "assets/models/target", "The target the runs measured "
                               "alpha against.")
 _EXAMPLES = flags.DEFINE_integer("examples", 8, "Validation inputs the cost model is "

@@ -191,11 +191,22 @@ def test_on_policy_training_runs_from_the_stored_inputs(run, tmp_path):
       train_losses["distill_loss"] + trainer.LossConfig().z_loss * train_losses["z_loss"],
       rel=1e-5)
   assert type(load_model(os.path.join(model_dir, "hf"))[0]).__name__ == "SharedEncoderModel"
-  # The run, ranked by the cost model from its best alpha and its measured c.
-  record = draft_ranking.rank_drafts([model_dir], target_dir=run.teacher, examples=2,
-                                     max_decode_len=MAX_DECODE_LEN, max_gamma=2)
+  # The run, ranked by the cost model from its best alpha and its measured c, beside its
+  # best parameters as an exported draft, whose alpha the ranking measures the curve's way.
+  best_dir = os.path.join(model_dir, alpha_tracking.BEST_DIR)
+  record = draft_ranking.rank_drafts([model_dir, best_dir], target_dir=run.teacher,
+                                     examples=2, max_decode_len=MAX_DECODE_LEN, max_gamma=2)
   ranked = record["runs"]["on_policy"]
   best = next(e for e in curve["entries"] if e["step"] == curve["best"]["step"])
+  exported = record["runs"][alpha_tracking.BEST_DIR]
+  assert exported["recipe"]["draft_dir"] == best_dir
+  measured_alike = {k: v for k, v in curve["settings"].items() if k != "select"} | {
+      "examples": {"ende": curve["settings"]["examples"]["ende"]}}  # En-De alone.
+  assert exported["recipe"]["alpha_settings"] == measured_alike
+  assert exported["by_temperature"]["T=1"]["alpha"] == best["alpha"]["ende"]["T=1"]
+  with pytest.raises(FileNotFoundError, match="neither a training run"):
+    draft_ranking.rank_drafts([str(tmp_path)], target_dir=run.teacher, examples=2,
+                              max_decode_len=MAX_DECODE_LEN, max_gamma=2)
   assert ranked["recipe"]["step"] == best["step"]
   assert set(ranked["by_temperature"]) == {"T=1"}
   by_t = ranked["by_temperature"]["T=1"]

@@ -4,13 +4,15 @@ Alpha alone does not choose a draft: a wider or deeper one agrees more and costs
 proposed token. For each training run (`experiment.train` with `train.alpha_every_steps`)
 `rank_drafts` takes the held-out En-De alpha of its best entry (`alpha_curve.json`:
 validation inputs, gamma 3, at the curve's temperatures) and that entry's parameters
-(`<run>/best`, kept beside the curve, so a run still training can be ranked), then
-prices it under the whole cost model on other validation inputs, batch 1 (the draft's
-seconds per token, so its c, timed in turn with the other drafts' and, like theirs, with
-its weights rounded to float16 as the shipped family stores them; both loops' own work
-and both encoders; the target's T_verify(k) timed once for all), and records gamma* and
-the predicted speedup. Timings run inside the guard (`contention.quiet`: our registered
-jobs paused). `experiments.draft_speedups` is its command.
+(`<run>/best`, kept beside the curve, so a run still training can be ranked); for an
+exported draft (a model directory with no curve, such as a shipped one) it measures that
+alpha now, the way the runs' curves did. It then prices each draft under the whole cost
+model on other validation inputs, batch 1 (the draft's seconds per token, so its c, timed
+in turn with the other drafts' and, like theirs, with its weights rounded to float16 as
+the shipped family stores them; both loops' own work and both encoders; the target's
+T_verify(k) timed once for all), and records gamma* and the predicted speedup. Timings
+run inside the guard (`contention.quiet`: our registered jobs paused).
+`experiments.draft_speedups` is its command.
 """
 
 from __future__ import annotations
@@ -35,6 +37,45 @@ TASK = "ende"
 INPUT_LEN = 128
 
 
+# How an exported draft's alpha is measured when no training run is ranked beside it:
+# experiment.train's alpha settings under the drafts' gin files.
+DEFAULT_ALPHA_SETTINGS = {"examples": {TASK: 128}, "input_len": INPUT_LEN,
+                          "temperatures": [0.0, 1.0], "gamma": 3, "max_decode_len": 64,
+                          "batch_size": 32, "seed": 0}
+
+
+def is_run(model_dir: str) -> bool:
+  """Whether `model_dir` is a training run with an alpha curve (else an exported draft)."""
+  return os.path.exists(os.path.join(model_dir, alpha_tracking.CURVE_FILE))
+
+
+def alpha_settings(model_dirs: list[str]) -> dict:
+  """How alpha is measured for exported drafts: the first run's curve's settings, or
+  `DEFAULT_ALPHA_SETTINGS` when no run is among `model_dirs`."""
+  runs = [d for d in model_dirs if is_run(d)]
+  return alpha_tracking.read_curve(runs[0])["settings"] if runs else DEFAULT_ALPHA_SETTINGS
+
+
+def exported_alpha(draft_dir: str, probe: alpha_tracking.AlphaProbe
+                   ) -> tuple[dict, dict[float, float]]:
+  """(its recipe: name, directory and how alpha was measured, {temperature: En-De alpha}
+  measured now by `probe`, rounded as a curve rounds it) of an exported draft.
+
+  Raises:
+    FileNotFoundError: `draft_dir` is neither a training run nor a model directory.
+  """
+  if not os.path.exists(os.path.join(draft_dir, "config.json")):
+    raise FileNotFoundError(f"{draft_dir} is neither a training run (no "
+                            f"{alpha_tracking.CURVE_FILE}) nor an exported draft (no "
+                            "config.json): pass a run's directory or a draft's.")
+  model, params = load_model(draft_dir, dropout_rate=0.0)
+  measured = probe.measure(model, jax.device_put(params))[TASK]
+  return ({"name": os.path.basename(os.path.normpath(draft_dir)), "draft_dir": draft_dir,
+           "alpha_settings": probe.settings()},
+          {t: round(measured[alpha_tracking.temperature_key(t)].beta, 4)
+           for t in probe.temperatures})
+
+
 def best_alpha(model_dir: str) -> tuple[dict, dict[float, float]]:
   """(the run's recipe with its best entry's step, wall time and passes,
   {temperature: En-De alpha} of that entry)."""
@@ -46,9 +87,10 @@ def best_alpha(model_dir: str) -> tuple[dict, dict[float, float]]:
 
 
 def calibration_inputs(model_dirs: list[str], examples: int) -> np.ndarray:
-  """`examples` validation inputs evenly spaced through those the runs' alpha was not
+  """`examples` validation inputs evenly spaced through those the drafts' alpha was not
   measured on, int32 `[examples, INPUT_LEN]`."""
-  measured = {alpha_tracking.read_curve(d)["settings"]["examples"][TASK] for d in model_dirs}
+  measured = {(alpha_tracking.read_curve(d)["settings"] if is_run(d)
+               else alpha_settings(model_dirs))["examples"][TASK] for d in model_dirs}
   pairs = prompts.load_examples(TASK, alpha_tracking.SPLIT, None)[0]
   used = set().union(*(alpha_tracking.evenly_spaced(n, len(pairs)).tolist() for n in measured))
   rest = [i for i in range(len(pairs)) if i not in used]
@@ -72,7 +114,8 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
   held-out alpha (`auto_gamma.make_choice`).
 
   Args:
-    model_dirs: training runs with an alpha curve.
+    model_dirs: training runs with an alpha curve, or exported drafts (their alpha is
+      measured first, with `alpha_settings(model_dirs)`, outside the guard).
     target_dir: the target (HF T5) the runs measured alpha against.
     examples: validation inputs the cost model is calibrated on (batch 1).
     max_decode_len: the most tokens per output.
@@ -89,7 +132,8 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
     by its noise alone, so it prices the drafts but does not rank them.
 
   Raises:
-    FileNotFoundError: a run has no alpha curve, or the corpora are not prepared.
+    FileNotFoundError: a directory is neither a run nor a draft, or the corpora are not
+      prepared.
   """
   target_cfg, target_params = load_hf_checkpoint(target_dir, dropout_rate=0.0)
   target_model = T5Model(target_cfg)
@@ -97,11 +141,17 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
   batches = [buckets.to_bucket(x[None]) for x in calibration_inputs(model_dirs, examples)]
   gamma = min(auto_gamma.DEFAULT_CALIBRATION_GAMMA, max_gamma)
   cache_len, position = auto_gamma.timing_geometry(max_decode_len, max_gamma)
+  probe = None
   runs = {}
   for model_dir in model_dirs:
-    recipe, alphas = best_alpha(model_dir)
-    model, params = load_model(os.path.join(model_dir, alpha_tracking.BEST_DIR),
-                               dropout_rate=0.0)
+    if is_run(model_dir):
+      recipe, alphas = best_alpha(model_dir)
+      params_dir = os.path.join(model_dir, alpha_tracking.BEST_DIR)
+    else:
+      probe = probe or _probe(target_model, target_params, alpha_settings(model_dirs))
+      recipe, alphas = exported_alpha(model_dir, probe)
+      params_dir = model_dir
+    model, params = load_model(params_dir, dropout_rate=0.0)
     runs[recipe["name"]] = {"model_dir": model_dir, "recipe": recipe, "alphas": alphas,
                             "draft": make_draft(model, jax.device_put(rounded_to_half(params))),
                             "params": int(sum(np.size(x) for x in jax.tree.leaves(params)))}
@@ -149,8 +199,8 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
       run[f"mean_{key}"] = float(np.mean([v[key] for v in run["by_temperature"].values()]))
   return {
       "what": "trained drafts ranked by the model calls' predicted speedup (alpha, c, "
-              "T_verify(k)), the whole cost model's beside it, from held-out alpha (the run's "
-              "best curve entry) and c timed in turn",
+              "T_verify(k)), the whole cost model's beside it, from held-out alpha (a run's "
+              "best curve entry, an exported draft's measured alike) and c timed in turn",
       "command": "python -m experiments.draft_speedups", "target": target_dir,
       "task": TASK, "calibration_examples": examples, "batch_size": 1,
       "timing_calls": timing_calls, "timing_repeats": timing_repeats, "draft_gamma": gamma,
@@ -158,3 +208,13 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
       "t_step_s": verify.t_step, "idle_check": guard.record(),
       "runs": runs, "environment": benchmarking.environment(),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _probe(target_model: T5Model, target_params: dict, settings: dict
+           ) -> alpha_tracking.AlphaProbe:
+  """The En-De alpha probe that `settings` (a curve's, or the defaults) describe."""
+  inputs = alpha_tracking.held_out_inputs([TASK], settings["examples"][TASK],
+                                          settings["input_len"])
+  return alpha_tracking.AlphaProbe(
+      target_model, jax.device_put(target_params), inputs, tuple(settings["temperatures"]),
+      settings["gamma"], settings["max_decode_len"], settings["batch_size"], settings["seed"])
