@@ -89,8 +89,9 @@ def best_alpha(model_dir: str) -> tuple[dict, dict[float, float]]:
 def calibration_inputs(model_dirs: list[str], examples: int) -> np.ndarray:
   """`examples` validation inputs evenly spaced through those the drafts' alpha was not
   measured on, int32 `[examples, INPUT_LEN]`."""
-  measured = {(alpha_tracking.read_curve(d)["settings"] if is_run(d)
-               else alpha_settings(model_dirs))["examples"][TASK] for d in model_dirs}
+  exported = alpha_settings(model_dirs)["examples"][TASK]
+  measured = {alpha_tracking.read_curve(d)["settings"]["examples"][TASK] if is_run(d)
+              else exported for d in model_dirs}
   pairs = prompts.load_examples(TASK, alpha_tracking.SPLIT, None)[0]
   used = set().union(*(alpha_tracking.evenly_spaced(n, len(pairs)).tolist() for n in measured))
   rest = [i for i in range(len(pairs)) if i not in used]
