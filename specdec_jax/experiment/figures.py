@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_jax import theory  # noqa: E402
+from specdec_jax import auto_gamma, theory  # noqa: E402
 from specdec_jax.experiment import results_io, tables  # noqa: E402
 from specdec_jax.experiment.results_io import Row  # noqa: E402
 
@@ -191,12 +191,14 @@ def model_calls_speedup(alpha: float, c: float, verify_ratio: Mapping[int, float
   Args:
     alpha: the draft's acceptance rate.
     c: draft step time / target step time.
-    verify_ratio: k -> T_verify(k) / T_step, measured for k = 1..max_gamma + 1.
+    verify_ratio: k -> T_verify(k) / T_step, measured for k = 1..max_gamma + 1; fitted
+      non-decreasing in k as `auto_gamma.make_choice` fits them.
 
   Returns:
     `theory.CostModel.optimal_gamma`'s improvement over gamma = 1..max(verify_ratio) - 1.
   """
-  return theory.CostModel.from_ratios(c, verify_ratio).optimal_gamma(alpha).improvement
+  ratios = auto_gamma.fitted_ratios(verify_ratio)
+  return theory.CostModel.from_ratios(c, ratios).optimal_gamma(alpha).improvement
 
 
 def fig_draft_tradeoff(record: dict, path: str) -> str:
