@@ -85,8 +85,9 @@ Array = jax.Array
 # The shipped drafts (`specdec_jax.experiment.family.DRAFTS`), in the order measured:
 # the smallest independent draft first (the CPU smoke test's), the drafts that agree with
 # the target best next (the shared-encoder ones, the one distilled on the target's outputs).
-DRAFTS = ("draft_small", "draft_shared_enc_signals", "draft_shared_enc_long",
-          "draft_shared_enc", "draft_small_kd", "draft_distilled", "draft_base", "draft_large")
+DRAFTS = ("draft_small", "draft_shared_enc_d192", "draft_shared_enc_signals",
+          "draft_shared_enc_long", "draft_shared_enc", "draft_small_kd", "draft_distilled",
+          "draft_base", "draft_large")
 TASK = "ende"
 SEED = 0
 RESULTS_FILE = "results.jsonl"

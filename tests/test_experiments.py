@@ -393,7 +393,7 @@ def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
           "Thm 3.8 | efficiency | cost model | reference |")
   assert head in done.stdout
   line = next(x for x in done.stdout.splitlines()
-              if x.startswith("| ende | draft_shared_enc_signals | 0 |"))
+              if x.startswith("| ende | draft_shared_enc_d192 | 0 |"))
   row = rows[0]
   assert f"| {row['gamma']} (auto) |" in line  # The command chooses gamma itself.
   assert f"**{row['speedup_measured']:.2f}X**" in line
