@@ -58,11 +58,10 @@ ROLES = {
                              "(d_model 192, 1 layer), trained from a random init on the "
                              "target's stored signals for 5 passes over the distillation data "
                              "in two stages: 2.4 passes from scratch "
-                             "(`draft_shared_enc_d192_scratch.gin`, 1.6 h; the checkpoint it "
-                             "was fine-tuned from), then 2.6 more "
-                             "(`draft_shared_enc_d192.gin`; the wall time below is this "
-                             "stage's); the checkpoint kept is the one with the best held-out "
-                             "En-De acceptance rate",
+                             "(`draft_shared_enc_d192_scratch.gin`, the checkpoint it was "
+                             "fine-tuned from), then 2.6 more (`draft_shared_enc_d192.gin`; "
+                             "the wall time below is this stage's); the checkpoint kept is the "
+                             "one with the best held-out En-De acceptance rate",
 }
 # Members another member beats on every count (α on both tasks and temperatures, at the
 # same shape and cost), kept for what still needs them; their cards say so.
