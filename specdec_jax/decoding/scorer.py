@@ -28,7 +28,7 @@ created where it lives). A draft's scorer runs both inside the loop.
 A decoder-only model has no encoder: its prompt is the context. `encode`
 keeps the prompts, `init_state` prefills all but each row's last prompt
 token, and that last token stands at position 0 in place of `start_token`,
-so positions count from the prompt's end (`llama_scorer.LlamaScorer`).
+so positions count from the prompt's end (`models.llama.LlamaScorer`).
 
 The interface is model-agnostic: a `Context` (what `encode` computes once per
 input), a state and the `EncoderOutputs` a draft may read (`encoder_outputs`,

