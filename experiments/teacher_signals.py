@@ -3,11 +3,13 @@
   python -m experiments.teacher_signals [--tasks=ende,mansum] [--top_k=32]
       [--teacher=assets/models/target] [--data_dir=data_cache] [--batch_size=32]
       [--follow] [--max_shards=K]
+  python -m experiments.teacher_signals --teacher=smollm2 --batch_size=4 [--follow]
 
-For every shard of `<data_dir>/distill/<corpus>/` (made by `python -m
-experiments.distill_data`): the target's encoder outputs (float16) and, at every position
-of every stored output, its top-k log-probabilities and the log of the mass left over,
-written to `<data_dir>/distill/<corpus>/signals/` (format:
+For every shard of `<root>/<task>/` (made by `python -m experiments.distill_data`; root
+`<data_dir>/distill` for a T5 teacher, `<data_dir>/distill_<file stem>` for a GGUF one):
+a T5's encoder outputs (float16) and, at every position of every stored output, the
+target's top-k log-probabilities and the log of the mass left over, written to
+`<root>/<task>/signals/` (format:
 `specdec_jax/data/teacher_signals.py`; the computation: `specdec_jax/distillation/signals.py`).
 Killed at any point, a rerun resumes after the shards already written. With `--follow` it
 trails a running `distill_data`, polling its manifest until the decoding is complete and
@@ -29,15 +31,20 @@ from specdec_jax.distillation.teacher import DEFAULT_TEACHER, DistillError
 
 # Flags in their own namespace: their names are other commands' too (tests load several).
 _FLAGS = flags.FlagValues()
-_TASKS = flags.DEFINE_list("tasks", list(layout.CORPORA), "Corpora to compute signals for.",
-                           flag_values=_FLAGS)
+_TASKS = flags.DEFINE_list(
+    "tasks", None, "Tasks to compute signals for; default the corpora for a T5 teacher, "
+    "mansum and explain for a GGUF one.", flag_values=_FLAGS)
 _TOP_K = flags.DEFINE_integer("top_k", 32, "Log-probabilities stored per position.",
                               flag_values=_FLAGS)
 _TEACHER = flags.DEFINE_string(
     "teacher", DEFAULT_TEACHER, "The target that decoded the data: a HF T5 directory "
-    "(config.json + safetensors).", flag_values=_FLAGS)
+    "(config.json + safetensors), a .gguf file or 'smollm2'.", flag_values=_FLAGS)
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "The distill root (as distill_data's --output_dir); default "
+    "<data_dir>/distill for a T5 teacher, <data_dir>/distill_<file stem> for a GGUF one.",
+    flag_values=_FLAGS)
 _DATA_DIR = flags.DEFINE_string(
-    "data_dir", None, f"Prepared data directory holding distill/; default "
+    "data_dir", None, f"Prepared data directory; default "
     f"${layout.DATA_DIR_ENV} or <repo>/data_cache.", flag_values=_FLAGS)
 _BATCH_SIZE = flags.DEFINE_integer(
     "batch_size", 32, "Examples per call (the decoder runs over all their decodings).",
@@ -59,8 +66,10 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = SignalsConfig(
-      teacher=_TEACHER.value, data_dir=_DATA_DIR.value or layout.default_data_dir(),
-      tasks=tuple(_TASKS.value), top_k=_TOP_K.value, batch_size=_BATCH_SIZE.value)
+      teacher=_TEACHER.value,
+      data_dir=_DATA_DIR.value or layout.default_data_dir(), output_dir=_OUTPUT_DIR.value,
+      tasks=tuple(_TASKS.value) if _TASKS.value else None, top_k=_TOP_K.value,
+      batch_size=_BATCH_SIZE.value)
   t0 = time.time()
   contention.register_job("teacher_signals")  # Timing commands pause it (SIGSTOP / SIGCONT).
   try:

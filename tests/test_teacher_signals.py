@@ -19,10 +19,11 @@ import pytest
 from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 from specdec_jax.data import distill, distill_archive, layout
 from specdec_jax.data import teacher_signals as ts
-from specdec_jax.distillation import signals
-from specdec_jax.distillation.teacher import DistillError, load_teacher
-from specdec_jax.models import T5Model, get_config
+from specdec_jax.distillation import signals, teacher
+from specdec_jax.distillation.teacher import DistillError, load_t5_teacher
 from specdec_jax.models.layers import ParamInfo
+from specdec_jax.models.llama import TEST_CONFIG, LlamaModel, LlamaScorer, pad_prompts
+from specdec_jax.models.t5 import T5Model, get_config
 
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("teacher_signals")
@@ -102,7 +103,7 @@ def setup(tmp_path_factory):
   root = tmp_path_factory.mktemp("signals")
   teacher = str(root / "teacher")
   _write_teacher(teacher, seed=0)
-  cfg, _, sha = load_teacher(teacher)
+  cfg, _, sha = load_t5_teacher(teacher)
   pristine = str(root / "pristine")
   for seed, corpus in enumerate(_COUNTS):
     _write_distill(os.path.join(pristine, "distill"), corpus, sha, cfg.vocab_size, seed)
@@ -176,10 +177,34 @@ def test_signals_equal_a_direct_full_softmax(finished):
 
 def test_rest_mass_of_the_whole_vocabulary_is_floored():
   logits = np.array([[0.0, 1.0, 2.0]], np.float32)
-  top = jax.jit(signals.top_k_logprobs, static_argnums=1)
+  top = jax.jit(teacher.top_k_logprobs, static_argnums=1)
   ids, logprobs, rest = (np.asarray(x) for x in top(logits, 3))
   assert ids.tolist() == [[2, 1, 0]] and rest.tolist() == [ts.LOG_TINY]
   np.testing.assert_allclose(np.exp(logprobs).sum(), 1.0, rtol=1e-6)
+
+
+def test_a_decoder_only_targets_signals_are_its_teacher_forced_log_probs():
+  """`scorer_signals` (the GGUF teacher's path): prompts of different lengths, the
+  decodings of each repeated; the top-k of the full model's log-softmax after each
+  prompt and output prefix."""
+  model = LlamaModel(TEST_CONFIG)
+  params = model.init_params(jax.random.PRNGKey(0))
+  scorer = LlamaScorer(model, model.prepare(params))
+  prompts = [[5, 6, 7, 8], [11, 12]]
+  outputs = np.random.RandomState(1).randint(1, 97, size=(2, 3, 5)).astype(np.int32)
+  decoder_inputs = np.pad(outputs[..., :-1], ((0, 0), (0, 0), (1, 0)))
+  ids, logprobs, rest = (np.asarray(x) for x in teacher.scorer_signals(
+      scorer, pad_prompts(prompts), decoder_inputs, top_k=4))
+  assert ids.shape == (2, 3, 5, 4) and rest.shape == (2, 3, 5)
+  for row, prompt in enumerate(prompts):
+    for d in range(3):
+      text = np.asarray([prompt + outputs[row, d, :-1].tolist()], np.int32)
+      logits = np.asarray(model.logits(params, text), np.float64)[0, len(prompt) - 1:]
+      logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))            # [5, V]
+      top = -np.sort(-logp, axis=-1)[:, :4]
+      np.testing.assert_allclose(np.take_along_axis(logp, ids[row, d], -1), top, atol=1e-4)
+      np.testing.assert_allclose(logprobs[row, d], top, atol=1e-4)
+      np.testing.assert_allclose(rest[row, d], np.log1p(-np.exp(top).sum(-1)), atol=1e-4)
 
 
 def test_a_resumed_run_skips_finished_shards_and_writes_the_same_bytes(setup, finished):

@@ -18,11 +18,11 @@ from specdec_jax import atomic_io
 from specdec_jax.checkpoints import load_model, save_hf_checkpoint
 from specdec_jax.data import corpora, distill, layout
 from specdec_jax.distillation import signals
-from specdec_jax.distillation.teacher import load_teacher
+from specdec_jax.distillation.teacher import teacher_sha256
 from specdec_jax.experiment import alpha_curves, alpha_tracking, draft_ranking, figures
 from specdec_jax.experiment.train import train
-from specdec_jax.models import T5Model, get_config
 from specdec_jax.models.layers import ParamInfo
+from specdec_jax.models.t5 import T5Model, get_config
 from specdec_jax.training import trainer
 
 # The module-scoped fixtures run once: every test of this file on one worker.
@@ -99,7 +99,7 @@ def data(tmp_path_factory):
   _write_teacher(teacher)
   data_dir = str(root / "data")
   _write_corpora(data_dir)
-  sha = load_teacher(teacher)[2]
+  sha = teacher_sha256(teacher)
   for seed, corpus in enumerate(layout.CORPORA):
     _write_distill(data_dir, corpus, sha, seed)
   signals.compute_signals(signals.SignalsConfig(teacher=teacher, data_dir=data_dir,

@@ -39,7 +39,7 @@ import zipfile
 import numpy as np
 
 from specdec_jax import atomic_io
-from specdec_jax.data import layout, npz_io
+from specdec_jax.data import chat_prompts, layout, npz_io
 
 FORMAT = "specdec_distill/1"
 MANIFEST = "manifest.json"
@@ -57,11 +57,13 @@ def distill_root(data_dir: str | None = None) -> str:
   return os.path.join(data_dir or layout.default_data_dir(), "distill")
 
 
-def task_dir(root: str, corpus: str) -> str:
-  """Directory of one corpus's shards and manifest under a distill root."""
-  if corpus not in layout.CORPORA:
-    raise ValueError(f"corpus={corpus!r} is unknown: use one of {sorted(layout.CORPORA)}.")
-  return os.path.join(root, corpus)
+def task_dir(root: str, task: str) -> str:
+  """Directory of one task's shards and manifest under a distill root (a corpus for a
+  T5 teacher, a `chat_prompts` task for a chat model)."""
+  known = set(layout.CORPORA) | set(chat_prompts.TASKS)
+  if task not in known:
+    raise ValueError(f"task={task!r} is unknown: use one of {sorted(known)}.")
+  return os.path.join(root, task)
 
 
 def shard_name(shard: int) -> str:

@@ -17,12 +17,15 @@ A signals shard holds, for the `n` rows and `D` decodings of its distillation sh
   encoder_hidden  float16 [n, L_in, d]      the target's final encoder outputs for `inputs`
                                             (`T5Model.encode(...).hidden`); L_in = the
                                             shard's largest `input_lengths`; 0 from
-                                            position input_length on
-  topk_ids        int16   [n, D, L_out, k]  at position t of decoding d: the k most probable
+                                            position input_length on. A decoder-only
+                                            target has no encoder: d = 0 (no bytes)
+  topk_ids        int32   [n, D, L_out, k]  at position t of decoding d: the k most probable
                                             next tokens given the input and
                                             outputs[:, d, :t], most probable first (teacher
                                             forcing: decoder inputs are 0 then
-                                            outputs[..., :-1], the training pipeline's shift)
+                                            outputs[..., :-1], the training pipeline's shift;
+                                            a decoder-only target reads its prompt, then
+                                            outputs[..., :t])
   topk_logprobs   float16 [n, D, L_out, k]  their log-probabilities (temperature 1, softmax
                                             over the whole vocabulary, computed in float32)
   rest_logprob    float32 [n, D, L_out]     log of the probability outside the top k:
@@ -43,11 +46,11 @@ import numpy as np
 from specdec_jax import atomic_io
 from specdec_jax.data import distill, npz_io
 
-FORMAT = "specdec_signals/1"
+FORMAT = "specdec_signals/2"  # /1 stored topk_ids as int16.
 MANIFEST = "manifest.json"
 SUBDIR = "signals"
 SIGNAL_FIELDS = ("index", "encoder_hidden", "topk_ids", "topk_logprobs", "rest_logprob")
-DTYPES = {"index": np.int64, "encoder_hidden": np.float16, "topk_ids": np.int16,
+DTYPES = {"index": np.int64, "encoder_hidden": np.float16, "topk_ids": np.int32,
           "topk_logprobs": np.float16, "rest_logprob": np.float32}
 RUN_COMMAND = "python -m experiments.teacher_signals"
 # The floor of rest_logprob: log of the smallest normal float32.

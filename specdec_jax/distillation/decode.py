@@ -1,13 +1,14 @@
 """The target's own outputs for every training input: one greedy output and samples.
 
-Decodes every training input of each corpus with `temperature_sample` on the teacher:
-one greedy output (T=0) and `num_samples` samples at `temperature`. The encoder tokens
-are the training pipeline's (task prefix, SentencePiece pieces cut to inputs_length - 1,
-EOS), so the teacher sees exactly what it was trained on. Inputs are sorted by length and
-cut to the smallest of `buckets` that holds them, so a few shapes compile and a batch's
-rows finish at similar steps.
+Decodes every training input of each task with the teacher (`teacher.Teacher`: a T5 or
+a GGUF Llama): one greedy output (T=0) and `num_samples` samples at `temperature`. A T5
+reads the training pipeline's encoder tokens (task prefix, SentencePiece pieces cut to
+inputs_length - 1, EOS), so it sees exactly what it was trained on; a chat model reads
+the task's chat prompt (`data.chat_prompts`). Inputs are sorted by length and cut to the
+smallest of `buckets` that holds them, so a few shapes compile and a batch's rows finish
+at similar steps.
 
-Writes `<output_dir>/<corpus>/shard-NNNNN.npz` and `manifest.json` (format:
+Writes `<output_dir>/<task>/shard-NNNNN.npz` and `manifest.json` (format:
 `specdec_jax/data/distill.py`), each atomically, the manifest after each shard. Killed
 at any point, a rerun with the same settings resumes after the last shard in the manifest
 and writes the same data as an uninterrupted run (each batch's PRNG key is folded from
@@ -29,23 +30,21 @@ import zlib
 
 import jax
 import numpy as np
-import sentencepiece as spm
 import tqdm
 from absl import logging
 
 from specdec_jax import atomic_io
-from specdec_jax.data import corpora, distill, layout
-from specdec_jax.decoding.baseline import temperature_sample
+from specdec_jax.data import chat_prompts, corpora, distill, layout
 from specdec_jax.distillation.teacher import (
     DEFAULT_TEACHER,
     DEFAULT_VOCAB,
     DistillError,
-    check_vocab,
+    Teacher,
+    default_root,
+    default_tasks,
     load_teacher,
     lock_directory,
 )
-from specdec_jax.experiment import prompts
-from specdec_jax.models import T5Config, T5Model
 
 LOCK = ".distill.lock"
 
@@ -54,11 +53,13 @@ class DistillConfig:
   """Everything a run depends on (the flags, as values).
 
   Attributes:
-    teacher: HF T5 directory of the target.
-    vocab: SentencePiece .model.
+    teacher: the target (`teacher.load_teacher`: a HF T5 directory, a .gguf file or
+      "smollm2").
+    vocab: a T5 teacher's SentencePiece .model.
     data_dir: prepared data directory (its corpora are read).
-    output_dir: the distill root; one subdirectory per corpus.
-    tasks: corpora to decode.
+    output_dir: the distill root, one subdirectory per task (None:
+      `teacher.default_root`).
+    tasks: tasks to decode (None: `teacher.default_tasks`).
     split: which split of each.
     num_samples: samples per input besides the greedy output.
     temperature: the samples' temperature.
@@ -68,13 +69,14 @@ class DistillConfig:
     batch_size: rows per decoder call (short batches are padded with copies).
     shard_size: examples per shard.
     seed: PRNG seed of the samples.
-    max_examples: only the first this many rows of each split (None: all).
+    max_examples: only this many sources of each split, evenly spaced through it
+      (None: all).
   """
   teacher: str = DEFAULT_TEACHER
   vocab: str = DEFAULT_VOCAB
   data_dir: str = dataclasses.field(default_factory=layout.default_data_dir)
   output_dir: str | None = None
-  tasks: tuple[str, ...] = tuple(layout.CORPORA)
+  tasks: tuple[str, ...] | None = None
   split: str = "train"
   num_samples: int = 4
   temperature: float = 1.0
@@ -88,7 +90,11 @@ class DistillConfig:
 
   @property
   def root(self) -> str:
-    return self.output_dir or distill.distill_root(self.data_dir)
+    return self.output_dir or default_root(self.data_dir, self.teacher)
+
+  @property
+  def task_names(self) -> tuple[str, ...]:
+    return self.tasks if self.tasks is not None else default_tasks(self.teacher)
 
   @property
   def temperatures(self) -> tuple[float, ...]:
@@ -101,10 +107,11 @@ class TaskPlan:
   """One corpus's work: its inputs in decoding order and the shards still to write.
 
   Attributes:
-    corpus: "ende" or "mansum".
+    corpus: the task's name.
     directory: where its shards and manifest go.
     ids: str `[n]` row ids, file order.
-    inputs: int32 `[n, inputs_length]` encoder tokens, file order.
+    inputs: int32 `[n, inputs_length]` the teacher's inputs, file order.
+    file_rows: int64 `[n]` each row's position in the corpus's `<split>.jsonl`.
     input_lengths: int32 `[n]`.
     order: int64 `[n]` file rows sorted by (input length, row): the decoding order.
     manifest: the manifest to extend (read on resume, else fresh).
@@ -116,6 +123,7 @@ class TaskPlan:
   directory: str
   ids: np.ndarray
   inputs: np.ndarray
+  file_rows: np.ndarray
   input_lengths: np.ndarray
   order: np.ndarray
   manifest: dict
@@ -130,14 +138,15 @@ class TaskPlan:
   def todo_examples(self) -> int:
     return sum(stop - start for start, stop in map(self.shard_range, self.todo))
 
-def _settings(config: DistillConfig, corpus_sha: str, num_examples: int, teacher_sha: str,
-              cfg: T5Config, vocab_sha: str) -> dict:
+def _settings(config: DistillConfig, corpus_sha: str, num_examples: int,
+              teacher: Teacher) -> dict:
   """What the data depends on; a resumed run must match it exactly."""
   return {
       "split": config.split, "corpus_sha256": corpus_sha, "num_examples": num_examples,
-      "max_examples": config.max_examples, "teacher_sha256": teacher_sha,
-      "teacher_vocab_size": cfg.vocab_size, "eos_id": cfg.eos_token_id,
-      "vocab_sha256": vocab_sha, "inputs_length": config.inputs_length,
+      "max_examples": config.max_examples, "teacher_kind": teacher.kind,
+      "teacher_sha256": teacher.sha256, "teacher_vocab_size": teacher.vocab_size,
+      "eos_id": teacher.eos_id, "vocab_sha256": teacher.tokenizer_sha256,
+      "inputs_length": config.inputs_length,
       "max_decode_len": config.max_decode_len, "temperatures": list(config.temperatures),
       "num_samples": config.num_samples, "top_k": 0, "top_p": 1.0, "seed": config.seed,
       "buckets": list(config.buckets), "batch_size": config.batch_size,
@@ -146,9 +155,8 @@ def _settings(config: DistillConfig, corpus_sha: str, num_examples: int, teacher
 
 
 def _check_config(config: DistillConfig) -> None:
-  unknown = sorted(set(config.tasks) - set(layout.CORPORA))
-  if unknown or not config.tasks:
-    raise DistillError(f"--tasks={list(config.tasks)}: use some of {sorted(layout.CORPORA)}.")
+  if not config.task_names:
+    raise DistillError("--tasks is empty: name the tasks to decode.")
   buckets = list(config.buckets)
   if not buckets or buckets != sorted(set(buckets)) or buckets[-1] != config.inputs_length:
     raise DistillError(f"--buckets={buckets} must be ascending and end at "
@@ -163,33 +171,33 @@ def _check_config(config: DistillConfig) -> None:
     raise DistillError(f"--max_examples={config.max_examples} must be >= 1.")
 
 
-def plan_task(config: DistillConfig, corpus: str, processor: spm.SentencePieceProcessor,
-              teacher_sha: str, cfg: T5Config, vocab_sha: str) -> TaskPlan:
-  """Tokenises a corpus split, orders it, and reads (and checks) any earlier progress.
+def plan_task(config: DistillConfig, corpus: str, teacher: Teacher) -> TaskPlan:
+  """Tokenises a task's split, orders it, and reads (and checks) any earlier progress.
+
+  A plan's rows are the task's sources (`Teacher.sources`; `max_examples` of them evenly
+  spaced when set); `index` records each one's row in the corpus file.
 
   Raises:
     DistillError: the split is missing, or the directory holds another run's settings.
     distill.ShardError: a shard that the manifest lists is empty, corrupt or
       inconsistent with this plan.
   """
-  path = layout.corpus_file(config.data_dir, corpus, config.split)
-  if not os.path.exists(path):
-    raise DistillError(f"{path} does not exist: run `python -m specdec_jax.data.prepare "
-                       f"--data_dir={config.data_dir}` first.")
-  examples = corpora.read_jsonl(path)[:config.max_examples]
-  if not examples:
-    raise DistillError(f"{path} has no examples.")
-  prefix = layout.CORPORA[corpus].prefix  # As tasks._add_prefix puts it before tokenising.
-  inputs = prompts.tokenize(processor, [prefix + ex.inputs for ex in examples],
-                            config.inputs_length)
-  input_lengths = (inputs != prompts.PAD_ID).sum(axis=1).astype(np.int32)
-  order = np.lexsort((np.arange(len(examples)), input_lengths)).astype(np.int64)
-  settings = _settings(config, corpora.sha256_file(path), len(examples), teacher_sha, cfg,
-                       vocab_sha)
-  num_shards = -(-len(examples) // config.shard_size)
+  texts, file_rows = teacher.sources(corpus, config.split, config.data_dir)
+  path = layout.corpus_file(config.data_dir, _corpus_of(corpus), config.split)
+  if config.max_examples is not None and config.max_examples < len(texts):
+    picks = np.linspace(0, len(texts) - 1, config.max_examples).round().astype(int)
+    texts, file_rows = [texts[i] for i in picks], [file_rows[i] for i in picks]
+  if not texts:
+    raise DistillError(f"{path} has no examples for task {corpus!r}.")
+  ids = [ex.id for ex in corpora.read_jsonl(path)]
+  inputs = teacher.tokenize(corpus, texts, config.inputs_length)
+  input_lengths = (inputs != 0).sum(axis=1).astype(np.int32)
+  order = np.lexsort((np.arange(len(texts)), input_lengths)).astype(np.int64)
+  settings = _settings(config, corpora.sha256_file(path), len(texts), teacher)
+  num_shards = -(-len(texts) // config.shard_size)
   directory = distill.task_dir(config.root, corpus)
-  plan = TaskPlan(corpus, directory, np.array([ex.id for ex in examples]), inputs,
-                  input_lengths, order, {}, [])
+  plan = TaskPlan(corpus, directory, np.array([ids[i] for i in file_rows]), inputs,
+                  np.asarray(file_rows, np.int64), input_lengths, order, {}, [])
   if os.path.exists(os.path.join(directory, distill.MANIFEST)):
     manifest = distill.read_manifest(directory)
     old = manifest["settings"]
@@ -206,7 +214,7 @@ def plan_task(config: DistillConfig, corpus: str, processor: spm.SentencePiecePr
   else:
     manifest = {"format": distill.FORMAT, "corpus": corpus,
                 "task": f"specdec_distill_{corpus}", "settings": settings,
-                "num_examples": len(examples), "num_shards": num_shards, "shards": [],
+                "num_examples": len(texts), "num_shards": num_shards, "shards": [],
                 "complete": False}
   plan.manifest = manifest
   kept = []
@@ -219,7 +227,7 @@ def plan_task(config: DistillConfig, corpus: str, processor: spm.SentencePiecePr
     entry["decodings"] = arrays["outputs"].shape[1]
     start, stop = plan.shard_range(entry["shard"])
     if (entry["start"], entry["stop"]) != (start, stop) or not np.array_equal(
-        arrays["index"], order[start:stop]):
+        arrays["index"], plan.file_rows[order[start:stop]]):
       raise distill.ShardError(
           f"{os.path.join(directory, entry['file'])} holds other examples than this run "
           f"orders into shard {entry['shard']}: delete {directory} and rerun.")
@@ -230,6 +238,11 @@ def plan_task(config: DistillConfig, corpus: str, processor: spm.SentencePiecePr
   plan.todo = [s for s in range(num_shards) if plan.have.get(s, 0) < decodings]
   manifest["complete"] = not plan.todo
   return plan
+
+
+def _corpus_of(task: str) -> str:
+  """The corpus a task's sources come from (a chat task's, or the corpus itself)."""
+  return chat_prompts.TASKS[task].corpus if task in chat_prompts.TASKS else task
 
 
 def _batches(buckets_of_rows: np.ndarray, batch_size: int) -> list[tuple[int, int, int]]:
@@ -250,15 +263,14 @@ def _batches(buckets_of_rows: np.ndarray, batch_size: int) -> list[tuple[int, in
   return out
 
 
-def decode_shard(model: T5Model, params: dict, plan: TaskPlan, shard: int,
+def decode_shard(teacher: Teacher, plan: TaskPlan, shard: int,
                  config: DistillConfig, bar: tqdm.tqdm | None = None,
                  first: int = 0) -> dict[str, np.ndarray]:
   """Decodes one shard: the greedy output and every sample of each of its examples.
 
   Args:
-    model: the teacher.
-    params: its parameters.
-    plan: the corpus's plan.
+    teacher: the target.
+    plan: the task's plan.
     shard: which shard.
     config: the settings.
     bar: advanced by each batch's examples.
@@ -274,7 +286,7 @@ def decode_shard(model: T5Model, params: dict, plan: TaskPlan, shard: int,
   lengths = plan.input_lengths[rows]                                      # [m]
   buckets = np.asarray(config.buckets)[np.searchsorted(config.buckets, lengths)]  # [m]
   temperatures = config.temperatures[first:]
-  eos = model.config.eos_token_id
+  eos = teacher.eos_id
   outputs = np.zeros((len(rows), len(temperatures), config.max_decode_len), np.int32)
   output_lengths = np.zeros((len(rows), len(temperatures)), np.int32)
   key = jax.random.fold_in(jax.random.PRNGKey(config.seed), zlib.crc32(plan.corpus.encode()))
@@ -285,14 +297,14 @@ def decode_shard(model: T5Model, params: dict, plan: TaskPlan, shard: int,
     batch = np.concatenate([batch, pad])                                  # [batch, bucket]
     for d, temperature in enumerate(temperatures):
       rng = jax.random.fold_in(jax.random.fold_in(key, b), first + d)
-      out = temperature_sample(model, params, batch, max_decode_len=config.max_decode_len,
-                               temperature=temperature, rng=rng)
-      outputs[lo:hi, d] = np.asarray(out.sequences)[:hi - lo]            # [hi-lo, L_out]
-      output_lengths[lo:hi, d] = np.asarray(out.lengths)[:hi - lo]
+      sequences, lengths_out = teacher.decode(batch, rng, temperature=temperature,
+                                              max_decode_len=config.max_decode_len)
+      outputs[lo:hi, d] = sequences[:hi - lo]                             # [hi-lo, L_out]
+      output_lengths[lo:hi, d] = lengths_out[:hi - lo]
     if bar is not None:
       bar.update(hi - lo)
   return {
-      "ids": plan.ids[rows], "index": rows, "inputs": plan.inputs[rows],
+      "ids": plan.ids[rows], "index": plan.file_rows[rows], "inputs": plan.inputs[rows],
       "input_lengths": lengths, "outputs": outputs, "output_lengths": output_lengths,
       "truncated": ~np.any(outputs == eos, axis=2),
   }
@@ -309,7 +321,7 @@ def _merge(old: dict[str, np.ndarray], new: dict[str, np.ndarray]) -> dict[str, 
 
 def distill_data(config: DistillConfig, *, max_shards: int | None = None,
                  progress: bool = True) -> dict[str, dict]:
-  """Runs (or resumes) the decoding of every corpus in `config.tasks`.
+  """Runs (or resumes) the decoding of every task in `config.task_names`.
 
   Args:
     config: the settings.
@@ -317,21 +329,17 @@ def distill_data(config: DistillConfig, *, max_shards: int | None = None,
     progress: show a tqdm bar with the ETA on stderr.
 
   Returns:
-    Per corpus: {"examples", "shards", "complete", "decoded", "seconds",
+    Per task: {"examples", "shards", "complete", "decoded", "seconds",
     "examples_per_s"} of this run (decoded and seconds count only new shards).
 
   Raises:
     DistillError, distill.ShardError: before any decoding (see `plan_task`).
   """
   _check_config(config)
-  cfg, params, teacher_sha = load_teacher(config.teacher)
-  processor = check_vocab(cfg, config.vocab, config.teacher)
-  vocab_sha = corpora.sha256_file(config.vocab)
+  teacher = load_teacher(config.teacher, config.vocab)
   lock = lock_directory(config.root, LOCK, "distill_data")
   try:
-    plans = [plan_task(config, corpus, processor, teacher_sha, cfg, vocab_sha)
-             for corpus in config.tasks]
-    model, params = T5Model(cfg), jax.device_put(params)
+    plans = [plan_task(config, corpus, teacher) for corpus in config.task_names]
     total = sum(len(p.order) for p in plans)
     remaining = sum(p.todo_examples for p in plans)
     summary = {}
@@ -349,7 +357,7 @@ def distill_data(config: DistillConfig, *, max_shards: int | None = None,
                               refresh=False)
           t0 = time.perf_counter()
           first = plan.have.get(shard, 0)
-          arrays = decode_shard(model, params, plan, shard, config, bar, first)
+          arrays = decode_shard(teacher, plan, shard, config, bar, first)
           elapsed = time.perf_counter() - t0
           entries = {e["shard"]: e for e in plan.manifest["shards"]}
           if first:  # Samples added to an earlier run's shard.

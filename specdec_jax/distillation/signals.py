@@ -1,15 +1,15 @@
 """The target's signals along its own distillation data, computed once (no TensorFlow).
 
-For every shard of a corpus's distillation data (`specdec_jax.data.distill`) the target
-runs once, teacher-forced along each stored output, and its encoder outputs and top-k
-log-probabilities are written to `<data_dir>/distill/<corpus>/signals/` (format:
-`specdec_jax/data/teacher_signals.py`), so a draft's training step no longer runs it.
+For every shard of a task's distillation data (`specdec_jax.data.distill`) the target
+(any `teacher.Teacher`: a T5, a GGUF Llama) runs once, teacher-forced along each stored
+output, and its top-k log-probabilities (and a T5's encoder outputs) are written to
+`<root>/<task>/signals/` (format: `specdec_jax/data/teacher_signals.py`), so a draft's
+training step no longer runs it.
 
 A shard's rows are grouped by (input bucket, output bucket) (`buckets.bucket_length`:
 powers of two from 16), cut at `batch_size` examples and padded to a power of two of
-rows, so a handful of shapes compile. Per batch the encoder runs once per input and the
-decoder over all D decodings of its examples, in float32 (highest matmul precision on
-every backend). Each shard is written atomically, then the manifest. A rerun skips the
+rows, so a handful of shapes compile. Per batch the target runs over all D decodings of
+its examples, in float32. Each shard is written atomically, then the manifest. A rerun skips the
 shards listed with a file whose sha256 matches and that were computed from the
 distillation shard listed now; `follow` keeps polling the distillation manifest until
 its decoding is complete and every shard has its signals, so a run can trail a running
@@ -19,13 +19,10 @@ its decoding is complete and every shard has its signals, so a run can trail a r
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 from collections.abc import Callable
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
@@ -36,12 +33,13 @@ from specdec_jax.decoding.buckets import bucket_length
 from specdec_jax.distillation.teacher import (
     DEFAULT_TEACHER,
     DistillError,
+    Teacher,
+    default_root,
+    default_tasks,
     load_teacher,
     lock_directory,
 )
-from specdec_jax.models import T5Config, T5Model
 
-Array = jax.Array
 LOCK = ".signals.lock"
 
 
@@ -50,75 +48,30 @@ class SignalsConfig:
   """Everything a run depends on (the flags, as values).
 
   Attributes:
-    teacher: HF T5 directory of the target (the one that decoded the data).
-    data_dir: prepared data directory; its `distill/` holds the distillation data.
-    tasks: corpora to compute signals for.
+    teacher: the target that decoded the data (`teacher.load_teacher`: a HF T5
+      directory, a .gguf file or "smollm2").
+    data_dir: prepared data directory.
+    output_dir: the distill root holding the distillation data (None:
+      `teacher.default_root`).
+    tasks: tasks to compute signals for (None: the corpora's for a T5 teacher,
+      mansum and explain for a GGUF one).
     top_k: log-probabilities stored per position.
-    batch_size: examples per call (the decoder runs over batch_size x D rows).
+    batch_size: examples per call (the target runs over batch_size x D rows).
   """
   teacher: str = DEFAULT_TEACHER
   data_dir: str = dataclasses.field(default_factory=layout.default_data_dir)
-  tasks: tuple[str, ...] = tuple(layout.CORPORA)
+  output_dir: str | None = None
+  tasks: tuple[str, ...] | None = None
   top_k: int = 32
   batch_size: int = 32
 
   @property
   def root(self) -> str:
-    return distill.distill_root(self.data_dir)
+    return self.output_dir or default_root(self.data_dir, self.teacher)
 
-
-def top_k_logprobs(logits: Array, k: int) -> tuple[Array, Array, Array]:
-  """The k largest log-probabilities of each distribution and the log of the rest.
-
-  Args:
-    logits: float32 `[..., V]`.
-    k: 1 <= k <= V.
-
-  Returns:
-    ids int32 `[..., k]` (most probable first), their log-probabilities float32
-    `[..., k]`, and the log of the probability outside them float32 `[...]`: a
-    logsumexp over the other logits minus one over all, floored at `ts.LOG_TINY`.
-  """
-  vocab = logits.shape[-1]
-  flat = jnp.asarray(logits).reshape(-1, vocab)                          # [N, V]
-  log_z = jax.nn.logsumexp(flat, axis=-1)                                 # [N]
-  values, ids = jax.lax.top_k(flat, k)                                    # [N, k]
-  rows = jnp.arange(flat.shape[0])[:, None]                               # [N, 1]
-  rest = jax.nn.logsumexp(flat.at[rows, ids].set(-jnp.inf), axis=-1)     # [N]
-  shape = logits.shape[:-1]
-  return (ids.reshape(shape + (k,)), (values - log_z[:, None]).reshape(shape + (k,)),
-          jnp.maximum(rest - log_z, ts.LOG_TINY).reshape(shape))
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def batch_signals(model: T5Model, top_k: int, params: dict, inputs: Array,
-                  decoder_inputs: Array) -> tuple[Array, Array, Array, Array]:
-  """The target's signals for a batch of examples and all their decodings.
-
-  Args:
-    model: the target.
-    top_k: log-probabilities kept per position.
-    params: its parameters.
-    inputs: int32 `[b, L_in]` encoder tokens, 0-padded.
-    decoder_inputs: int32 `[b, D, L_out]` teacher-forced decoder inputs (0, then each
-      decoding's outputs shifted right).
-
-  Returns:
-    hidden float32 `[b, L_in, d_model]` (the encoder's final outputs), topk_ids int32
-    `[b, D, L_out, k]`, topk_logprobs float32 `[b, D, L_out, k]` and rest_logprob
-    float32 `[b, D, L_out]` (see `top_k_logprobs`).
-  """
-  b, d, length = decoder_inputs.shape
-  encoded = model.encode(params, inputs)                                  # b rows
-  # Each example's encoding once per decoding: b * D rows. The leading axis of every
-  # array is the batch, alone or batch-major with heads ([b * heads, ...]).
-  repeated = jax.tree.map(
-      lambda x: jnp.repeat(x.reshape(b, -1, *x.shape[1:]), d, axis=0).reshape(
-          -1, *x.shape[1:]), encoded)
-  logits = model.decode_logits(params, repeated, decoder_inputs.reshape(b * d, length))
-  ids, logprobs, rest = top_k_logprobs(logits.astype(jnp.float32), top_k)
-  return (encoded.hidden, ids.reshape(b, d, length, top_k),
-          logprobs.reshape(b, d, length, top_k), rest.reshape(b, d, length))
+  @property
+  def task_names(self) -> tuple[str, ...]:
+    return self.tasks if self.tasks is not None else default_tasks(self.teacher)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,13 +118,12 @@ def plan_batches(input_lengths: np.ndarray, output_lengths: np.ndarray, input_wi
   return batches
 
 
-def shard_signals(model: T5Model, params: dict, arrays: dict[str, np.ndarray], top_k: int,
+def shard_signals(teacher: Teacher, arrays: dict[str, np.ndarray], top_k: int,
                   batch_size: int) -> dict[str, np.ndarray]:
   """The signals of one distillation shard.
 
   Args:
-    model: the target, float32 compute.
-    params: its parameters.
+    teacher: the target.
     arrays: the shard (`distill.load_shard`).
     top_k: log-probabilities kept per position.
     batch_size: most examples per call.
@@ -188,51 +140,51 @@ def shard_signals(model: T5Model, params: dict, arrays: dict[str, np.ndarray], t
   n, d = out_len.shape
   l_in, l_out = int(in_len.max()), int(out_len.max())
   decoder_inputs = np.pad(outputs[..., :-1], ((0, 0), (0, 0), (1, 0)))   # [n, D, W_out]
-  hidden = np.zeros((n, l_in, model.config.d_model), np.float32)
+  hidden = np.zeros((n, l_in, teacher.d_model), np.float32)
   ids = np.zeros((n, d, l_out, top_k), np.int32)
   logprobs = np.zeros((n, d, l_out, top_k), np.float32)
   rest = np.zeros((n, d, l_out), np.float32)
-  with jax.default_matmul_precision("highest"):
-    for batch in plan_batches(in_len, out_len, inputs.shape[1], outputs.shape[2], batch_size):
-      m = len(batch.rows)
-      rows = np.concatenate([batch.rows, np.repeat(batch.rows[-1:], batch.padded - m)])
-      out = batch_signals(model, top_k, params, inputs[rows, :batch.input_bucket],
-                          decoder_inputs[rows, :, :batch.output_bucket])
-      h, i, p, r = (np.asarray(x)[:m] for x in out)
-      a, b = min(batch.input_bucket, l_in), min(batch.output_bucket, l_out)
-      hidden[batch.rows, :a] = h[:, :a]
-      ids[batch.rows, :, :b], logprobs[batch.rows, :, :b] = i[:, :, :b], p[:, :, :b]
-      rest[batch.rows, :, :b] = r[:, :, :b]
+  for batch in plan_batches(in_len, out_len, inputs.shape[1], outputs.shape[2], batch_size):
+    m = len(batch.rows)
+    rows = np.concatenate([batch.rows, np.repeat(batch.rows[-1:], batch.padded - m)])
+    out = teacher.signals(inputs[rows, :batch.input_bucket],
+                          decoder_inputs[rows, :, :batch.output_bucket], top_k)
+    a, b = min(batch.input_bucket, l_in), min(batch.output_bucket, l_out)
+    if out.encoder_hidden is not None:
+      hidden[batch.rows, :a] = out.encoder_hidden[:m, :a]
+    ids[batch.rows, :, :b] = out.topk_ids[:m, :, :b]
+    logprobs[batch.rows, :, :b] = out.topk_logprobs[:m, :, :b]
+    rest[batch.rows, :, :b] = out.rest_logprob[:m, :, :b]
   in_mask = np.arange(l_in) < in_len[:, None]                            # [n, L_in]
   out_mask = np.arange(l_out) < out_len[..., None]                       # [n, D, L_out]
   hidden = np.where(in_mask[..., None], hidden, 0)
-  largest = float(np.abs(hidden).max())
+  largest = float(np.abs(hidden).max(initial=0.0))
   if largest > np.finfo(np.float16).max:
     raise ValueError(f"the target's encoder outputs reach {largest:.4g}, beyond float16's "
                      f"range; {ts.FORMAT} stores them as float16.")
   return {
       "index": arrays["index"].astype(np.int64), "encoder_hidden": hidden.astype(np.float16),
-      "topk_ids": np.where(out_mask[..., None], ids, 0).astype(np.int16),
+      "topk_ids": np.where(out_mask[..., None], ids, 0).astype(np.int32),
       "topk_logprobs": np.where(out_mask[..., None], logprobs, 0).astype(np.float16),
       "rest_logprob": np.where(out_mask, rest, 0).astype(np.float32)}
 
 
 def _check_config(config: SignalsConfig) -> None:
-  unknown = sorted(set(config.tasks) - set(layout.CORPORA))
-  if unknown or not config.tasks:
-    raise DistillError(f"--tasks={list(config.tasks)}: use some of {sorted(layout.CORPORA)}.")
+  if not config.task_names:
+    raise DistillError("--tasks is empty: name the tasks to compute signals for.")
   for name in ("top_k", "batch_size"):
     if getattr(config, name) < 1:
       raise DistillError(f"--{name}={getattr(config, name)} must be >= 1.")
 
 
-def _check_teacher(config: SignalsConfig, cfg: T5Config) -> None:
-  if config.top_k > cfg.vocab_size:
+def _check_teacher(config: SignalsConfig, teacher: Teacher) -> None:
+  unknown = sorted(set(config.task_names) - set(teacher.tasks))
+  if unknown:
+    raise DistillError(f"--tasks={list(config.task_names)}: the {teacher.kind} teacher knows "
+                       f"{sorted(teacher.tasks)}.")
+  if config.top_k > teacher.vocab_size:
     raise DistillError(f"--top_k={config.top_k} exceeds the target's vocab_size "
-                       f"{cfg.vocab_size}: pass a smaller --top_k.")
-  if cfg.vocab_size > np.iinfo(np.int16).max + 1:
-    raise DistillError(f"the target's vocab_size {cfg.vocab_size} does not fit {ts.FORMAT}'s "
-                       "int16 topk_ids.")
+                       f"{teacher.vocab_size}: pass a smaller --top_k.")
 
 
 @dataclasses.dataclass
@@ -300,12 +252,12 @@ def _open_corpus(corpus: str, directory: str, distilled: dict, settings: dict) -
   return state
 
 
-def _compute_shard(model: T5Model, params: dict, state: _CorpusState, entry: dict,
+def _compute_shard(teacher: Teacher, state: _CorpusState, entry: dict,
                    config: SignalsConfig) -> dict:
   """Computes and writes one shard's signals; returns its manifest entry."""
   t0 = time.perf_counter()
   arrays = distill.load_shard(state.directory, entry)
-  signals = shard_signals(model, params, arrays, config.top_k, config.batch_size)
+  signals = shard_signals(teacher, arrays, config.top_k, config.batch_size)
   data = ts.shard_bytes(signals)
   name = ts.signal_name(entry["shard"])
   atomic_io.atomic_write_bytes(os.path.join(state.signals_dir, name), data)
@@ -321,7 +273,7 @@ def _compute_shard(model: T5Model, params: dict, state: _CorpusState, entry: dic
 def compute_signals(config: SignalsConfig, *, follow: bool = False, poll_seconds: float = 60.0,
                     max_shards: int | None = None,
                     report: Callable[[str], None] | None = None) -> dict[str, dict]:
-  """Computes (or resumes) the signals of every corpus in `config.tasks`.
+  """Computes (or resumes) the signals of every task in `config.task_names`.
 
   Args:
     config: the settings.
@@ -343,21 +295,20 @@ def compute_signals(config: SignalsConfig, *, follow: bool = False, poll_seconds
     distill.ShardError: a listed distillation shard is missing or corrupt.
   """
   _check_config(config)
-  cfg, params, teacher_sha = load_teacher(config.teacher)
-  _check_teacher(config, cfg)
+  teacher = load_teacher(config.teacher, vocab=None)  # Signals score stored tokens.
+  _check_teacher(config, teacher)
+  teacher_sha = teacher.sha256
   settings = {"top_k": config.top_k, "teacher_sha256": teacher_sha,
-              "vocab_size": cfg.vocab_size, "d_model": cfg.d_model}
+              "vocab_size": teacher.vocab_size, "d_model": teacher.d_model}
   report = report or (lambda line: None)
   lock = lock_directory(config.root, LOCK, "teacher_signals")
   try:
-    model = T5Model(cfg.replace(dtype="float32"))
-    params = jax.device_put(jax.tree.map(lambda x: np.asarray(x, np.float32), params))
     states: dict[str, _CorpusState] = {}
-    summary = {c: {"computed": 0, "seconds": 0.0} for c in config.tasks}
+    summary = {c: {"computed": 0, "seconds": 0.0} for c in config.task_names}
     written = 0
     while True:
       waiting = []
-      for corpus in config.tasks:
+      for corpus in config.task_names:
         directory = distill.task_dir(config.root, corpus)
         if follow and not os.path.exists(os.path.join(directory, distill.MANIFEST)):
           waiting.append(f"{corpus}: not decoded yet")
@@ -377,7 +328,7 @@ def compute_signals(config: SignalsConfig, *, follow: bool = False, poll_seconds
             continue
           if max_shards is not None and written >= max_shards:
             break
-          done = _compute_shard(model, params, state, entry, config)
+          done = _compute_shard(teacher, state, entry, config)
           state.done[entry["shard"]] = done
           state.manifest["complete"] = False
           state.save()

@@ -35,27 +35,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import partitioning, validation
-from specdec_jax.data import layout
+from specdec_jax.data import chat_prompts, layout
 from specdec_jax.decoding import baseline
 from specdec_jax.decoding.drafts import NgramDraft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer
-from specdec_jax.experiment import chat_prompts
 from specdec_jax.experiment.targets import (
-    PROMPT_LOOKUP,
-    DraftKind,
-    LoadedTarget,
-    TargetKind,
-    require,
+  PROMPT_LOOKUP,
+  DraftKind,
+  LoadedTarget,
+  TargetKind,
+  require,
 )
 from specdec_jax.models.llama import (
-    LayerSkipDraft,
-    LlamaConfig,
-    LlamaModel,
-    LlamaScorer,
-    LlamaWeights,
-    gguf_loader,
-    pad_prompts,
+  LayerSkipDraft,
+  LlamaConfig,
+  LlamaModel,
+  LlamaScorer,
+  LlamaWeights,
+  gguf_loader,
+  pad_prompts,
 )
 
 if TYPE_CHECKING:
@@ -143,7 +142,7 @@ class LlamaTarget(LoadedTarget):
 
   def tokenize(self, task: str, texts: Sequence[str], width: int) -> np.ndarray:
     """Chat prompts of the examples: the T5 task prefix replaced by the task's instruction."""
-    prefix = layout.CORPORA[task].prefix
+    prefix = layout.CORPORA[chat_prompts.task(task).corpus].prefix
     return pad_prompts([chat_prompts.chat_prompt(self.vocabulary, self.tokenizer, task,
                                                  text.removeprefix(prefix), width)
                         for text in texts], width)
@@ -155,7 +154,7 @@ class LlamaTarget(LoadedTarget):
   def ngram_drafts(self) -> dict[str, NgramDraft]:
     """The unigram and bigram drafts fit on this target's greedy outputs (`NgramFit`)."""
     fit, width = NgramFit(), self.settings.input_len
-    prompts = [p for task in chat_prompts.INSTRUCTIONS for p in chat_prompts.build_prompts(
+    prompts = [p for task in chat_prompts.TASKS for p in chat_prompts.build_prompts(
         self.vocabulary, task, fit.split, fit.examples, width)]
     batches = (jnp.asarray(pad_prompts(prompts[i:i + fit.batch_size], width))
                for i in range(0, len(prompts), fit.batch_size))
@@ -183,9 +182,9 @@ def check(exp: Experiment) -> int:
   target's vocabulary size."""
   config = read_config(exp)
   for task in exp.tasks:
-    require(task in chat_prompts.INSTRUCTIONS,
+    require(task in chat_prompts.TASKS,
             f"Experiment.tasks has {task!r}, which has no chat instruction; use any of "
-            f"{sorted(chat_prompts.INSTRUCTIONS)}.")
+            f"{sorted(chat_prompts.TASKS)}.")
   fit = NgramFit()
   require(fit.split in layout.SPLITS, f"NgramFit.split={fit.split!r}; use one of {layout.SPLITS}.")
   validation.as_int("NgramFit.examples", fit.examples, minimum=1)
@@ -248,8 +247,8 @@ LAYER_SKIP = DraftKind(
 def _check_ngram_fit(exp: Experiment, spec: str, target_vocab: int) -> None:
   del target_vocab  # Fit on the target's own outputs.
   split = NgramFit().split
-  for task in chat_prompts.INSTRUCTIONS:
-    path = layout.corpus_file(layout.default_data_dir(), task, split)
+  for task in chat_prompts.TASKS:
+    path = layout.corpus_file(layout.default_data_dir(), chat_prompts.task(task).corpus, split)
     if not os.path.isfile(path):
       raise FileNotFoundError(f"Experiment.drafts has {spec!r}, fit on the target's outputs for "
                               f"NgramFit.split={split!r} prompts, but {path} is missing: prepare "

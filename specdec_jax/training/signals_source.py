@@ -48,7 +48,7 @@ class PackedSignals:
     output_tokens: int32 `[N_out]`, the target's output tokens.
     output_offsets: int64 `[m]`.
     output_lengths: int32 `[m]`.
-    topk_ids: int16 `[N_out, k]`, the target's k most probable next tokens.
+    topk_ids: int32 `[N_out, k]`, the target's k most probable next tokens.
     topk_logprobs: float16 `[N_out, k]`, their log-probabilities (T=1).
     rest_logprob: float32 `[N_out]`, the log of the mass outside them.
   """
@@ -214,7 +214,7 @@ class SignalsBatches:
     Returns:
       `encoder_input_tokens` int32 `[b, Li]`, `encoder_hidden` float16 `[b, Li, d]` (if
       packed), `decoder_input_tokens`, `decoder_target_tokens`, `decoder_loss_weights`
-      int32 `[b, Lt]`, `teacher_topk_ids` int16 / `teacher_topk_logprobs` float16
+      int32 `[b, Lt]`, `teacher_topk_ids` int32 / `teacher_topk_logprobs` float16
       `[b, Lt, k]` and `teacher_rest_logprob` float32 `[b, Lt]`; Li, Lt bucket lengths;
       zeros past each row's length and in the filler rows' loss weights.
     """
