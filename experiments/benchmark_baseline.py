@@ -30,9 +30,8 @@ from absl import app, flags, logging
 
 from specdec_jax import benchmarking, contention
 from specdec_jax.checkpoints import save_hf_checkpoint
-from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.experiment import results_io
-from specdec_jax.models import T5Model, get_config
+from specdec_jax.models.t5 import T5Model, get_config, temperature_sample
 
 _CONFIG = flags.DEFINE_enum("config", "t5-v1_1-small", ["t5-v1_1-small", "t5-small"],
                             "Architecture of the randomly initialised model.")

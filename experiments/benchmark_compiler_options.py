@@ -1,8 +1,8 @@
 r"""Both decoding loops under the shipped XLA options and under others, in one process.
 
 Decodes the same En-De test examples (batch 1) with the baseline and with
-speculative decoding, each once with `cached_decoder.COMPILER_OPTIONS` and
-once with `--options` laid over them (`cached_decoder.compiler_options`): four
+speculative decoding, each once with `kernels.COMPILER_OPTIONS` and
+once with `--options` laid over them (`kernels.compiler_options`): four
 decoders, interleaved by `benchmarking.time_interleaved`, so all four see the
 same machine. Per decoder: median ms per generated token over the calls. Per
 side: the median over calls of the paired ratio (the same example and pass)
@@ -31,15 +31,13 @@ from absl import app, flags
 
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_model
-from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.buckets import to_bucket
-from specdec_jax.decoding.drafts import make_draft
-from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.experiment import prompts
-from specdec_jax.models import cached_decoder
+from specdec_jax.models import kernels
+from specdec_jax.models.t5 import make_draft, speculative_sample, temperature_sample
 
 _OPTIONS = flags.DEFINE_string("options", None, "JSON object of XLA options to lay over "
-                               "cached_decoder.COMPILER_OPTIONS.", required=True)
+                               "kernels.COMPILER_OPTIONS.", required=True)
 _TARGET_DIR = flags.DEFINE_string("target_dir", "assets/models/target", "Target checkpoint.")
 _DRAFT_DIR = flags.DEFINE_string("draft_dir", "assets/models/draft_shared_enc_signals",
                                  "Draft checkpoint.")
@@ -84,7 +82,7 @@ def main(argv: Sequence[str]) -> None:
 
   def decoder(side: str, overrides: dict[str, Any]):
     def decode(i: int):
-      with cached_decoder.compiler_options(**overrides):
+      with kernels.compiler_options(**overrides):
         if side == "baseline":
           return temperature_sample(target, target_params, batches[i], **settings)
         return speculative_sample(target, target_params, draft, batches[i], gamma=_GAMMA.value,
@@ -127,7 +125,7 @@ def main(argv: Sequence[str]) -> None:
                  f"--options='{_OPTIONS.value}' --gamma={_GAMMA.value} "
                  f"--temperature={_TEMPERATURE.value:g} --examples={_EXAMPLES.value} "
                  f"--passes={_PASSES.value}",
-      "shipped_options": cached_decoder.COMPILER_OPTIONS, "options": options,
+      "shipped_options": kernels.COMPILER_OPTIONS, "options": options,
       "target_dir": _TARGET_DIR.value, "draft_dir": _DRAFT_DIR.value, "batch": 1,
       "summary": summary, "idle_check": guard.record(),
       "environment": benchmarking.environment()})

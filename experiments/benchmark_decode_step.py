@@ -9,11 +9,11 @@ halfway into a `Settings.max_decode_len` generation. Three paths:
             read by the Flax modules on every call, keys/values `[batch, len,
             heads, d_kv]`, XLA's default dot libraries), loaded from git;
   xla_dots: `T5Model.prepare` once, then `cached_decoder` (fused projections,
-            dot-friendly cache layouts, `cached_decoder.COMPILER_OPTIONS`) with
+            dot-friendly cache layouts, `kernels.COMPILER_OPTIONS`) with
             XLA's weight products (`PANEL_DOTS` off; calls of up to
             `ROW_DOTS_MAX_ROWS` rows multiplied row by row);
   f32_panels: the same with the weights packed for `panel_dot` as float32 panels
-            (`cached_decoder.HALF_PANELS` off);
+            (`kernels.HALF_PANELS` off);
   new:      the default: panels in float16 where that holds the weights exactly
             (the shipped checkpoints are float16), half the bytes per call.
 
@@ -54,9 +54,9 @@ from absl import app, flags
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import layout
-from specdec_jax.decoding.scorer import T5Context, T5Scorer
 from specdec_jax.experiment import family, gin_flags, settings
-from specdec_jax.models import T5Model, cached_decoder
+from specdec_jax.models import kernels
+from specdec_jax.models.t5 import T5Context, T5Model, T5Scorer, cached_decoder
 
 _MODELS = flags.DEFINE_list(
     "models", [m for m in family.FAMILY if m not in family.SHARED_ENCODER],
@@ -122,13 +122,13 @@ def _round1_loop(model, params: dict, encoded, tokens: jax.Array, start: jax.Arr
 
 def _xla_dots_weights(model: T5Model, params: dict):
   """`model.prepare(params)` with `PANEL_DOTS` off: `[K, N]` weights for XLA's dots."""
-  with mock.patch.dict(cached_decoder.PANEL_DOTS, {jax.default_backend(): False}):
+  with mock.patch.dict(kernels.PANEL_DOTS, {jax.default_backend(): False}):
     return model.prepare(params)
 
 
 def _f32_panel_weights(config, params: dict) -> cached_decoder.DecodeWeights:
   """The decoder's weights packed as float32 panels (`HALF_PANELS` off)."""
-  return cached_decoder.prepare(config, params, panels=cached_decoder.panel_dots(), half=False)
+  return cached_decoder.prepare(config, params, panels=kernels.panel_dots(), half=False)
 
 
 def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int,

@@ -34,7 +34,8 @@ from absl import app, flags
 
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint
-from specdec_jax.models import T5Model, panel_dot
+from specdec_jax.models import panel_dot
+from specdec_jax.models.t5 import T5Model
 
 _TARGET_DIR = flags.DEFINE_string("target_dir", "assets/models/target",
                                   "HF-format target checkpoint whose decoder panels are timed.")

@@ -25,7 +25,7 @@ from absl import app, flags
 
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.decoding import sampling
-from specdec_jax.models import cached_decoder
+from specdec_jax.models import kernels
 
 _VOCAB = flags.DEFINE_integer("vocab", 8192, "Vocabulary size.", lower_bound=2)
 _ROWS = flags.DEFINE_list("rows", ["1", "4"], "Rows per call (gamma + 1 for a verification).")
@@ -52,7 +52,7 @@ OPERATIONS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
 }
 
 
-@functools.partial(cached_decoder.loop_jit, static_argnames=("name", "calls"))
+@functools.partial(kernels.loop_jit, static_argnames=("name", "calls"))
 def op_loop(x: jax.Array, *, name: str, calls: int) -> jax.Array:
   """`calls` calls of `OPERATIONS[name]` on `x [rows, vocab]`, each input shifted by the last."""
   operation = OPERATIONS[name]

@@ -71,14 +71,19 @@ import sentencepiece as spm
 
 from specdec_jax import atomic_io, benchmarking, checkpoints, stats, theory
 from specdec_jax.data import layout
-from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import Draft, make_draft
+from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import T5Scorer
-from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.experiment import prompts
-from specdec_jax.models import PreparedParams, T5Config, T5Model
-from specdec_jax.models.shared_encoder import SharedEncoderModel
+from specdec_jax.models.t5 import (
+    PreparedParams,
+    SharedEncoderModel,
+    T5Config,
+    T5Model,
+    T5Scorer,
+    make_draft,
+    speculative_sample,
+    temperature_sample,
+)
 
 Array = jax.Array
 
@@ -286,7 +291,7 @@ def write_cases(draft: T5Config, dtype: str) -> dict[str, tuple[tuple[int, ...],
 
   The baseline writes one int32 token per step into `[batch, max_decode_len]`;
   a draft layer writes one position of keys `[heads, d_kv, 1]` and values
-  `[heads, 1, d_kv]` into its cache (`cached_decoder.DecoderCache` layouts).
+  `[heads, 1, d_kv]` into its cache (`kernels.DecoderCache` layouts).
   """
   heads, d_kv = draft.num_heads, draft.d_kv
   return {"token": ((1, 1), "int32", 1),

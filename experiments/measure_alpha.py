@@ -37,10 +37,9 @@ from specdec_jax.checkpoints import (
     load_model_config,
 )
 from specdec_jax.data import layout
-from specdec_jax.decoding.drafts import make_draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import family, gin_flags, prompts, settings
-from specdec_jax.models import T5Model
+from specdec_jax.models.t5 import T5Model, make_draft
 
 _DRAFTS = flags.DEFINE_list("drafts", list(family.DRAFTS), "The drafts' sub-folders.")
 _TASKS = flags.DEFINE_list("tasks", ["ende", "mansum"], "Tasks.")

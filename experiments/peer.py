@@ -45,12 +45,9 @@ from specdec_jax import atomic_io, benchmarking, contention, partitioning
 from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
 from specdec_jax.data import layout
 from specdec_jax.decoding import baseline, buckets, speculative
-from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import make_draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.experiment import gin_flags, llama_target, prompts, settings, targets
-from specdec_jax.models import T5Model
+from specdec_jax.models.t5 import T5Model, make_draft, speculative_sample, temperature_sample
 
 _DRAFT = flags.DEFINE_string("draft", "draft_small", "Draft: a checkpoint (in Settings.models_dir) "
                              "of a T5 target; layer_skip_<L> or prompt_lookup of a llama_gguf one.")

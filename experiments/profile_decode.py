@@ -41,11 +41,13 @@ from absl import app, flags  # noqa: E402
 
 from specdec_jax import atomic_io, benchmarking, contention  # noqa: E402
 from specdec_jax.checkpoints import load_hf_checkpoint  # noqa: E402
-from specdec_jax.decoding.drafts import make_draft  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
-from specdec_jax.decoding.scorer import T5Scorer  # noqa: E402
 from specdec_jax.experiment import gin_flags, settings  # noqa: E402
-from specdec_jax.models import T5Model  # noqa: E402
+from specdec_jax.models.t5 import (  # noqa: E402
+    T5Model,
+    T5Scorer,
+    make_draft,
+)
 
 _DRAFT = flags.DEFINE_string("draft", "draft_small", "The draft whose proposals are profiled.")
 _CALLS = flags.DEFINE_integer("calls", 32, "Calls per jitted loop.", lower_bound=1)

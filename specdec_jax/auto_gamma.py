@@ -76,8 +76,8 @@ from specdec_jax import benchmarking, contention, distributed, theory, validatio
 from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import Scorer, T5Scorer
-from specdec_jax.models import T5Model
+from specdec_jax.decoding.scorer import Scorer
+from specdec_jax.models.t5 import T5Model, T5Scorer, speculative_sample
 from specdec_jax.stats import Pooled, nondecreasing_fit
 
 Array = jax.Array
@@ -138,7 +138,7 @@ def measure_alpha(target: T5Model, target_params: dict, draft: Draft, batches: S
 
   Batch i samples with `fold_in(rng, i)`.
   """
-  outputs = [distributed.fetch(speculative.speculative_sample(
+  outputs = [distributed.fetch(speculative_sample(
       target, target_params, draft, batch, gamma=gamma, max_decode_len=max_decode_len,
       temperature=warp.temperature, top_k=warp.top_k, top_p=warp.top_p,
       rng=jax.random.fold_in(rng, i)).stats) for i, batch in enumerate(batches)]

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Context, EncoderOutputs, Scorer
-from specdec_jax.models import cached_decoder
+from specdec_jax.models import kernels
 
 Array = jax.Array
 
@@ -263,7 +263,7 @@ def target_step_times(target: Scorer, inputs: Array, *, chunk_lengths: Sequence[
   return results
 
 
-@functools.partial(cached_decoder.loop_jit, static_argnames=("calls",))
+@functools.partial(kernels.loop_jit, static_argnames=("calls",))
 def chunk_loop(target: Scorer, state: Any, tokens: Array, start: Array, *, calls: int) -> Array:
   """Runs `calls` score calls, each from `state` rewound to `start`; returns a scalar that
   depends on every call's logits."""
@@ -383,7 +383,7 @@ def _propose_program(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cac
                               calls=calls)
 
 
-@functools.partial(cached_decoder.loop_jit, static_argnames=("gamma", "warp", "calls"))
+@functools.partial(kernels.loop_jit, static_argnames=("gamma", "warp", "calls"))
 def propose_loop(draft: Draft, state: Any, tokens: Array, lengths: Array, rng: Array, *,
                   gamma: int, warp: Warp, calls: int) -> Array:
   """Runs `calls` proposals, each from the same state; returns a scalar using all of them."""
@@ -441,7 +441,7 @@ def propose_verify_time(target: Scorer, draft: Draft, inputs: Array, *, gamma: i
                         gamma=gamma, warp=warp, calls=calls), calls, repeats)
 
 
-@functools.partial(cached_decoder.loop_jit, static_argnames=("gamma", "warp", "calls"))
+@functools.partial(kernels.loop_jit, static_argnames=("gamma", "warp", "calls"))
 def pair_loop(target: Scorer, draft: Draft, target_state: Any, draft_state: Any, tokens: Array,
               lengths: Array, rng: Array, *, gamma: int, warp: Warp, calls: int) -> Array:
   """Runs `calls` propose-then-score pairs from the same states; returns a scalar using all."""
@@ -515,7 +515,7 @@ def environment() -> dict[str, Any]:
       "python": platform.python_version(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "load_average": list(os.getloadavg()),
-      "weight_dots": cached_decoder.weight_dots(),
+      "weight_dots": kernels.weight_dots(),
   }
   commit = _git_commit()
   if commit:

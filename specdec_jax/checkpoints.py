@@ -28,9 +28,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from specdec_jax import validation
-from specdec_jax.models.config import T5Config
-from specdec_jax.models.shared_encoder import SharedEncoderModel
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5 import SharedEncoderModel, T5Config, T5Model
 
 _CONFIG = "config.json"
 # config.json's "model_type" of a shared-encoder draft (our format, not HF's).
@@ -285,8 +283,7 @@ def load_hf_checkpoint(path: str, **config_overrides) -> tuple[T5Config, dict]:
 
 
 def save_hf_checkpoint(path: str, cfg: T5Config, params: dict,
-                       extra_files: dict[str, str] | None = None, dtype: str = "float32"
-                       ) -> None:
+                       extra_files: dict[str, str] | None = None) -> None:
   """Writes `params` as a HuggingFace T5 directory (replaced atomically).
 
   Args:
@@ -296,21 +293,13 @@ def save_hf_checkpoint(path: str, cfg: T5Config, params: dict,
     params: our parameter tree.
     extra_files: `{name in directory: source path}` copied alongside, e.g.
       `{"spiece.model": vocab_path}`.
-    dtype: the dtype of the tensors on disk: "float32", or "float16" as the shipped
-      family is stored (half the bytes; loaded back as float32, float16 holds every
-      value exactly, so the decoder packs float16 panels).
-
-  Raises:
-    ValueError: `dtype` is not "float32" or "float16".
   """
-  if dtype not in ("float32", "float16"):
-    raise ValueError(f"dtype={dtype!r}: save_hf_checkpoint writes 'float32' or 'float16'.")
   tensors = {}
   for ours, hf_name, transposed in parameter_names(cfg):
     value = params
     for key in ours:
       value = value[key]
-    value = np.asarray(value).astype(dtype)
+    value = np.asarray(value, dtype=np.float32)
     tensors[hf_name] = np.ascontiguousarray(value.T if transposed else value)
   _write_directory(path, tensors, cfg.to_hf_dict(), extra_files)
 
@@ -489,7 +478,7 @@ def rounded_to_half(params: dict) -> dict:
   """`params` with every floating-point array rounded to float16's nearest values, in its
   own dtype: what the tree loads as once stored in float16, as the shipped family is
   (`experiments.export_family`). A draft priced this way is timed as it would ship: its
-  panels then pack in float16 (`cached_decoder.half_panels`), half the bytes per call.
+  panels then pack in float16 (`kernels.half_panels`), half the bytes per call.
 
   Raises:
     CheckpointError: a value beyond float16's range (it would not survive the export).

@@ -15,7 +15,7 @@ Decoding runs under `jax.jit` with the parameters placed by `shard_params`,
 inside `jax.set_mesh(mesh)` (JAX's successor of `with mesh:`): GSPMD partitions
 the whole generation loop. A model built with rules (`T5Model(cfg,
 axis_rules=axis_rules())`) constrains the KV caches and cross-attention
-keys/values where it creates them (`cached_decoder.KEY_AXES` / `VALUE_AXES`);
+keys/values where it creates them (`kernels.KEY_AXES` / `VALUE_AXES`);
 without, propagation from the sharded kernels splits them the same way (the
 tests check the compiled per-device shapes). Under a mesh the caches keep batch
 and heads apart (`[batch, heads, d_kv, max_len]`, see
@@ -42,11 +42,9 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from specdec_jax.models.cached_decoder import KEY_AXES
-from specdec_jax.models.config import T5Config
+from specdec_jax.models.kernels import KEY_AXES
 from specdec_jax.models.layers import LogicalAxes, LogicalRules
-from specdec_jax.models.shared_encoder import SharedEncoderModel
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5 import SharedEncoderModel, T5Config, T5Model
 
 Array = jax.Array
 Model = T5Model | SharedEncoderModel

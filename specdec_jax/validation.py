@@ -1,7 +1,8 @@
 """Argument checks of the public entry points, in one place, done before any work.
 
-The decoders (`baseline.temperature_sample`, `speculative.speculative_sample`
-and their `data_parallel` variants), the drafts' constructors, `checkpoints`,
+The decoders (`models.t5.temperature_sample` / `speculative_sample`, data
+parallel or not; `baseline.decode` / `speculative.speculative_decode`
+through `check_scorer_decode_args`), the drafts' constructors, `checkpoints`,
 `specdec_jax.experiment.settings.validate` and the experiment commands check their
 arguments with these functions before anything is loaded or compiled. Every
 failure is a `ValueError` whose message names the argument, what it got and
@@ -45,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.models.config import ModelConfig, T5Config
+from specdec_jax.models.config import ModelConfig
 
 Array = jax.Array
 
@@ -242,7 +243,8 @@ def check_model(model: Any, name: str, config_type: type[ModelConfig] = ModelCon
     model: the model (`T5Model`, `models.llama.LlamaModel`, ...).
     name: the argument's name, for the message ("model", "target").
     config_type: the config class the caller needs (default: any model's,
-      `ModelConfig`; the T5 entry points ask for `T5Config`: `check_t5_model`).
+      `ModelConfig`; the T5 entry points ask for `T5Config`:
+      `models.t5.scorer.check_t5_model`).
 
   Returns:
     Its config, checked by `check_model_config`.
@@ -253,35 +255,9 @@ def check_model(model: Any, name: str, config_type: type[ModelConfig] = ModelCon
   """
   if not isinstance(getattr(model, "config", None), config_type):
     raise ValueError(f"{name} must be a model whose config is a {config_type.__name__} (e.g. "
-                     "specdec_jax.models.T5Model, whose config is a T5Config; its params are a "
+                     "specdec_jax.models.t5.T5Model, whose config is a T5Config; its params are a "
                      f"separate argument), got {type(model).__name__}.")
   return check_model_config(model.config, f"{name}.config")
-
-
-def check_t5_model(model: Any, name: str) -> T5Config:
-  """`check_model` for a T5 (`T5Model`, or anything with a `T5Config` as its `config`)."""
-  return check_model(model, name, T5Config)
-
-
-def check_shared_encoder_model(model: Any, name: str) -> T5Config:
-  """Checks that `model` is a `SharedEncoderModel` (a T5 decoder over another's encoder).
-
-  Args:
-    model: the model.
-    name: the argument's name, for the message.
-
-  Returns:
-    Its config, checked by `check_model_config`.
-
-  Raises:
-    ValueError: `model` does not read another model's encoder outputs (it has
-      no `encoder_d_model`, e.g. a `T5Model`), or its config is bad.
-  """
-  if not isinstance(getattr(model, "encoder_d_model", None), int):
-    raise ValueError(f"{name} must be a specdec_jax.models.shared_encoder.SharedEncoderModel "
-                     f"(a T5 draft with its own encoder is a T5Draft), got "
-                     f"{type(model).__name__}.")
-  return check_t5_model(model, name)
 
 
 # The special token ids a model config may hold; each one it has must be in its vocabulary.
@@ -307,7 +283,7 @@ def check_model_config(config: Any, name: str) -> Any:
   vocab_size = getattr(config, "vocab_size", None)
   if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
     raise ValueError(f"{name} must be a model config with an int vocab_size >= 1 (e.g. a "
-                     f"specdec_jax.models.T5Config), got {_describe(config)}.")
+                     f"specdec_jax.models.t5.T5Config), got {_describe(config)}.")
   for field in SPECIAL_TOKEN_FIELDS:
     token = getattr(config, field, None)
     if token is not None and not 0 <= token < vocab_size:
@@ -345,12 +321,13 @@ class DecodeArgs:
 
 def check_decode_args(model: Any, inputs: Any, *, max_decode_len: Any, eos_id: Any,
                       temperature: Any, top_k: Any, top_p: Any, rng: Any,
-                      model_name: str = "model") -> DecodeArgs:
-  """Checks the arguments every decoder takes.
+                      model_name: str = "model",
+                      config_type: type[ModelConfig] = ModelConfig) -> DecodeArgs:
+  """Checks the arguments every decoder of a model takes.
 
   Args:
-    model: the (target) model: a `T5Model`, or anything with a `T5Config` as
-      its `config`.
+    model: the (target) model: anything with a `config_type` as its `config`
+      (e.g. a `T5Model`).
     inputs: `[batch, input_len]` integer token ids.
     max_decode_len: the most tokens to generate per row.
     eos_id: the end-of-sequence id, or None for the config's.
@@ -359,6 +336,7 @@ def check_decode_args(model: Any, inputs: Any, *, max_decode_len: Any, eos_id: A
     top_p: see `sampling.Warp`.
     rng: a PRNG key, or None for `PRNGKey(0)`.
     model_name: the model argument's name, for the message ("model", "target").
+    config_type: the config class the model must have (`check_model`).
 
   Returns:
     The normalised `DecodeArgs`.
@@ -366,7 +344,7 @@ def check_decode_args(model: Any, inputs: Any, *, max_decode_len: Any, eos_id: A
   Raises:
     ValueError: naming the first bad argument.
   """
-  config = check_t5_model(model, model_name)
+  config = check_model(model, model_name, config_type)
   return _decode_args(config.vocab_size, config.eos_token_id, inputs,
                       max_decode_len=max_decode_len, eos_id=eos_id, temperature=temperature,
                       top_k=top_k, top_p=top_p, rng=rng)
@@ -426,8 +404,8 @@ class SpeculativeArgs(DecodeArgs):
 
 def check_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma: Any,
                            draft_inputs: Any, max_decode_len: Any, eos_id: Any,
-                           temperature: Any, top_k: Any, top_p: Any, rng: Any
-                           ) -> SpeculativeArgs:
+                           temperature: Any, top_k: Any, top_p: Any, rng: Any,
+                           config_type: type[ModelConfig] = ModelConfig) -> SpeculativeArgs:
   """Checks the arguments every speculative decoder takes.
 
   Args:
@@ -437,6 +415,8 @@ def check_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma: Any,
       `check_decode_args`.
     gamma: proposals per target call.
     draft_inputs: the draft's own encoder tokens, or None to share `inputs`.
+    config_type: the config class the target must have (`check_model`); its
+      `d_model` is the width of the encoder outputs a draft may read.
 
   Returns:
     The normalised `SpeculativeArgs`.
@@ -446,7 +426,7 @@ def check_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma: Any,
   """
   args = check_decode_args(target, inputs, max_decode_len=max_decode_len, eos_id=eos_id,
                            temperature=temperature, top_k=top_k, top_p=top_p, rng=rng,
-                           model_name="target")
+                           model_name="target", config_type=config_type)
   return _speculative_args(args, draft, gamma, draft_inputs, target.config.vocab_size,
                            target.config.d_model)
 

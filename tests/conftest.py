@@ -18,8 +18,11 @@ os.environ.setdefault("SPECDEC_TIMING_GUARD", "off")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from specdec_jax.models import T5Model, get_config  # noqa: E402
-from specdec_jax.models.shared_encoder import SharedEncoderModel  # noqa: E402
+from specdec_jax.models.t5 import (  # noqa: E402
+    SharedEncoderModel,  # noqa: E402
+    T5Model,
+    get_config,
+)
 
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 

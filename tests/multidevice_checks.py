@@ -30,12 +30,16 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import make_model  # noqa: E402
 
 from specdec_jax import partitioning  # noqa: E402
-from specdec_jax.decoding import acceptance, data_parallel  # noqa: E402
-from specdec_jax.decoding.baseline import temperature_sample  # noqa: E402
-from specdec_jax.decoding.drafts import PromptLookupDraft, T5Draft  # noqa: E402
+from specdec_jax.decoding import acceptance  # noqa: E402
+from specdec_jax.decoding.drafts import PromptLookupDraft  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
-from specdec_jax.decoding.scorer import T5Scorer  # noqa: E402
-from specdec_jax.decoding.speculative import _speculative_sample, speculative_sample  # noqa: E402
+from specdec_jax.decoding.speculative import _speculative_sample  # noqa: E402
+from specdec_jax.models.t5 import (  # noqa: E402
+    T5Draft,
+    T5Scorer,
+    speculative_sample,
+    temperature_sample,
+)
 
 MESHES = ((8, 1), (2, 4), (1, 8))
 BATCH, INPUT_LEN, MAX_LEN, GAMMA = 8, 7, 12, 3
@@ -156,7 +160,7 @@ def main(out_path: str) -> None:
             ref["spec_sampled"].sequences))
 
   # Under shard_map the caches are per-shard: the rules add no constraint there.
-  check("dp_spec_greedy", lambda: _same(data_parallel.speculative_sample(
+  check("dp_spec_greedy", lambda: _same(speculative_sample(
       sharded_target, target_params, T5Draft(sharded_target, draft_params), inputs,
       mesh=partitioning.make_mesh(8, 1), gamma=GAMMA, max_decode_len=MAX_LEN).sequences,
       ref["spec_greedy"].sequences))
@@ -165,7 +169,7 @@ def main(out_path: str) -> None:
     # Rows split over "data" (2), replicas over "model" (4); shard i samples with
     # fold_in(rng, i): compare with one device, shard by shard.
     mesh = partitioning.make_mesh(2, 4)
-    out = data_parallel.temperature_sample(target, target_params, inputs, mesh=mesh,
+    out = temperature_sample(target, target_params, inputs, mesh=mesh,
                                            max_decode_len=MAX_LEN, temperature=1.0, rng=rng)
     rows = BATCH // 2
     want = np.concatenate([temperature_sample(
@@ -183,7 +187,7 @@ def main(out_path: str) -> None:
     mesh = partitioning.make_mesh(8, 1)
     want = speculative_sample(target, target_params, lookup, inputs, gamma=GAMMA,
                               max_decode_len=MAX_LEN, draft_inputs=own)
-    got, without = (data_parallel.speculative_sample(
+    got, without = (speculative_sample(
         target, target_params, lookup, inputs, mesh=mesh, gamma=GAMMA, max_decode_len=MAX_LEN,
         draft_inputs=draft_inputs) for draft_inputs in (own, None))
     ok, detail = _same(got.accepted_mask, want.accepted_mask)

@@ -25,10 +25,12 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from conftest import make_model  # noqa: E402
 
 from specdec_jax import distributed, partitioning  # noqa: E402
-from specdec_jax.decoding.baseline import temperature_sample  # noqa: E402
-from specdec_jax.decoding.drafts import T5Draft  # noqa: E402
-from specdec_jax.decoding.speculative import speculative_sample  # noqa: E402
-from specdec_jax.models.t5 import T5Model  # noqa: E402
+from specdec_jax.models.t5 import (  # noqa: E402
+    T5Draft,
+    T5Model,
+    speculative_sample,
+    temperature_sample,
+)
 
 # Shared with test_distributed.py, which decodes the same on one device.
 CONFIG = dict(vocab_size=96, num_layers=1, num_decoder_layers=1)

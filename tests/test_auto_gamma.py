@@ -12,12 +12,11 @@ from conftest import make_model
 
 from specdec_jax import auto_gamma, benchmarking, stats, theory
 from specdec_jax.checkpoints import save_hf_checkpoint
-from specdec_jax.decoding.drafts import T5Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import T5Scorer
 from specdec_jax.decoding.speculative import SpeculativeStats
 from specdec_jax.experiment import measure, results_io, runner, settings
 from specdec_jax.experiment.record import PointRow
+from specdec_jax.models.t5 import T5Draft, T5Scorer
 
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("auto_gamma")

@@ -17,11 +17,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from specdec_jax import partitioning, validation
-from specdec_jax.decoding import data_parallel
-from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft, T5Draft
-from specdec_jax.decoding.speculative import speculative_sample
-from specdec_jax.models import T5Model, get_config
+from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
+from specdec_jax.models.t5 import (
+    T5Draft,
+    T5Model,
+    get_config,
+    speculative_sample,
+    temperature_sample,
+)
 
 VOCAB, BATCH, INPUT_LEN, MAX_LEN, GAMMA = 97, 2, 5, 4, 2
 INPUTS = np.array([[5, 6, 7, 8, 1], [9, 10, 11, 1, 0]], np.int32)
@@ -144,9 +147,8 @@ def test_data_parallel_decoders_check_before_work(models, decoder):
 
   def call(gamma=GAMMA, **kwargs):
     if decoder == "baseline":
-      return data_parallel.temperature_sample(target, None, mesh=mesh, **kwargs)
-    return data_parallel.speculative_sample(target, None, draft, mesh=mesh, gamma=gamma,
-                                            **kwargs)
+      return temperature_sample(target, None, mesh=mesh, **kwargs)
+    return speculative_sample(target, None, draft, mesh=mesh, gamma=gamma, **kwargs)
 
   _check_raises_before_work(lambda: call(inputs=_with_id(0, 0, VOCAB), max_decode_len=2),
                             r"inputs holds token id 97")
@@ -227,7 +229,7 @@ def test_draft_constructors_check_and_normalise():
     with pytest.raises(ValueError, match=match):
       PromptLookupDraft(**kwargs)
   with pytest.raises(ValueError, match=r"T5Draft's model must be a model whose config is a "
-                                       r"T5Config \(e\.g\. specdec_jax\.models\.T5Model"):
+                                       r"T5Config \(e\.g\. specdec_jax\.models\.t5\.T5Model"):
     T5Draft("draft_small", {})
   with pytest.raises(ValueError, match=r"eos_token_id=200, outside its vocabulary \[0, 97\)"):
     T5Draft(T5Model(get_config("test-v1_0", eos_token_id=200)), {})

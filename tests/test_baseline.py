@@ -10,6 +10,7 @@ from conftest import make_model
 from scipy import stats
 
 from specdec_jax.decoding import baseline, sampling
+from specdec_jax.models.t5 import temperature_sample
 
 MAX_LEN = 16
 VOCAB = 97
@@ -72,7 +73,7 @@ def greedy_case(request):
 
 def test_greedy_equals_naive_uncached_decoding(greedy_case):
   model, params, inputs, eos_id, want_sequences, want_lengths = greedy_case
-  out = baseline.temperature_sample(model, params, inputs, max_decode_len=MAX_LEN,
+  out = temperature_sample(model, params, inputs, max_decode_len=MAX_LEN,
                                     eos_id=eos_id)
   sequences, lengths = np.asarray(out.sequences), np.asarray(out.lengths)
   assert sequences.shape == (3, MAX_LEN)
@@ -90,19 +91,19 @@ def test_greedy_equals_naive_uncached_decoding(greedy_case):
 def test_top_k_1_equals_greedy_and_second_call_does_not_recompile(greedy_case):
   model, params, inputs, eos_id, want_sequences, want_lengths = greedy_case
   kwargs = dict(max_decode_len=MAX_LEN, eos_id=eos_id, temperature=1.0, top_k=1)
-  out = baseline.temperature_sample(model, params, inputs, rng=jax.random.PRNGKey(3), **kwargs)
+  out = temperature_sample(model, params, inputs, rng=jax.random.PRNGKey(3), **kwargs)
   np.testing.assert_array_equal(out.sequences, want_sequences)
   np.testing.assert_array_equal(out.lengths, want_lengths)
   compiled = baseline.decode_context._cache_size()
   other_inputs = _inputs(seed=5)
-  baseline.temperature_sample(model, params, other_inputs, rng=jax.random.PRNGKey(4), **kwargs)
+  temperature_sample(model, params, other_inputs, rng=jax.random.PRNGKey(4), **kwargs)
   assert baseline.decode_context._cache_size() == compiled
 
 
 def test_rng_determines_the_samples():
   model, params = make_model("test-v1_1")
   inputs = _inputs()
-  sample = lambda seed: np.asarray(baseline.temperature_sample(
+  sample = lambda seed: np.asarray(temperature_sample(
       model, params, inputs, max_decode_len=MAX_LEN, temperature=1.0, eos_id=96,
       rng=jax.random.PRNGKey(seed)).sequences)
   a, b, c = sample(0), sample(0), sample(1)
@@ -115,7 +116,7 @@ def test_first_token_follows_the_sampling_distribution():
   model, params = make_model("test-v1_1")
   n = 4000
   inputs = jnp.tile(_inputs()[:1], (n, 1))
-  out = baseline.temperature_sample(model, params, inputs, max_decode_len=1, temperature=1.0,
+  out = temperature_sample(model, params, inputs, max_decode_len=1, temperature=1.0,
                                     eos_id=96, rng=jax.random.PRNGKey(0))
   counts = np.bincount(np.asarray(out.sequences[:, 0]), minlength=VOCAB)
   logits = model.logits(params, inputs[:1], jnp.zeros((1, 1), jnp.int32))[0, 0]
@@ -144,4 +145,4 @@ def test_bad_arguments_name_the_parameter(kwargs, name):
   model, params = make_model("test-v1_1")
   args = dict(inputs=_inputs(), max_decode_len=4) | kwargs
   with pytest.raises(ValueError, match=name):
-    baseline.temperature_sample(model, params, args.pop("inputs"), **args)
+    temperature_sample(model, params, args.pop("inputs"), **args)

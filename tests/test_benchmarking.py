@@ -12,9 +12,8 @@ import pytest
 from conftest import make_model
 
 from specdec_jax import benchmarking
-from specdec_jax.decoding.drafts import T5Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import T5Scorer
+from specdec_jax.models.t5 import T5Draft, T5Scorer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -9,9 +9,8 @@ import pytest
 from conftest import make_model
 
 from specdec_jax.decoding import baseline, buckets
-from specdec_jax.decoding.baseline import temperature_sample
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import T5Scorer
+from specdec_jax.models.t5 import T5Scorer, temperature_sample
 
 
 @pytest.mark.parametrize("length,input_len,bucket", [

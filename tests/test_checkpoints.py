@@ -13,14 +13,15 @@ from conftest import make_model
 from safetensors.numpy import load_file, save_file
 
 from specdec_jax.checkpoints import (
-  CheckpointError,
-  load_hf_checkpoint,
-  load_hf_config,
-  parameter_names,
-  rounded_to_half,
-  save_hf_checkpoint,
+    CheckpointError,
+    load_hf_checkpoint,
+    load_hf_config,
+    parameter_names,
+    rounded_to_half,
+    save_hf_checkpoint,
 )
-from specdec_jax.models import T5Model, cached_decoder, get_config
+from specdec_jax.models import kernels
+from specdec_jax.models.t5 import T5Model, get_config
 
 
 @pytest.fixture
@@ -323,7 +324,7 @@ def test_rounded_to_half_is_what_a_float16_checkpoint_loads_as():
   for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(rounded), strict=True):
     assert y.dtype == np.asarray(x).dtype
     np.testing.assert_array_equal(y, np.asarray(x).astype(np.float16).astype(y.dtype))
-  assert not cached_decoder.half_panels(jax.device_put(params["decoder"]))
-  assert cached_decoder.half_panels(jax.device_put(rounded["decoder"]))
+  assert not kernels.half_panels(jax.device_put(params["decoder"]))
+  assert kernels.half_panels(jax.device_put(rounded["decoder"]))
   with pytest.raises(CheckpointError, match="float16's range"):
     rounded_to_half({"w": np.array([1e6], np.float32)})

@@ -21,19 +21,19 @@ from experiments import analyze, measure_alpha
 from specdec_jax import auto_gamma
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.data import layout
-from specdec_jax.decoding.drafts import T5Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import (
-  gin_flags,
-  measure,
-  report,
-  results_io,
-  runner,
-  settings,
-  t5_target,
-  tables,
+    gin_flags,
+    measure,
+    report,
+    results_io,
+    runner,
+    settings,
+    t5_target,
+    tables,
 )
 from specdec_jax.experiment.record import PointRow
+from specdec_jax.models.t5 import T5Draft
 
 VOCAB = 8192  # The committed SentencePiece model's size.
 ROW_FIELDS = (

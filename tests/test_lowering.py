@@ -2,8 +2,8 @@
 
 `panel_dot` (an XLA:CPU custom call) and XLA:CPU compiler options are the CPU's
 alone: the weights an accelerator's decoder reads are prepared unpacked
-(`cached_decoder.PANEL_DOTS` holds only "cpu"), and the loops' compiler options
-are given at compilation for XLA:CPU only (`cached_decoder.loop_jit`). Lowering
+(`kernels.PANEL_DOTS` holds only "cpu"), and the loops' compiler options
+are given at compilation for XLA:CPU only (`kernels.loop_jit`). Lowering
 the loops for 'cuda' and 'tpu' here (jax's cross-platform lowering) shows that
 what those backends would compile holds nothing of the CPU's.
 """
@@ -16,11 +16,9 @@ import pytest
 from conftest import make_model
 
 from specdec_jax.decoding import acceptance, baseline, speculative
-from specdec_jax.decoding.drafts import T5Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import T5Scorer
-from specdec_jax.models import cached_decoder, panel_dot
-from specdec_jax.models.t5 import PreparedParams
+from specdec_jax.models import panel_dot
+from specdec_jax.models.t5 import PreparedParams, T5Draft, T5Scorer, cached_decoder
 
 # What XLA:CPU alone runs: panel_dot's custom call target.
 CPU_ONLY = (panel_dot.TARGET,)

@@ -10,14 +10,8 @@ import numpy as np
 import pytest
 from conftest import make_model
 
-from specdec_jax.models import (
-    NAMED_CONFIGS,
-    T5Config,
-    T5Model,
-    cached_decoder,
-    get_config,
-    panel_dot,
-)
+from specdec_jax.models import kernels, panel_dot
+from specdec_jax.models.t5 import NAMED_CONFIGS, T5Config, T5Model, get_config
 
 
 def _flat_names(params: dict) -> set[str]:
@@ -91,8 +85,8 @@ def test_row_by_row_weight_products_give_the_same_logits(family, max_rows, monke
   """Calls of batch * k <= ROW_DOTS_MAX_ROWS rows multiply the weights row by row
   (cheaper on XLA:CPU with XLA's dots); the logits are the teacher-forced ones
   whichever way."""
-  monkeypatch.setitem(cached_decoder.ROW_DOTS_MAX_ROWS, jax.default_backend(), max_rows)
-  monkeypatch.setitem(cached_decoder.PANEL_DOTS, jax.default_backend(), False)
+  monkeypatch.setitem(kernels.ROW_DOTS_MAX_ROWS, jax.default_backend(), max_rows)
+  monkeypatch.setitem(kernels.PANEL_DOTS, jax.default_backend(), False)
   jax.clear_caches()  # decode_chunk's trace depends on the setting.
   model, params = make_model(family)
   # A fresh function: traced here, under this test's setting.
@@ -107,7 +101,7 @@ def test_row_by_row_weight_products_give_the_same_logits(family, max_rows, monke
     tokens = targets[:, start:stop]
     lowered = decode_chunk.lower(params, encoded, cache, tokens).as_text()
     by_row = 1 < tokens.size <= max_rows
-    assert cached_decoder.row_dots(tokens.size) == by_row
+    assert kernels.row_dots(tokens.size) == by_row
     # One product per weight matrix (6 per layer and the logits), or one per row.
     weight_dots = (6 * model.config.num_decoder_layers + 1) * (tokens.size if by_row else 1)
     attention_dots = 2 * 2 * model.config.num_decoder_layers
@@ -219,7 +213,7 @@ def test_prepared_weights_give_the_t5x_trees_logits_and_are_remembered(family):
 
 
 def test_compiler_options_lay_options_over_the_loops_own():
-  @functools.partial(cached_decoder.loop_jit, static_argnames=())
+  @functools.partial(kernels.loop_jit, static_argnames=())
   def double(x):
     return 2 * x
 
@@ -227,9 +221,9 @@ def test_compiler_options_lay_options_over_the_loops_own():
   np.testing.assert_array_equal(double(x), [0.0, 2.0, 4.0])
   # An option XLA does not know reaches the compiler only inside the block.
   with (pytest.raises(Exception, match="xla_no_such_option"),
-        cached_decoder.compiler_options(xla_no_such_option=True)):
+        kernels.compiler_options(xla_no_such_option=True)):
     double(x)
-  with cached_decoder.compiler_options(xla_cpu_enable_fast_min_max=True):
+  with kernels.compiler_options(xla_cpu_enable_fast_min_max=True):
     np.testing.assert_array_equal(double(x), [0.0, 2.0, 4.0])
   np.testing.assert_array_equal(double(x + 1), [2.0, 4.0, 6.0])
   assert double._cache_size() == 1  # The shipped options' program, compiled once.

@@ -14,10 +14,15 @@ import numpy as np
 import pytest
 from conftest import make_model
 
-from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import T5Draft
-from specdec_jax.decoding.speculative import speculative_sample
-from specdec_jax.models import T5Model, cached_decoder, get_config, panel_dot
+from specdec_jax.models import kernels, panel_dot
+from specdec_jax.models.t5 import (
+    T5Draft,
+    T5Model,
+    cached_decoder,
+    get_config,
+    speculative_sample,
+    temperature_sample,
+)
 
 # A T5.1.1 whose every decoder matrix has a multiple of 64 outputs: all packed.
 PANEL_CONFIG = dict(vocab_size=128, d_model=64, d_kv=32, num_heads=2, d_ff=64)
@@ -25,7 +30,7 @@ PANEL_CONFIG = dict(vocab_size=128, d_model=64, d_kv=32, num_heads=2, d_ff=64)
 
 def test_the_custom_call_is_built_here():
   assert panel_dot.available(), panel_dot.status()
-  assert cached_decoder.panel_dots()
+  assert kernels.panel_dots()
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 13, 14, 15, 29, 33])
@@ -125,7 +130,7 @@ def test_prepare_packs_float16_panels_only_where_float16_holds_the_weights():
   assert not panel_dot.exact_in_half(params)  # Random float32 weights: float32 panels.
   assert model.prepare(params).decoder.layers[0].wo.dtype == jnp.float32
   halved = jax.tree.map(lambda x: x.astype(jnp.float16).astype(jnp.float32), params)
-  assert panel_dot.exact_in_half(halved) and cached_decoder.half_panels(halved["decoder"])
+  assert panel_dot.exact_in_half(halved) and kernels.half_panels(halved["decoder"])
   decoder = model.prepare(halved).decoder
   assert {w.dtype for w in (decoder.layers[0].qkv, decoder.layers[0].wo, decoder.logits)} == {
       jnp.dtype(jnp.float16)}
@@ -188,7 +193,7 @@ def test_both_decoders_give_the_same_tokens_on_panels_and_on_xla_dots(monkeypatc
     return np.asarray(base.sequences), np.asarray(spec.sequences)
 
   on_panels = run()
-  monkeypatch.setitem(cached_decoder.PANEL_DOTS, jax.default_backend(), False)
+  monkeypatch.setitem(kernels.PANEL_DOTS, jax.default_backend(), False)
   on_xla = run()
   for a, b in zip(on_panels, on_xla, strict=True):
     np.testing.assert_array_equal(a, b)
@@ -198,10 +203,12 @@ def test_both_decoders_give_the_same_tokens_on_panels_and_on_xla_dots(monkeypatc
 def test_without_a_compiler_it_says_why_and_decodes_on_xla_dots(tmp_path):
   script = textwrap.dedent("""
       import jax, numpy as np
-      from specdec_jax.models import T5Model, cached_decoder, get_config, panel_dot
-      from specdec_jax.decoding.baseline import temperature_sample
+      from specdec_jax.models.t5 import T5Model, get_config
+      from specdec_jax.models import kernels, panel_dot
+      from specdec_jax.models.t5 import cached_decoder
+      from specdec_jax.models.t5 import temperature_sample
       print(panel_dot.status())
-      assert not panel_dot.available() and not cached_decoder.panel_dots()
+      assert not panel_dot.available() and not kernels.panel_dots()
       model = T5Model(get_config("test-v1_1", vocab_size=128, d_model=64, d_kv=32,
                                  num_heads=2, d_ff=64))
       params = jax.device_put(model.init_params(jax.random.PRNGKey(0)))

@@ -17,9 +17,8 @@ from conftest import make_model
 from jax.sharding import PartitionSpec as P
 
 from specdec_jax import partitioning
-from specdec_jax.decoding import data_parallel
-from specdec_jax.models import T5Model, cached_decoder, get_config, layers
-from specdec_jax.models.shared_encoder import SharedEncoderModel
+from specdec_jax.models import kernels, layers
+from specdec_jax.models.t5 import SharedEncoderModel, T5Model, get_config, temperature_sample
 
 MESH_TAGS = ("8x1", "2x4", "1x8")
 CHECKS = (
@@ -74,7 +73,7 @@ def test_every_declared_axis_has_a_rule(family):
   for model in (T5Model(get_config(family)), SharedEncoderModel(get_config(family), 48)):
     used = {a for p in jax.tree.leaves(model.param_info()) for a in p.axes}
     assert used <= set(rules), used - set(rules)
-  assert set(cached_decoder.KEY_AXES) == set(cached_decoder.VALUE_AXES) <= set(rules)
+  assert set(kernels.KEY_AXES) == set(kernels.VALUE_AXES) <= set(rules)
 
 
 def test_shared_encoder_axes():
@@ -104,7 +103,7 @@ def test_shard_params_needs_the_models_tree():
 
 
 def test_rules_to_specs_and_overrides():
-  assert partitioning.logical_to_spec(cached_decoder.KEY_AXES) == P("data", "model", None, None)
+  assert partitioning.logical_to_spec(kernels.KEY_AXES) == P("data", "model", None, None)
   rules = partitioning.axis_rules(vocab=None, embed="model")
   assert partitioning.logical_to_spec(("vocab", "embed"), rules) == P(None, "model")
   with pytest.raises(ValueError, match="heads='tensor'"):
@@ -157,7 +156,7 @@ def test_data_parallel_batch_must_divide():
   model = T5Model(get_config("test-v1_1"))
   mesh = partitioning.make_mesh(1, 1)
   with pytest.raises(ValueError, match="axis='rows' is not an axis"):
-    data_parallel.temperature_sample(model, {}, np.ones((2, 3), np.int32), mesh=mesh,
+    temperature_sample(model, {}, np.ones((2, 3), np.int32), mesh=mesh,
                                      max_decode_len=2, axis="rows")
 
 

@@ -18,9 +18,10 @@ from flax import struct
 from test_speculative import LENGTH, SAMPLES, VOCAB, _chi_square_p_value, accept_all
 
 from specdec_jax.decoding import baseline, speculative
-from specdec_jax.decoding.drafts import ScorerDraft, T5Draft
+from specdec_jax.decoding.drafts import ScorerDraft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import Scorer, T5Scorer
+from specdec_jax.decoding.scorer import Scorer
+from specdec_jax.models.t5 import T5Draft, T5Scorer
 
 Array = jax.Array
 EOS = 1

@@ -16,10 +16,14 @@ from test_speculative import LENGTH, SAMPLES, VOCAB, _chi_square_p_value, _exact
 from test_training import _batch
 
 from specdec_jax import checkpoints
-from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import SharedEncoderDraft, T5Draft, make_draft
-from specdec_jax.decoding.speculative import speculative_sample
-from specdec_jax.models.shared_encoder import SharedEncoderModel
+from specdec_jax.models.t5 import (
+    SharedEncoderDraft,
+    SharedEncoderModel,
+    T5Draft,
+    make_draft,
+    speculative_sample,
+    temperature_sample,
+)
 from specdec_jax.training import optimizer, trainer
 from specdec_jax.training.checkpointing import Checkpointer
 

@@ -18,12 +18,16 @@ from transformers import T5ForConditionalGeneration
 from experiments import export_family
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import layout, vocab
-from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import make_draft
-from specdec_jax.decoding.speculative import speculative_sample
 from specdec_jax.experiment import prompts
 from specdec_jax.experiment.family import FAMILY, SHARED_ENCODER
-from specdec_jax.models import T5Model, cached_decoder
+from specdec_jax.models import kernels
+from specdec_jax.models.t5 import (
+    T5Model,
+    cached_decoder,
+    make_draft,
+    speculative_sample,
+    temperature_sample,
+)
 
 MODELS_DIR = os.path.join(layout.ASSETS_DIR, "models")
 SHIPPED = [name for name in FAMILY if os.path.isdir(os.path.join(MODELS_DIR, name))]
@@ -104,5 +108,5 @@ def test_make_draft_prepares_the_shipped_draft_once_in_half_panels():
   assert isinstance(draft.params, cached_decoder.PreparedParams)
   assert make_draft(model, params).params is draft.params  # Remembered per tree.
   panels = [x for x in jax.tree.leaves(draft.params.decoder) if x.ndim == 3]
-  assert len(panels) == (13 if cached_decoder.panel_dots() else 0)
+  assert len(panels) == (13 if kernels.panel_dots() else 0)
   assert all(x.dtype == jnp.float16 for x in panels)

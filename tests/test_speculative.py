@@ -12,11 +12,15 @@ from conftest import make_model
 from scipy import stats as scipy_stats
 
 from specdec_jax.decoding import acceptance, sampling, speculative
-from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft, T5Draft, make_draft
+from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import T5Scorer
-from specdec_jax.decoding.speculative import speculative_sample
+from specdec_jax.models.t5 import (
+    T5Draft,
+    T5Scorer,
+    make_draft,
+    speculative_sample,
+    temperature_sample,
+)
 
 MAX_LEN = 24
 

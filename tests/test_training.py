@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_jax.models import T5Model, get_config
+from specdec_jax.models.t5 import T5Model, get_config
 from specdec_jax.training import batching, optimizer, trainer
 from specdec_jax.training.checkpointing import Checkpointer, StopFlag
 

@@ -1,6 +1,6 @@
 """The T5X-style baseline: autoregressive temperature sampling in one `lax.while_loop`.
 
-Every speedup in this project is measured against `temperature_sample`, so it is
+Every speedup in this project is measured against this loop, so it is
 built to be strong: the encoder runs once, cross-attention keys/values are
 projected once, the self-attention cache lives in the loop state, the whole
 generation is one compiled program (no host round-trip per token), and compiled
@@ -8,8 +8,8 @@ programs are reused across calls of the same shapes and settings.
 
 The loop is written against a `scorer.Scorer`, like the speculative one: each
 step scores a chunk of k = 1 token (the speculative loop scores k = gamma + 1
-per target call) and samples from its logits with `sampling.Warp`.
-`temperature_sample` is `decode` with a `T5Scorer`.
+per target call) and samples from its logits with `sampling.Warp`. It imports
+no model: `models.t5.temperature_sample` is `decode` with a `T5Scorer`.
 """
 
 from __future__ import annotations
@@ -20,12 +20,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specdec_jax import validation
-from specdec_jax.decoding import buckets
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import Scorer, T5Scorer
-from specdec_jax.models import cached_decoder
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.decoding.scorer import Scorer
+from specdec_jax.models import kernels
 
 Array = jax.Array
 
@@ -65,48 +62,13 @@ class SamplingLoopState:
   rng: Array
 
 
-def temperature_sample(model: T5Model, params: dict, inputs: Array, *, max_decode_len: int,
-                       temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                       eos_id: int | None = None, rng: Array | None = None) -> DecodeOutput:
-  """Samples (or, at temperature 0, greedily decodes) from an encoder-decoder.
-
-  Args:
-    model: the model (static: one compiled program per model config).
-    params: its parameters.
-    inputs: int32 `[batch, input_len]` encoder tokens, 0-padded; the padding is
-      cut to a length bucket first (`buckets.to_bucket`).
-    max_decode_len: the most tokens to generate per row.
-    temperature: 0 for greedy; otherwise the softmax temperature.
-    top_k: keep the k most likely tokens (0: all).
-    top_p: nucleus mass to keep (1.0: all).
-    eos_id: the end-of-sequence id (default: the config's).
-    rng: PRNG key (default `PRNGKey(0)`); unused when greedy.
-
-  Returns:
-    `DecodeOutput` with `[batch, max_decode_len]` sequences and `[batch]` lengths.
-
-  Raises:
-    ValueError: before any compilation, naming the argument, for a bad one
-      (`specdec_jax.validation`): e.g. a non-integral `max_decode_len`, float
-      or out-of-vocabulary token ids in `inputs`. Called under a trace, ids
-      outside the vocabulary fail at run time instead (the same ValueError,
-      or a `jax.errors.JaxRuntimeError` carrying its message).
-  """
-  args = validation.check_decode_args(model, inputs, max_decode_len=max_decode_len,
-                                      eos_id=eos_id, temperature=temperature, top_k=top_k,
-                                      top_p=top_p, rng=rng)
-  # Prepared once per set of parameters (remembered), outside the loop's program.
-  scorer = T5Scorer(model, model.prepare(params))
-  return decode(scorer, buckets.to_bucket(args.inputs), args.rng,
-                max_decode_len=args.max_decode_len, warp=Warp.of(args), eos_id=args.eos_id)
-
-
 def decode(scorer: Scorer, inputs: Array, rng: Array, *, max_decode_len: int, warp: Warp,
            eos_id: int) -> DecodeOutput:
-  """`temperature_sample` over any `Scorer` (e.g. a decoder-only model, a logits table).
+  """Samples (or, at temperature 0, greedily decodes) from any `Scorer`.
 
-  The arguments are taken as checked (`temperature_sample` checks them for a
-  T5): `inputs` in the scorer's vocabulary, `max_decode_len` >= 1, `eos_id`
+  The arguments are taken as checked (`validation.check_scorer_decode_args`;
+  `models.t5.temperature_sample` checks them for a T5): `inputs` in the
+  scorer's vocabulary, `max_decode_len` >= 1, `eos_id`
   an int. The scorer's `encode` runs here, as its own program; the loop is one
   compiled program per scorer kind, shapes and settings.
 
@@ -125,7 +87,7 @@ def decode(scorer: Scorer, inputs: Array, rng: Array, *, max_decode_len: int, wa
                              warp=warp, eos_id=eos_id)
 
 
-@functools.partial(cached_decoder.loop_jit, static_argnames=("max_decode_len", "warp",
+@functools.partial(kernels.loop_jit, static_argnames=("max_decode_len", "warp",
                                                              "eos_id"))
 def decode_context(scorer: Scorer, context: object, rng: Array, *, max_decode_len: int,
                    warp: Warp, eos_id: int) -> DecodeOutput:

@@ -8,6 +8,10 @@ data axis is exactly the pmap program: params replicated, the batch split, and
 every device running its own `lax.while_loop` (so a shard whose rows finish
 early stops early, with no cross-device communication at all).
 
+The loops are `baseline.decode` and `speculative.speculative_decode` over any
+`Scorer` and `Draft`; this module imports no model (`models.t5`'s
+`temperature_sample` / `speculative_sample` take a `mesh` and come here).
+
 Sampling: shard i draws with `fold_in(rng, i)`, so sampled outputs equal the
 single-device decoders run on each shard's rows with that key (greedy outputs
 equal the single-device outputs outright). For sampling that does not depend
@@ -22,19 +26,17 @@ import jax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from specdec_jax import validation
 from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.baseline import DecodeOutput
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import Scorer, T5Scorer
+from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.decoding.speculative import SpeculativeOutput
-from specdec_jax.models.t5 import T5Model
 
 Array = jax.Array
 
 
-def _check(inputs: Array, mesh: Mesh, axis: str) -> None:
+def check_split(inputs: Array, mesh: Mesh, axis: str) -> None:
   """Raises ValueError unless `inputs [batch, ...]` can be split over `mesh`'s `axis`.
 
   The other arguments are checked by `validation` first, once (token ids that
@@ -49,39 +51,34 @@ def _check(inputs: Array, mesh: Mesh, axis: str) -> None:
                      f"{axis!r} axis ({mesh.shape[axis]}); pad the batch to a multiple of it.")
 
 
-def temperature_sample(model: T5Model, params: dict, inputs: Array, *, mesh: Mesh,
-                       max_decode_len: int, axis: str = "data", temperature: float = 0.0,
-                       top_k: int = 0, top_p: float = 1.0, eos_id: int | None = None,
-                       rng: Array | None = None) -> DecodeOutput:
-  """`baseline.temperature_sample` with rows split over `mesh`'s `axis`.
+def decode(scorer: Scorer, inputs: Array, rng: Array, *, mesh: Mesh, max_decode_len: int,
+           warp: Warp, eos_id: int, axis: str = "data") -> DecodeOutput:
+  """`baseline.decode` with rows split over `mesh`'s `axis`.
 
   Args:
-    model, params, max_decode_len, temperature, top_k, top_p, eos_id: as in
-      `baseline.temperature_sample`.
-    inputs: int32 `[batch, input_len]`; batch must divide by the axis size.
+    scorer: the model side, replicated on every device (its parameters as
+      given: raw ones are prepared on each shard, inside the program).
+    inputs: int32 `[batch, input_len]`, checked; batch must divide by the axis
+      size (`check_split`).
+    rng: one PRNG key; shard i uses `fold_in(rng, i)`.
     mesh: the device mesh; other axes than `axis` hold replicas.
+    max_decode_len, warp, eos_id: as in `baseline.decode`.
     axis: the mesh axis the rows are split over.
-    rng: PRNG key (default `PRNGKey(0)`); shard i uses `fold_in(rng, i)`.
 
   Returns:
     `DecodeOutput`, sharded over `axis` by rows.
 
   Raises:
-    ValueError: as `baseline.temperature_sample`, or the batch does not split.
+    ValueError: the batch does not split (`check_split`).
   """
-  args = validation.check_decode_args(model, inputs, max_decode_len=max_decode_len,
-                                      eos_id=eos_id, temperature=temperature, top_k=top_k,
-                                      top_p=top_p, rng=rng)
-  _check(args.inputs, mesh, axis)
-  # The parameters are prepared on each shard, inside the program.
-  return _dp_temperature_sample(T5Scorer(model, params), args.inputs, args.rng, mesh=mesh,
-                                axis=axis, max_decode_len=args.max_decode_len,
-                                warp=Warp.of(args), eos_id=args.eos_id)
+  check_split(inputs, mesh, axis)
+  return _decode(scorer, inputs, rng, mesh=mesh, axis=axis, max_decode_len=max_decode_len,
+                 warp=warp, eos_id=eos_id)
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "axis", "max_decode_len", "warp", "eos_id"))
-def _dp_temperature_sample(scorer: Scorer, inputs: Array, rng: Array, *, mesh: Mesh, axis: str,
-                           max_decode_len: int, warp: Warp, eos_id: int) -> DecodeOutput:
+def _decode(scorer: Scorer, inputs: Array, rng: Array, *, mesh: Mesh, axis: str,
+            max_decode_len: int, warp: Warp, eos_id: int) -> DecodeOutput:
   def shard(scorer: Scorer, inputs: Array, rng: Array) -> DecodeOutput:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis))
     return baseline.decode(scorer, inputs, rng, max_decode_len=max_decode_len, warp=warp,
@@ -91,48 +88,42 @@ def _dp_temperature_sample(scorer: Scorer, inputs: Array, rng: Array, *, mesh: M
                        check_vma=False)(scorer, inputs, rng)
 
 
-def speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array, *,
-                       mesh: Mesh, gamma: int, max_decode_len: int, axis: str = "data",
-                       temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                       eos_id: int | None = None, rng: Array | None = None,
-                       draft_inputs: Array | None = None) -> SpeculativeOutput:
-  """`speculative.speculative_sample` with rows split over `mesh`'s `axis`.
+def speculative_decode(target: Scorer, draft: Draft, inputs: Array, rng: Array, *, mesh: Mesh,
+                       gamma: int, max_decode_len: int, warp: Warp, eos_id: int,
+                       draft_inputs: Array, axis: str = "data") -> SpeculativeOutput:
+  """`speculative.speculative_decode` with rows split over `mesh`'s `axis`.
 
   Args:
-    target, target_params, draft, gamma, max_decode_len, temperature, top_k,
-      top_p, eos_id: as in `speculative.speculative_sample`.
-    inputs: int32 `[batch, input_len]`; batch must divide by the axis size.
+    target: the target's `Scorer`, replicated on every device (its parameters
+      as given: raw ones are prepared on each shard, inside the program).
+    draft: a `drafts.Draft`, replicated.
+    inputs: int32 `[batch, input_len]`, checked; batch must divide by the axis
+      size (`check_split`).
+    rng: one PRNG key; shard i uses `fold_in(rng, i)`.
     mesh: the device mesh; other axes than `axis` hold replicas.
+    gamma, max_decode_len, warp, eos_id: as in `speculative.speculative_decode`.
+    draft_inputs: int32 `[batch, draft_input_len]`, the draft's encoder tokens,
+      one row per row of `inputs`; split over `axis` like them.
     axis: the mesh axis the rows are split over.
-    rng: PRNG key (default `PRNGKey(0)`); shard i uses `fold_in(rng, i)`.
-    draft_inputs: int32 `[batch, draft_input_len]` encoder tokens for the draft
-      if they differ (default `inputs`), one row per row of `inputs`; split
-      over `axis` like them.
 
   Returns:
     `SpeculativeOutput`, sharded over `axis` by rows;
     `stats.loop_iterations` is the largest count of any shard (the slowest).
 
   Raises:
-    ValueError: as `speculative.speculative_sample`, or the batch does not split.
+    ValueError: the batch does not split (`check_split`).
   """
-  args = validation.check_speculative_args(
-      target, draft, inputs, gamma=gamma, draft_inputs=draft_inputs,
-      max_decode_len=max_decode_len, eos_id=eos_id, temperature=temperature, top_k=top_k,
-      top_p=top_p, rng=rng)
-  _check(args.inputs, mesh, axis)
-  # The target's parameters are prepared on each shard, inside the program.
-  return _dp_speculative_sample(
-      T5Scorer(target, target_params), draft, args.inputs, args.draft_inputs, args.rng,
-      mesh=mesh, axis=axis, gamma=args.gamma, max_decode_len=args.max_decode_len,
-      warp=Warp.of(args), eos_id=args.eos_id)
+  check_split(inputs, mesh, axis)
+  return _speculative_decode(target, draft, inputs, draft_inputs, rng, mesh=mesh, axis=axis,
+                             gamma=gamma, max_decode_len=max_decode_len, warp=warp,
+                             eos_id=eos_id)
 
 
 @functools.partial(jax.jit, static_argnames=("mesh", "axis", "gamma", "max_decode_len", "warp",
                                              "eos_id"))
-def _dp_speculative_sample(target: Scorer, draft: Draft, inputs: Array, draft_inputs: Array,
-                           rng: Array, *, mesh: Mesh, axis: str, gamma: int,
-                           max_decode_len: int, warp: Warp, eos_id: int) -> SpeculativeOutput:
+def _speculative_decode(target: Scorer, draft: Draft, inputs: Array, draft_inputs: Array,
+                        rng: Array, *, mesh: Mesh, axis: str, gamma: int, max_decode_len: int,
+                        warp: Warp, eos_id: int) -> SpeculativeOutput:
   def shard(target: Scorer, draft: Draft, inputs: Array, draft_inputs: Array,
             rng: Array) -> SpeculativeOutput:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis))

@@ -14,8 +14,9 @@ Every row advances by its own accepted count; finished rows stop changing
 while the others go on. At temperature 0, p and q are one-hot and the output is
 token for token the target's greedy decoding.
 
-`speculative_sample` is `speculative_decode` with a `T5Scorer` as the target;
-`speculative_decode` takes any `Scorer` (and the acceptance rule, for tests).
+`speculative_decode` takes any `Scorer` as the target and any `Draft` (and the
+acceptance rule, for tests); it imports no model. `models.t5.speculative_sample`
+is `speculative_decode` with a `T5Scorer` as the target.
 """
 
 from __future__ import annotations
@@ -28,20 +29,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec_jax import stats, validation
-from specdec_jax.decoding import acceptance, buckets
+from specdec_jax import stats
+from specdec_jax.decoding import acceptance
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import Scorer, T5Scorer
-from specdec_jax.models import cached_decoder
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.decoding.scorer import Scorer
+from specdec_jax.models import kernels
 
 Array = jax.Array
 
 
 @struct.dataclass
 class SpeculativeStats:
-  """Per-row counters of one `speculative_sample` call.
+  """Per-row counters of one `speculative_decode` call.
 
   Attributes:
     iterations: int32 `[batch]`, target calls while the row was unfinished.
@@ -92,7 +92,7 @@ class SpeculativeStats:
 
 @struct.dataclass
 class SpeculativeOutput:
-  """Result of `speculative_sample`.
+  """Result of `speculative_decode`.
 
   Attributes:
     sequences: int32 `[batch, max_decode_len]`, generated tokens, EOS included,
@@ -156,67 +156,20 @@ class SpeculativeLoopState:
   records: IterationRecords
 
 
-def speculative_sample(target: T5Model, target_params: dict, draft: Draft, inputs: Array, *,
-                       gamma: int, max_decode_len: int, temperature: float = 0.0,
-                       top_k: int = 0, top_p: float = 1.0, eos_id: int | None = None,
-                       rng: Array | None = None, draft_inputs: Array | None = None
-                       ) -> SpeculativeOutput:
-  """Samples from `target` with `draft` proposing `gamma` tokens per target call.
-
-  The output is distributed exactly as `baseline.temperature_sample` on the
-  target with the same temperature / top_k / top_p; at temperature 0 it is
-  the same tokens.
-
-  Args:
-    target: the target model (static).
-    target_params: its parameters.
-    draft: a `drafts.Draft` with the target's vocabulary.
-    inputs: int32 `[batch, input_len]` encoder tokens, 0-padded; the padding is
-      cut to a length bucket first (`buckets.to_bucket`).
-    gamma: proposals per iteration (>= 1).
-    max_decode_len: the most tokens to generate per row.
-    temperature: 0 for greedy; otherwise the softmax temperature.
-    top_k: keep the k most likely tokens (0: all).
-    top_p: nucleus mass to keep (1.0: all).
-    eos_id: end-of-sequence id (default: the target config's).
-    rng: PRNG key (default `PRNGKey(0)`).
-    draft_inputs: encoder tokens for the draft if they differ (default `inputs`),
-      one row per row of `inputs`.
-
-  Returns:
-    A `SpeculativeOutput`.
-
-  Raises:
-    ValueError: before any compilation, naming the argument, for a bad one
-      (`specdec_jax.validation`): e.g. `gamma=True`, a draft of another
-      vocabulary, out-of-vocabulary ids in `inputs` or `draft_inputs`, or
-      `draft_inputs` of another batch size. Called under a trace, ids outside
-      the vocabulary fail at run time instead (the same ValueError, or a
-      `jax.errors.JaxRuntimeError` carrying its message).
-  """
-  args = validation.check_speculative_args(
-      target, draft, inputs, gamma=gamma, draft_inputs=draft_inputs,
-      max_decode_len=max_decode_len, eos_id=eos_id, temperature=temperature, top_k=top_k,
-      top_p=top_p, rng=rng)
-  # Prepared once per set of parameters (remembered), outside the loop's program.
-  scorer = T5Scorer(target, target.prepare(target_params))
-  return speculative_decode(scorer, draft, buckets.to_bucket(args.inputs), args.rng,
-                            gamma=args.gamma, max_decode_len=args.max_decode_len,
-                            warp=Warp.of(args), eos_id=args.eos_id,
-                            draft_inputs=buckets.to_bucket(args.draft_inputs))
-
-
 def speculative_decode(target: Scorer, draft: Draft, inputs: Array, rng: Array, *, gamma: int,
                        max_decode_len: int, warp: Warp, eos_id: int, draft_inputs: Array,
                        verify: Callable[..., acceptance.VerifyOutput] = acceptance.verify
                        ) -> SpeculativeOutput:
-  """`speculative_sample` with any `Scorer` as the target (e.g. a decoder-only model).
+  """Samples from `target` with `draft` proposing `gamma` tokens per target call.
 
-  The arguments are taken as checked (`speculative_sample` checks them for a
-  T5 target): the draft shares the scorer's vocabulary, `inputs` and
-  `draft_inputs` hold ids in it, one row per example each. The target's
-  `encode` runs here, as its own program; the loop is one compiled program per
-  scorer and draft kind, shapes and settings.
+  The output is distributed exactly as `baseline.decode` on the target with
+  the same `warp`; at temperature 0 it is the same tokens. The arguments are
+  taken as checked (`validation.check_scorer_speculative_args`;
+  `models.t5.speculative_sample` checks them for a T5 target): the draft
+  shares the scorer's vocabulary, `inputs` and `draft_inputs` hold ids in it,
+  one row per example each. The target's `encode` runs here, as its own
+  program; the loop is one compiled program per scorer and draft kind, shapes
+  and settings.
 
   Args:
     target: the target's `Scorer`.
@@ -240,7 +193,7 @@ def speculative_decode(target: Scorer, draft: Draft, inputs: Array, rng: Array, 
                              eos_id=eos_id, verify=verify)
 
 
-@functools.partial(cached_decoder.loop_jit, static_argnames=(
+@functools.partial(kernels.loop_jit, static_argnames=(
     "gamma", "max_decode_len", "warp", "eos_id", "verify"))
 def _speculative_sample(target: Scorer, context: object, draft: Draft, draft_inputs: Array,
                         rng: Array, *, gamma: int, max_decode_len: int, warp: Warp, eos_id: int,

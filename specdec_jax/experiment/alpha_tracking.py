@@ -36,11 +36,10 @@ import numpy as np
 import sentencepiece as spm
 
 from specdec_jax import atomic_io, auto_gamma
-from specdec_jax.decoding.drafts import Draft, make_draft
+from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import prompts
-from specdec_jax.models import T5Model
-from specdec_jax.models.shared_encoder import SharedEncoderModel
+from specdec_jax.models.t5 import SharedEncoderModel, T5Model, make_draft
 
 CURVE_FILE = "alpha_curve.json"
 BEST_DIR = "best"

@@ -25,13 +25,11 @@ from specdec_jax.checkpoints import load_hf_checkpoint, load_model, rounded_to_h
 from specdec_jax.data import layout
 from specdec_jax.data.distill import read_distilled
 from specdec_jax.decoding import buckets
-from specdec_jax.decoding.drafts import make_draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import T5Scorer
 from specdec_jax.distillation import head_tokens
 from specdec_jax.experiment import alpha_tracking
 from specdec_jax.experiment.draft_ranking import INPUT_LEN, TASK
-from specdec_jax.models import T5Model
+from specdec_jax.models.t5 import T5Model, T5Scorer, make_draft
 
 FULL = "full"
 

@@ -27,11 +27,9 @@ import sentencepiece as spm
 from specdec_jax import auto_gamma, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.decoding import buckets
-from specdec_jax.decoding.drafts import make_draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import T5Scorer
 from specdec_jax.experiment import alpha_tracking, prompts
-from specdec_jax.models import T5Model
+from specdec_jax.models.t5 import T5Model, T5Scorer, make_draft
 
 TASK = "ende"
 INPUT_LEN = 128

@@ -20,12 +20,11 @@ import jax
 import numpy as np
 from absl import logging
 
-from specdec_jax import partitioning, validation
+from specdec_jax import partitioning
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model, load_model_config
 from specdec_jax.data import layout
 from specdec_jax.data.ngram_stats import load_ngram_stats
-from specdec_jax.decoding.drafts import Draft, NgramDraft, make_draft
-from specdec_jax.decoding.scorer import T5Scorer
+from specdec_jax.decoding.drafts import Draft, NgramDraft
 from specdec_jax.experiment import prompts, stand_ins
 from specdec_jax.experiment.targets import (
     PROMPT_LOOKUP,
@@ -34,7 +33,7 @@ from specdec_jax.experiment.targets import (
     TargetKind,
     require,
 )
-from specdec_jax.models import T5Model
+from specdec_jax.models.t5 import T5Model, T5Scorer, check_t5_model, make_draft
 
 if TYPE_CHECKING:
   from specdec_jax.experiment.settings import Experiment, Settings
@@ -68,7 +67,7 @@ def load(settings: Settings, mesh: jax.sharding.Mesh) -> T5Target:
                                    dtype=settings.dtype, param_dtype=settings.param_dtype)
   partitioning.check_model_fits(cfg, mesh)
   model = T5Model(cfg, axis_rules=partitioning.axis_rules())
-  validation.check_t5_model(model, "Settings.target")
+  check_t5_model(model, "Settings.target")
   params = partitioning.shard_params(model, params, mesh)
   return T5Target(scorer=T5Scorer(model, model.prepare(params)), eos_id=cfg.eos_token_id,
                   encoder_width=cfg.d_model, settings=settings, mesh=mesh,

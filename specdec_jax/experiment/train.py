@@ -53,8 +53,7 @@ from specdec_jax.experiment.alpha_tracking import (  # noqa: E402
     AlphaTracker,
     held_out_inputs,
 )
-from specdec_jax.models import T5Model  # noqa: E402
-from specdec_jax.models.shared_encoder import SharedEncoderModel  # noqa: E402
+from specdec_jax.models.t5 import SharedEncoderModel, T5Model  # noqa: E402
 from specdec_jax.training import (  # noqa: E402
     batching,
     evaluation,

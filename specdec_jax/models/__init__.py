@@ -1,14 +1,12 @@
-"""T5 in Flax with T5X parameter names and chunked cached decoding."""
+"""The models: one package per family, over the pieces every family shares.
 
-from specdec_jax.models.config import NAMED_CONFIGS, T5Config, get_config
-from specdec_jax.models.t5 import (
-    DecoderCache,
-    DecodeWeights,
-    EncodedInputs,
-    PreparedParams,
-    T5Model,
-    Transformer,
-)
+  config.py, layers.py   what every family's config and Flax modules share
+  kernels.py             the KV cache with per-row lengths and rewind, its writes, the
+                         weight products of cached decoding
+  panel_dot.py / .cc     the weight product as an XLA:CPU custom call
+  t5/                    T5 (encoder-decoder) and its shared-encoder draft
+  llama/                 Llama-architecture decoder-only models, read from GGUF
 
-__all__ = ["NAMED_CONFIGS", "DecoderCache", "DecodeWeights", "EncodedInputs", "PreparedParams",
-           "T5Config", "T5Model", "Transformer", "get_config"]
+A family package holds its model, loader, `Scorer` and drafts; the decoding
+loops (`specdec_jax.decoding`) import none of them.
+"""

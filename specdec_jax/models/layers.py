@@ -1,19 +1,19 @@
-"""Building blocks of T5: RMS norm, dense projections, MLP, attention, relative bias.
+"""Building blocks every model family shares: declared parameters, RMS norm, dense, attention.
 
-Parameter names and layouts follow T5X (`t5x/examples/t5/layers.py`): dense kernels
-are stored 2-D as `[in_features, out_features]`, attention projections as
-`[d_model, heads * d_kv]`, the relative bias table as `[heads, num_buckets]`.
+Parameter names and layouts follow T5X (`t5x/examples/t5/layers.py`): dense
+kernels are stored 2-D as `[in_features, out_features]`, attention
+projections as `[d_model, heads * d_kv]`.
 
-The math lives in pure functions (`rms_norm`, `attention`, `gated_gelu`,
-`relative_bias`) that the Flax modules here and the cached decoder
-(`cached_decoder.py`) share, so both compute the same thing by construction.
-Keys are laid out `[batch * heads, d_kv, kv_len]` and values `[batch * heads,
-kv_len, d_kv]`: the layouts XLA's batched dots read as they are, with no
-transposing copy and no reshape between a cache update and the dot reading it
-(with a reshape there, XLA:CPU copied every cache array several times a step).
-Under a device mesh of more than one device (`jax.set_mesh`) they are
-`[batch, heads, d_kv, kv_len]` / `[batch, heads, kv_len, d_kv]` instead, which
-GSPMD can split over both the batch and the heads (`split_heads_layout`).
+The math lives in pure functions (`rms_norm`, `attention`) that the Flax
+modules of each family and its cached decoder share, so both compute the same
+thing by construction. Keys are laid out `[batch * heads, d_kv, kv_len]` and
+values `[batch * heads, kv_len, d_kv]`: the layouts XLA's batched dots read as
+they are, with no transposing copy and no reshape between a cache update and
+the dot reading it (with a reshape there, XLA:CPU copied every cache array
+several times a step). Under a device mesh of more than one device
+(`jax.set_mesh`) they are `[batch, heads, d_kv, kv_len]` / `[batch, heads,
+kv_len, d_kv]` instead, which GSPMD can split over both the batch and the
+heads (`split_heads_layout`).
 
 Every parameter declares its *logical* axes where it is created (`declare`):
 "embed" (d_model), "heads" (attention heads, or heads * d_kv side by side),
@@ -27,16 +27,14 @@ axes to mesh axes by its rules.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from specdec_jax.models.config import T5Config
+from specdec_jax.models.config import ModelConfig
 
 Array = jax.Array
 LogicalAxes = tuple[str | None, ...]
@@ -120,7 +118,8 @@ def with_logical_constraint(x: Array, axes: LogicalAxes, rules: LogicalRules | N
   return jax.lax.with_sharding_constraint(x, spec)
 
 
-def _kernel_init(scale: float, axes: LogicalAxes) -> Callable[..., Any]:
+def kernel_init(scale: float, axes: LogicalAxes) -> Callable[..., Any]:
+  """T5X's dense initialiser (fan-in truncated normal, variance `scale`), declaring `axes`."""
   return declare(nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal"), axes)
 
 
@@ -130,11 +129,6 @@ def rms_norm(x: Array, scale: Array, epsilon: float, dtype: jnp.dtype) -> Array:
   var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
   y = x32 * jax.lax.rsqrt(var + epsilon)
   return (y * scale.astype(jnp.float32)).astype(dtype)
-
-
-def gated_gelu(gate: Array, linear: Array) -> Array:
-  """T5.1.1's gated activation: gelu_new(x @ wi_0) * (x @ wi_1)."""
-  return jax.nn.gelu(gate, approximate=True) * linear
 
 
 def split_heads(x: Array, num_heads: int) -> Array:
@@ -204,9 +198,13 @@ def attention(q: Array, k: Array, v: Array, bias: Array | None, mask: Array,
 
 
 class RMSNorm(nn.Module):
-  """T5's layer norm: rescales by the root mean square, no centring, no bias."""
+  """T5's layer norm, Llama's too: rescales by the root mean square, no centring, no bias.
 
-  config: T5Config
+  Attributes:
+    config: the model's config (dtypes and `layer_norm_epsilon`).
+  """
+
+  config: ModelConfig
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -227,151 +225,13 @@ class Dense(nn.Module):
   """
 
   features: int
-  config: T5Config
+  config: ModelConfig
   axes: LogicalAxes
   init_scale: float = 1.0
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
     cfg = self.config
-    kernel = self.param("kernel", _kernel_init(self.init_scale, self.axes),
+    kernel = self.param("kernel", kernel_init(self.init_scale, self.axes),
                         (x.shape[-1], self.features), cfg.parameter_dtype)
     return jnp.dot(x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
-
-
-class MLP(nn.Module):
-  """Feed-forward block: ReLU (`wi`, T5 v1.0) or gated-GELU (`wi_0`, `wi_1`, T5.1.1)."""
-
-  config: T5Config
-
-  @nn.compact
-  def __call__(self, x: Array, deterministic: bool) -> Array:
-    cfg = self.config
-    if cfg.gated:
-      h = gated_gelu(Dense(cfg.d_ff, cfg, ("embed", "mlp"), name="wi_0")(x),
-                     Dense(cfg.d_ff, cfg, ("embed", "mlp"), name="wi_1")(x))
-    else:
-      h = jax.nn.relu(Dense(cfg.d_ff, cfg, ("embed", "mlp"), name="wi")(x))
-    h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
-    return Dense(cfg.d_model, cfg, ("mlp", "embed"), name="wo")(h)
-
-
-class MultiHeadAttention(nn.Module):
-  """Multi-head attention without the 1/sqrt(d_kv) factor (T5 folds it into init).
-
-  Split into projection and attention methods so that the decoder can project
-  the encoder's keys/values once (`EncodedInputs`).
-  """
-
-  config: T5Config
-
-  def setup(self):
-    cfg = self.config
-    inner = cfg.num_heads * cfg.d_kv
-    # [d_model, heads * d_kv] (split at head boundaries) and back.
-    self.query = Dense(inner, cfg, ("embed", "heads"), init_scale=1.0 / cfg.d_kv)
-    self.key = Dense(inner, cfg, ("embed", "heads"))
-    self.value = Dense(inner, cfg, ("embed", "heads"))
-    self.out = Dense(cfg.d_model, cfg, ("heads", "embed"))
-    self.dropout = nn.Dropout(cfg.dropout_rate)
-
-  def project_q(self, x: Array) -> Array:
-    """`[batch, q_len, d_model]` -> queries `[batch, q_len, heads, d_kv]`."""
-    return split_heads(self.query(x), self.config.num_heads)
-
-  def project_kv(self, x: Array) -> tuple[Array, Array]:
-    """`[batch, kv_len, d_model]` -> keys, values in the layouts of `attention`."""
-    heads = self.config.num_heads
-    return (key_layout(split_heads(self.key(x), heads)),
-            value_layout(split_heads(self.value(x), heads)))
-
-  def attend(self, q: Array, k: Array, v: Array, bias: Array | None, mask: Array,
-             deterministic: bool) -> Array:
-    """Attention of queries over keys/values (layouts of `attention`), then `out`.
-
-    Returns:
-      `[batch, q_len, d_model]`.
-    """
-    drop = functools.partial(self.dropout, deterministic=deterministic)
-    return self.out(attention(q, k, v, bias, mask, self.config.compute_dtype, drop))
-
-  def __call__(self, x: Array, kv_input: Array, bias: Array | None, mask: Array,
-               deterministic: bool) -> Array:
-    k, v = self.project_kv(kv_input)
-    return self.attend(self.project_q(x), k, v, bias, mask, deterministic)
-
-
-@functools.lru_cache(maxsize=64)
-def relative_position_buckets(max_relative: int, bidirectional: bool, num_buckets: int,
-                              max_distance: int) -> np.ndarray:
-  """Bucket of every relative position `key - query` in `[-max_relative, max_relative]`.
-
-  Computed once in float64 numpy (not traced), so that boundary cases such as
-  log(2)/log(16) land exactly where the reference implementation puts them.
-
-  Returns:
-    int32 `[2 * max_relative + 1]`; entry `i` is the bucket of `i - max_relative`.
-  """
-  rel = np.arange(-max_relative, max_relative + 1, dtype=np.int64)
-  buckets = np.zeros_like(rel)
-  if bidirectional:
-    num_buckets //= 2
-    buckets += (rel > 0) * num_buckets
-    n = np.abs(rel)
-  else:
-    n = np.maximum(-rel, 0)
-  max_exact = num_buckets // 2
-  with np.errstate(divide="ignore"):
-    large = max_exact + (np.log(np.maximum(n, 1) / max_exact) / np.log(max_distance / max_exact)
-                         * (num_buckets - max_exact)).astype(np.int64)
-  large = np.minimum(large, num_buckets - 1)
-  buckets += np.where(n < max_exact, n, large)
-  return buckets.astype(np.int32)
-
-
-class RelativePositionBias(nn.Module):
-  """T5's learned relative position bias, shared by all layers of a stack."""
-
-  config: T5Config
-  bidirectional: bool
-
-  @nn.compact
-  def __call__(self, q_pos: Array, k_len: int) -> Array:
-    """Bias for queries at `q_pos` over keys at positions `0..k_len-1`.
-
-    Args:
-      q_pos: int32 `[batch or 1, q_len]` absolute query positions (< k_len).
-      k_len: static number of key positions.
-
-    Returns:
-      `[batch or 1, heads, q_len, k_len]` float32 bias.
-    """
-    cfg = self.config
-    table = self.param("rel_embedding", _kernel_init(1.0, ("heads", "relpos_buckets")),
-                       (cfg.num_heads, cfg.relative_attention_num_buckets),
-                       cfg.parameter_dtype)
-    return relative_bias(table, q_pos, k_len, bidirectional=self.bidirectional,
-                         max_distance=cfg.relative_attention_max_distance)
-
-
-def relative_bias(table: Array, q_pos: Array, k_len: int, *, bidirectional: bool,
-                  max_distance: int) -> Array:
-  """T5's relative position bias for queries at `q_pos` over keys `0..k_len-1`.
-
-  Args:
-    table: `[heads, num_buckets]` learned bias per bucket.
-    q_pos: int32 `[batch or 1, q_len]` absolute query positions (< k_len).
-    k_len: static number of key positions.
-    bidirectional: encoder (True) or causal decoder (False) bucketing.
-    max_distance: distance at which the largest bucket starts.
-
-  Returns:
-    `[batch or 1, heads, q_len, k_len]` float32 bias.
-  """
-  max_rel = k_len  # Every query position lies in [0, k_len).
-  buckets_of_rel = jnp.asarray(relative_position_buckets(
-      max_rel, bidirectional, table.shape[1], max_distance))
-  rel = jnp.arange(k_len)[None, None, :] - q_pos[:, :, None]  # [b, q, k]
-  buckets = buckets_of_rel[jnp.clip(rel + max_rel, 0, 2 * max_rel)]  # [b, q, k]
-  bias = jnp.take(table.astype(jnp.float32), buckets, axis=1)  # [heads, b, q, k]
-  return jnp.transpose(bias, (1, 0, 2, 3))

@@ -7,7 +7,7 @@ cost 1.5-1.9X a one-row one: a verification chunk is not free where it should
 be. `panel_dot.cc` reads each weight from memory once per call for any number of
 rows, from weights stored as `[N / P, K, P]` panels (`pack`: one contiguous walk
 down K per P output columns, done once per parameter set by
-`cached_decoder.prepare`), and shares the panels between the calling thread
+each family's `prepare`), and shares the panels between the calling thread
 and helper threads that stay awake between the products of a decoder step
 (as many as XLA's intra-op pool has beyond the caller), so both decoders use
 every core. The panel width P is the build's (`panel_width`): two vector
@@ -24,7 +24,7 @@ else `g++`) for the CPU it runs on (`-march=native`), into
 the source, the flags, jaxlib's version and the CPU, and is written
 atomically, so concurrent first uses are safe. Where it cannot be built, or
 `$SPECDEC_PANEL_DOT=0`, `available()` is False, `status()` says why and the
-decoder keeps XLA's dots (`cached_decoder.panel_dots`).
+decoder keeps XLA's dots (`kernels.panel_dots`).
 """
 
 from __future__ import annotations

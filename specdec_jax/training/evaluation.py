@@ -9,8 +9,7 @@ import numpy as np
 import sacrebleu
 from rouge_score import rouge_scorer
 
-from specdec_jax.decoding.baseline import temperature_sample
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5 import T5Model, temperature_sample
 
 
 def validation_loss(eval_step: Callable[[dict, dict], dict], params: dict,

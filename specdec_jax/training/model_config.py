@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gin
 
-from specdec_jax.models import T5Config
+from specdec_jax.models.t5 import T5Config
 
 D_FF_PER_D_MODEL = 3  # The drafts' feed-forward width per model width (d128: d_ff 384).
 

@@ -28,10 +28,7 @@ import optax
 
 from specdec_jax.decoding import baseline
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import SharedEncoderScorer
-from specdec_jax.models.cached_decoder import EncodedInputs
-from specdec_jax.models.shared_encoder import SharedEncoderModel
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5 import EncodedInputs, SharedEncoderModel, SharedEncoderScorer, T5Model
 from specdec_jax.training.trainer import (
     DIVERGENCES,
     Batch,

@@ -35,8 +35,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from specdec_jax.models.shared_encoder import SharedEncoderModel
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5 import SharedEncoderModel, T5Model
 from specdec_jax.training.trainer import (
     Batch,
     LossConfig,

@@ -21,8 +21,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from specdec_jax.models.shared_encoder import SharedEncoderModel
-from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5 import SharedEncoderModel, T5Model
 
 Array = jax.Array
 Batch = dict[str, Array]

@@ -22,11 +22,11 @@ parameter's shape and logical axes, declared where it is created with
 
 The Flax modules give the teacher-forced logits (parity with the reference
 implementation). Generation goes through `decode_chunk`, as the T5 decoder's
-does (`cached_decoder`): weights prepared once (`prepare`: query | key | value
+does (`models.kernels`): weights prepared once (`prepare`: query | key | value
 and gate | up fused, the query pre-scaled by head_dim^-0.5, the tied embedding
 transposed into a `[d_model, vocab]` logits matrix, float32 matrices packed
 into panels for `panel_dot` on CPU), a chunk of k >= 1 tokens scored per call
-at per-row positions against a `cached_decoder.DecoderCache` of the key/value
+at per-row positions against a `kernels.DecoderCache` of the key/value
 heads, rewound by setting its lengths. Both paths share `rope` and
 `grouped_attention`, so they compute the same thing (tested).
 """
@@ -42,9 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec_jax.models import cached_decoder, layers, panel_dot
-from specdec_jax.models.cached_decoder import DecoderCache
+from specdec_jax.models import kernels, layers
 from specdec_jax.models.config import ModelConfig, check_dtype
+from specdec_jax.models.kernels import DecoderCache
 from specdec_jax.models.layers import Dense, LogicalRules, RMSNorm
 
 Array = jax.Array
@@ -221,12 +221,12 @@ class LlamaTransformer(nn.Module):
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)),
                             (tokens.shape[0], length, length))
     x = embedder(tokens)
-    decoder = _Decoder(cfg, name="decoder")
+    decoder = LlamaDecoder(cfg, name="decoder")
     x = decoder(x, positions, mask)
     return embedder.attend(x).astype(jnp.float32)
 
 
-class _Decoder(nn.Module):
+class LlamaDecoder(nn.Module):
   """The layers and the final norm (the `decoder/` subtree)."""
 
   config: LlamaConfig
@@ -244,7 +244,7 @@ class LlamaLayerWeights:
   """One layer's weights, prepared for generation (`prepare`).
 
   Each `[K, N]` matrix is `[N / P, K, P]` panels instead where `prepare`
-  packed it (`panel_dot.pack`).
+  packed it (`kernels.pack_weight`).
 
   Attributes:
     attn_norm: `[d_model]` scale before attention.
@@ -274,12 +274,19 @@ class LlamaWeights:
       first L of the target's: the same arrays).
     final_norm: `[d_model]` scale of the final norm.
     logits: `[d_model, vocab]`, the embedding transposed (tied); panels where packed.
+      `[d_model, head]` with `head_tokens`.
+    logits_bias: None, or `[head]` (or `[vocab]`) added to the logits.
+    head_tokens: None, or int32 `[head]` distinct ids: the tokens the logits'
+      columns score (a draft's shortlist); every other token's logit is -inf,
+      its probability 0 (speculative sampling stays exact).
   """
 
   embedding: Array
   layers: tuple[LlamaLayerWeights, ...]
   final_norm: Array
   logits: Array
+  logits_bias: Array | None = None
+  head_tokens: Array | None = None
 
   def first_layers(self, num_layers: int) -> LlamaWeights:
     """The first `num_layers` layers with this model's final norm and head (no copy)."""
@@ -290,16 +297,14 @@ def prepare(config: LlamaConfig, params: dict, panels: bool = False,
             half: bool = False) -> LlamaWeights:
   """The weights of a parameter tree, fused and cast for generation.
 
-  With `panels` (`cached_decoder.panel_dots()`), every matrix that
+  With `panels` (`kernels.panel_dots()`), every matrix that
   `panel_dot.packable` is stored as panels and multiplied by `panel_dot.dot`; in
-  float16 with `half` (`cached_decoder.half_panels(params)` must hold).
+  float16 with `half` (`kernels.half_panels(params)` must hold).
   """
   dtype = config.compute_dtype
 
   def layout(w: Array, exact_in_half: bool = True) -> Array:
-    if not (panels and panel_dot.packable(w)):
-      return w
-    return panel_dot.pack(w, half and exact_in_half)
+    return kernels.pack_weight(w, panels, half and exact_in_half)
 
   def kernel(tree: dict) -> Array:
     return jnp.asarray(tree["kernel"], dtype)
@@ -324,35 +329,18 @@ def prepare(config: LlamaConfig, params: dict, panels: bool = False,
                       logits=layout(embedding.T))
 
 
-def empty_cache(config: LlamaConfig, batch_size: int, max_len: int, num_layers: int,
-                axis_rules: LogicalRules | None = None) -> DecoderCache:
-  """A cache of the key/value heads of `num_layers` layers, `max_len` positions, lengths 0.
-
-  Keys are `[batch * kv_heads, head_dim, max_len]`, values `[batch * kv_heads,
-  max_len, head_dim]` (batch and heads apart under a multi-device mesh, then
-  constrained by `axis_rules`).
-  """
-  heads, d = config.num_kv_heads, config.head_dim
-  rows = (batch_size, heads) if layers.split_heads_layout() else (batch_size * heads,)
-  keys = tuple(jnp.zeros(rows + (d, max_len), config.compute_dtype) for _ in range(num_layers))
-  values = tuple(jnp.zeros(rows + (max_len, d), config.compute_dtype)
-                 for _ in range(num_layers))
-  keys, values = cached_decoder.constrain_kv(keys, values, axis_rules)
-  return DecoderCache(keys, values, jnp.zeros((batch_size,), jnp.int32))
-
-
 def _layer(config: LlamaConfig, w: LlamaLayerWeights, x: Array, *, positions: Array,
            mask: Array, cache_k: Array, cache_v: Array, start: Array,
            by_row: bool) -> tuple[Array, Array, Array]:
   """One layer over a chunk `x [batch, k, d_model]`; returns x and the layer's cache."""
   dtype, eps, d = config.compute_dtype, config.layer_norm_epsilon, config.head_dim
   heads, kv_heads = config.num_heads, config.num_kv_heads
-  dense = functools.partial(cached_decoder.dense, by_row=by_row)
+  dense = functools.partial(kernels.dense, by_row=by_row)
   qkv = dense(layers.rms_norm(x, w.attn_norm, eps, dtype), w.qkv)
   q = layers.split_heads(qkv[..., :heads * d], heads)
   k = layers.split_heads(qkv[..., heads * d:(heads + kv_heads) * d], kv_heads)
   v = layers.split_heads(qkv[..., (heads + kv_heads) * d:], kv_heads)
-  write = cached_decoder.write_positions
+  write = kernels.write_positions
   cache_k = write(cache_k, layers.key_layout(rope(k, positions, config.rope_theta)), start,
                   axis=2)
   cache_v = write(cache_v, layers.value_layout(v), start, axis=1)
@@ -375,7 +363,7 @@ def decode_chunk(config: LlamaConfig, weights: LlamaWeights, cache: DecoderCache
     after tokens[:, i]) and the cache with every row's length advanced by k.
   """
   batch, k = tokens.shape
-  by_row = cached_decoder.row_dots(batch * k)
+  by_row = kernels.row_dots(batch * k)
   positions = cache.lengths[:, None] + jnp.arange(k)[None]  # [batch, k]
   mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]  # [b, k, max_len]
   x = jnp.take(weights.embedding, tokens, axis=0)  # [batch, k, d_model]
@@ -387,7 +375,12 @@ def decode_chunk(config: LlamaConfig, weights: LlamaWeights, cache: DecoderCache
     keys.append(cache_k)
     values.append(cache_v)
   x = layers.rms_norm(x, weights.final_norm, config.layer_norm_epsilon, config.compute_dtype)
-  logits = cached_decoder.dense(x, weights.logits, by_row)
+  logits = kernels.dense(x, weights.logits, by_row)
+  if weights.logits_bias is not None:
+    logits = logits + weights.logits_bias
+  if weights.head_tokens is not None:
+    logits = jnp.full(logits.shape[:-1] + (config.vocab_size,), -jnp.inf, logits.dtype).at[
+        ..., weights.head_tokens].set(logits, unique_indices=True)
   return logits, DecoderCache(tuple(keys), tuple(values), cache.lengths + k)
 
 
@@ -429,8 +422,7 @@ class LlamaModel:
     """
     if isinstance(params, LlamaWeights):
       return params
-    return self._prepare(params, cached_decoder.panel_dots(),
-                         cached_decoder.half_panels(params))
+    return self._prepare(params, kernels.panel_dots(), kernels.half_panels(params))
 
   @functools.partial(jax.jit, static_argnums=(0, 2, 3))
   def _prepare(self, params: dict, panels: bool, half: bool) -> LlamaWeights:
@@ -438,9 +430,17 @@ class LlamaModel:
 
   def init_cache(self, batch_size: int, max_len: int, num_layers: int | None = None
                  ) -> DecoderCache:
-    """An empty cache of `max_len` positions for `num_layers` layers (default: all)."""
-    layers_ = self.config.num_layers if num_layers is None else num_layers
-    return empty_cache(self.config, batch_size, max_len, layers_, self.axis_rules)
+    """An empty cache of `max_len` positions for `num_layers` layers (default: all).
+
+    Keys are `[batch * kv_heads, head_dim, max_len]`, values `[batch * kv_heads,
+    max_len, head_dim]` (batch and heads apart under a multi-device mesh, then
+    constrained by `axis_rules`).
+    """
+    cfg = self.config
+    return DecoderCache.empty(
+        num_layers=cfg.num_layers if num_layers is None else num_layers, batch_size=batch_size,
+        heads=cfg.num_kv_heads, head_dim=cfg.head_dim, max_len=max_len, dtype=cfg.compute_dtype,
+        axis_rules=self.axis_rules)
 
   @functools.partial(jax.jit, static_argnums=0)
   def decode_chunk(self, weights: LlamaWeights, cache: DecoderCache, tokens: Array

@@ -29,7 +29,7 @@ from flax import struct
 
 from specdec_jax import validation
 from specdec_jax.decoding.scorer import Scorer
-from specdec_jax.models.cached_decoder import DecoderCache
+from specdec_jax.models.kernels import DecoderCache
 from specdec_jax.models.llama.model import LlamaModel, LlamaWeights
 
 Array = jax.Array

@@ -34,22 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.models import cached_decoder, layers
-from specdec_jax.models.cached_decoder import (
-    DecoderCache,
-    DecodeWeights,
-    EncodedInputs,
-    PreparedParams,
-)
-from specdec_jax.models.config import T5Config
-from specdec_jax.models.layers import (
-    MLP,
-    Dense,
-    LogicalRules,
-    MultiHeadAttention,
-    RelativePositionBias,
-    RMSNorm,
-)
+from specdec_jax.models import kernels, layers
+from specdec_jax.models.kernels import DecoderCache
+from specdec_jax.models.layers import Dense, LogicalRules, RMSNorm
+from specdec_jax.models.t5 import cached_decoder
+from specdec_jax.models.t5.cached_decoder import DecodeWeights, EncodedInputs, PreparedParams
+from specdec_jax.models.t5.config import T5Config
+from specdec_jax.models.t5.layers import MLP, MultiHeadAttention, RelativePositionBias
 
 Array = jax.Array
 
@@ -192,8 +183,8 @@ class Decoder(nn.Module):
 
 def constrain_encoded(encoded: EncodedInputs, rules: LogicalRules | None) -> EncodedInputs:
   """`encoded` with its cross-attention keys/values constrained to `rules` (a no-op
-  without rules or a multi-device mesh: `cached_decoder.constrain_kv`)."""
-  keys, values = cached_decoder.constrain_kv(encoded.cross_keys, encoded.cross_values, rules)
+  without rules or a multi-device mesh: `kernels.constrain_kv`)."""
+  keys, values = kernels.constrain_kv(encoded.cross_keys, encoded.cross_values, rules)
   return encoded.replace(cross_keys=keys, cross_values=values)
 
 
@@ -311,7 +302,7 @@ class T5Model:
     The decoders call this on every call; a tree of `jax.Array`s is prepared
     once and remembered (by the identity of its arrays, which are immutable),
     so later calls with the same tree cost nothing; its panels are float16 where
-    that is exact (`cached_decoder.half_panels`). Other trees (numpy, traced) are
+    that is exact (`kernels.half_panels`). Other trees (numpy, traced) are
     prepared on every call, into float32 panels. Prepare once yourself
     (`params = model.prepare(params)`) to hold the prepared weights explicitly.
 
@@ -331,17 +322,17 @@ class T5Model:
       return params
     if head_tokens is not None:
       head_tokens = self._check_head_tokens(head_tokens)
-    panels = cached_decoder.panel_dots()
+    panels = kernels.panel_dots()
     leaves = jax.tree.leaves(params)
     if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
       # Traced or numpy: no memory, so no per-call check of float16's exactness either.
       return PreparedParams(params, self._prepare_decoder(params, panels, False, head_tokens))
-    key = (self.config, panels, cached_decoder.HALF_PANELS, tuple(map(id, leaves)),
+    key = (self.config, panels, kernels.HALF_PANELS, tuple(map(id, leaves)),
            None if head_tokens is None else head_tokens.tobytes())
     if key in _PREPARED:
       _PREPARED.move_to_end(key)
       return _PREPARED[key][1]
-    half = cached_decoder.half_panels(params["decoder"])
+    half = kernels.half_panels(params["decoder"])
     prepared = PreparedParams(params, self._prepare_decoder(params, panels, half, head_tokens))
     _PREPARED[key] = (leaves, prepared)
     if len(_PREPARED) > _PREPARED_MAX:
@@ -366,7 +357,10 @@ class T5Model:
   def init_cache(self, batch_size: int, max_len: int) -> DecoderCache:
     """An empty cache of `max_len` positions per row (all lengths 0), constrained to
     `axis_rules` under a multi-device mesh."""
-    return DecoderCache.empty(self.config, batch_size, max_len, self.axis_rules)
+    cfg = self.config
+    return DecoderCache.empty(num_layers=cfg.num_decoder_layers, batch_size=batch_size,
+                              heads=cfg.num_heads, head_dim=cfg.d_kv, max_len=max_len,
+                              dtype=cfg.compute_dtype, axis_rules=self.axis_rules)
 
   def decode_chunk(self, weights: DecodeWeights | PreparedParams | dict, encoded: EncodedInputs,
                    cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:

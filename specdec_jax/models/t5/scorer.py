@@ -1,49 +1,15 @@
-"""Scorers: the model side of both decoding loops, behind one small interface.
+"""A T5 behind the scorer interface: its encoder once per input, its cached decoder per chunk.
 
-A scorer turns a chunk of k >= 1 tokens per row into the logits after each of
-them, against a per-row cache (T5X's `tokens_to_logits`, a maxtext engine's
-prefill / generate). The baseline scores a chunk of k = 1 token per step; the
-speculative loop scores k = gamma + 1 tokens per target call with the same
-method; a model draft proposes with its own scorer (`drafts.ScorerDraft`).
-The loops never touch a model: a hand-written scorer (a logits table, in the
-tests) or a decoder-only model fits the same loops.
-
-One generation, as the loops drive it:
-
-  context = scorer.encode(inputs, target_encoded)   # once per input (the encoder pass)
-  state = scorer.init_state(context, cache_len)     # an empty cache of cache_len positions
-  logits, state = scorer.score(state, tokens)       # [batch, k] at positions
-                                                    # cached_lengths(state) ... + k - 1
-  state = scorer.rewind(state, lengths)             # per-row cached lengths set back
-
-Positions count the decoder tokens fed: position 0 holds `start_token`, and
-position m the m-th generated token. Rewinding only sets each row's length:
-entries at or beyond it are masked and overwritten by the next chunk (no copy).
-
-The loops run `encode` for the target before their compiled loop (the target's
-encoder is its own program, with XLA's default options: see
-`cached_decoder.COMPILER_OPTIONS`) and `init_state` inside it (the cache is
-created where it lives). A draft's scorer runs both inside the loop.
-
-A decoder-only model has no encoder: its prompt is the context. `encode`
-keeps the prompts, `init_state` prefills all but each row's last prompt
-token, and that last token stands at position 0 in place of `start_token`,
-so positions count from the prompt's end (`models.llama.LlamaScorer`).
-
-The interface is model-agnostic: a `Context` (what `encode` computes once per
-input), a state and the `EncoderOutputs` a draft may read (`encoder_outputs`,
-passed on as `target_encoded`) are whatever pytrees the scorer defines (a T5's
-encoder outputs, a decoder-only model's prompts); the loops pass them on
-without looking inside.
-
-Scorers are pytrees (`flax.struct.dataclass`): the model is static, its
-parameters are traced leaves, so one compiled loop serves any weights of the
-same shapes.
+`T5Scorer` runs a `T5Model`'s encoder in `encode` and scores chunks with its
+cached decoder (`cached_decoder.decode_chunk`); `SharedEncoderScorer` is a T5
+decoder that reads the target's encoder outputs instead of encoding the
+inputs (`shared_encoder.SharedEncoderModel`). Both fit `decoding.scorer.Scorer`,
+so the model-free loops (`decoding.baseline.decode`,
+`decoding.speculative.speculative_decode`) run them.
 """
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -51,94 +17,41 @@ import jax
 from flax import struct
 
 from specdec_jax import validation
-from specdec_jax.models.config import T5Config
-from specdec_jax.models.shared_encoder import SharedEncoderModel
-from specdec_jax.models.t5 import (
-    DecoderCache,
-    DecodeWeights,
-    EncodedInputs,
-    PreparedParams,
-    T5Model,
-)
+from specdec_jax.decoding.scorer import Scorer
+from specdec_jax.models.kernels import DecoderCache
+from specdec_jax.models.t5.cached_decoder import DecodeWeights, EncodedInputs, PreparedParams
+from specdec_jax.models.t5.config import T5Config
+from specdec_jax.models.t5.model import T5Model
+from specdec_jax.models.t5.shared_encoder import SharedEncoderModel
 
 Array = jax.Array
-# What a scorer computes once per input (`Scorer.encode`) and starts each generation
-# from (`Scorer.init_state`): a pytree of the scorer's own kind.
-Context = Any
-# What a scorer lets a draft read of its context (`Scorer.encoder_outputs`, given to
-# `Draft.init_state` as `target_encoded`): a pytree of the scorer's own kind, or None.
-EncoderOutputs = Any
 
 
-class Scorer(abc.ABC):
-  """What the decoding loops need from a model: score chunks against a rewindable cache."""
+def check_t5_model(model: Any, name: str) -> T5Config:
+  """`validation.check_model` for a T5 (`T5Model`, or anything with a `T5Config` as its
+  `config`); returns the config."""
+  return validation.check_model(model, name, T5Config)
 
-  @property
-  @abc.abstractmethod
-  def vocab_size(self) -> int:
-    """Size of the vocabulary the logits range over."""
 
-  @property
-  @abc.abstractmethod
-  def start_token(self) -> int:
-    """The token at position 0, fed before the first generated one."""
+def check_shared_encoder_model(model: Any, name: str) -> T5Config:
+  """Checks that `model` is a `SharedEncoderModel` (a T5 decoder over another's encoder).
 
-  @property
-  @abc.abstractmethod
-  def pad_id(self) -> int:
-    """The padding id the outputs carry after a row's end."""
+  Args:
+    model: the model.
+    name: the argument's name, for the message.
 
-  @property
-  def reads_target_encoder(self) -> bool:
-    """Whether `encode` needs the target's encoder outputs (`target_encoded`)."""
-    return False
+  Returns:
+    Its config, checked by `validation.check_model_config`.
 
-  @abc.abstractmethod
-  def encode(self, inputs: Array, target_encoded: EncoderOutputs = None) -> Context:
-    """The work done once per input, e.g. the encoder pass.
-
-    Args:
-      inputs: int32 `[batch, input_len]`, 0-padded: an encoder's tokens, or
-        a decoder-only model's prompts.
-      target_encoded: the target's encoder outputs of the same examples
-        (`encoder_outputs` of the target's context); required iff
-        `reads_target_encoder`.
-
-    Returns:
-      The context `init_state` starts from (a pytree).
-    """
-
-  @abc.abstractmethod
-  def init_state(self, context: Context, cache_len: int) -> Any:
-    """The state of a generation: `context` and an empty cache of `cache_len` positions."""
-
-  @abc.abstractmethod
-  def score(self, state: Any, tokens: Array) -> tuple[Array, Any]:
-    """Scores `tokens` at each row's next positions.
-
-    Args:
-      state: the generation's state; the caller keeps
-        `cached_lengths(state) + k <= cache_len`.
-      tokens: int32 `[batch, k]`; row b at positions `cached_lengths(state)[b]`
-        ... `+ k - 1`.
-
-    Returns:
-      float32 logits `[batch, k, vocab]` (logits[:, i] predict the token after
-      tokens[:, i]) and the state with every row's cached length advanced by k.
-    """
-
-  @abc.abstractmethod
-  def cached_lengths(self, state: Any) -> Array:
-    """int32 `[batch]`: the positions each row has scored (where its next chunk goes)."""
-
-  @abc.abstractmethod
-  def rewind(self, state: Any, lengths: Array) -> Any:
-    """Sets each row's cached length to `lengths [batch]` (at most its current one)."""
-
-  def encoder_outputs(self, context: Context) -> EncoderOutputs:
-    """The encoder outputs a draft may read (`Draft.reads_target_encoder`), or None."""
-    del context
-    return None
+  Raises:
+    ValueError: `model` does not read another model's encoder outputs (it has
+      no `encoder_d_model`, e.g. a `T5Model`), or its config is bad.
+  """
+  if not isinstance(getattr(model, "encoder_d_model", None), int):
+    raise ValueError(f"{name} must be a specdec_jax.models.t5.SharedEncoderModel "
+                     f"(a T5 draft with its own encoder is a T5Draft), got "
+                     f"{type(model).__name__}.")
+  return check_t5_model(model, name)
 
 
 @struct.dataclass
@@ -180,8 +93,8 @@ class T5Scorer(Scorer):
       (the decoding entry points pass the latter, prepared once per set of
       parameters; a raw tree is prepared in `encode`, inside a traced loop once
       per generation).
-    check_model: the check of `model` (`validation.check_t5_model`; a class
-      attribute, which the drafts built on this scorer kind also call).
+    check_model: the check of `model` (`check_t5_model`; a class attribute,
+      which the drafts built on this scorer kind also call).
 
   Raises:
     ValueError: from the constructor, if `model` is not a `T5Model` or its
@@ -190,8 +103,7 @@ class T5Scorer(Scorer):
 
   model: T5Model | SharedEncoderModel = struct.field(pytree_node=False)
   params: dict | PreparedParams
-  check_model: ClassVar[Callable[[Any, str], T5Config]] = staticmethod(
-      validation.check_t5_model)
+  check_model: ClassVar[Callable[[Any, str], T5Config]] = staticmethod(check_t5_model)
 
   def __post_init__(self):
     # Static fields only: pytree unflattening calls this with any leaves.
@@ -235,7 +147,7 @@ class T5Scorer(Scorer):
 
 @struct.dataclass
 class SharedEncoderScorer(T5Scorer):
-  """A T5 decoder over the target's encoder outputs (`models.shared_encoder`).
+  """A T5 decoder over the target's encoder outputs (`shared_encoder`).
 
   Scoring and rewinding are `T5Scorer`'s; only `encode` differs: the
   cross-attention keys/values are projected from `target_encoded`, so the
@@ -246,7 +158,7 @@ class SharedEncoderScorer(T5Scorer):
   """
 
   check_model: ClassVar[Callable[[Any, str], T5Config]] = staticmethod(
-      validation.check_shared_encoder_model)
+      check_shared_encoder_model)
 
   @property
   def reads_target_encoder(self) -> bool:

@@ -8,7 +8,7 @@ decoder layers per token. Its cross-attention `key` / `value` kernels map the
 target's width to its own heads (`[encoder_d_model, heads * d_kv]`), so a
 d_model 128 decoder reads a d_model 384 encoder directly.
 
-Parameter tree: `t5.Transformer`'s without `encoder/` (T5X names; every
+Parameter tree: `model.Transformer`'s without `encoder/` (T5X names; every
 parameter with its shape and logical axes: `SharedEncoderModel.param_info()`);
 `decoder/layers_N/encoder_decoder_attention/{key,value}/kernel` are
 `[encoder_d_model, heads * d_kv]`.
@@ -28,15 +28,11 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.models import layers
-from specdec_jax.models.cached_decoder import (
-    DecoderCache,
-    DecodeWeights,
-    EncodedInputs,
-    PreparedParams,
-)
-from specdec_jax.models.config import T5Config
+from specdec_jax.models.kernels import DecoderCache
 from specdec_jax.models.layers import LogicalRules
-from specdec_jax.models.t5 import Decoder, T5Model, constrain_encoded, token_embedder
+from specdec_jax.models.t5.cached_decoder import DecodeWeights, EncodedInputs, PreparedParams
+from specdec_jax.models.t5.config import T5Config
+from specdec_jax.models.t5.model import Decoder, T5Model, constrain_encoded, token_embedder
 
 Array = jax.Array
 
