@@ -283,7 +283,8 @@ def load_hf_checkpoint(path: str, **config_overrides) -> tuple[T5Config, dict]:
 
 
 def save_hf_checkpoint(path: str, cfg: T5Config, params: dict,
-                       extra_files: dict[str, str] | None = None) -> None:
+                       extra_files: dict[str, str] | None = None, dtype: str = "float32"
+                       ) -> None:
   """Writes `params` as a HuggingFace T5 directory (replaced atomically).
 
   Args:
@@ -293,13 +294,21 @@ def save_hf_checkpoint(path: str, cfg: T5Config, params: dict,
     params: our parameter tree.
     extra_files: `{name in directory: source path}` copied alongside, e.g.
       `{"spiece.model": vocab_path}`.
+    dtype: the dtype of the tensors on disk: "float32", or "float16" as the shipped
+      family is stored (half the bytes; loaded back as float32, float16 holds every
+      value exactly, so the decoder packs float16 panels).
+
+  Raises:
+    ValueError: `dtype` is not "float32" or "float16".
   """
+  if dtype not in ("float32", "float16"):
+    raise ValueError(f"dtype={dtype!r}: save_hf_checkpoint writes 'float32' or 'float16'.")
   tensors = {}
   for ours, hf_name, transposed in parameter_names(cfg):
     value = params
     for key in ours:
       value = value[key]
-    value = np.asarray(value, dtype=np.float32)
+    value = np.asarray(value).astype(dtype)
     tensors[hf_name] = np.ascontiguousarray(value.T if transposed else value)
   _write_directory(path, tensors, cfg.to_hf_dict(), extra_files)
 
