@@ -184,8 +184,8 @@ def test_rest_mass_of_the_whole_vocabulary_is_floored():
 
 
 def test_a_decoder_only_targets_signals_are_its_teacher_forced_log_probs():
-  """`scorer_signals` (the GGUF teacher's path): prompts of different lengths, the
-  decodings of each repeated; the top-k of the full model's log-softmax after each
+  """`llama_signals` (the GGUF teacher's path): prompts of different lengths, each
+  prefilled once for its decodings; the top-k of the full model's log-softmax after each
   prompt and output prefix."""
   model = LlamaModel(TEST_CONFIG)
   params = model.init_params(jax.random.PRNGKey(0))
@@ -193,7 +193,7 @@ def test_a_decoder_only_targets_signals_are_its_teacher_forced_log_probs():
   prompts = [[5, 6, 7, 8], [11, 12]]
   outputs = np.random.RandomState(1).randint(1, 97, size=(2, 3, 5)).astype(np.int32)
   decoder_inputs = np.pad(outputs[..., :-1], ((0, 0), (0, 0), (1, 0)))
-  ids, logprobs, rest = (np.asarray(x) for x in teacher.scorer_signals(
+  ids, logprobs, rest = (np.asarray(x) for x in teacher.llama_signals(
       scorer, pad_prompts(prompts), decoder_inputs, top_k=4))
   assert ids.shape == (2, 3, 5, 4) and rest.shape == (2, 3, 5)
   for row, prompt in enumerate(prompts):

@@ -36,7 +36,6 @@ from specdec_jax.data import chat_prompts, corpora, layout
 from specdec_jax.data import teacher_signals as ts
 from specdec_jax.decoding import baseline
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.experiment import prompts
 from specdec_jax.models.llama import LlamaModel, LlamaScorer, gguf_loader, pad_prompts
 from specdec_jax.models.t5 import T5Config, T5Model, temperature_sample
@@ -257,23 +256,30 @@ class T5Teacher(Teacher):
 
 
 @functools.partial(jax.jit, static_argnames=("top_k",))
-def scorer_signals(scorer: Scorer, inputs: Array, decoder_inputs: Array, *, top_k: int
-                   ) -> tuple[Array, Array, Array]:
-  """Any scorer's signals, teacher-forced along `decoder_inputs` in one chunk per row.
+def llama_signals(scorer: LlamaScorer, prompts: Array, decoder_inputs: Array, *, top_k: int
+                  ) -> tuple[Array, Array, Array]:
+  """A decoder-only target's signals, each prompt prefilled once for all its decodings.
 
   Args:
     scorer: the target's scorer.
-    inputs: int32 `[b, L_in]`, what `scorer.encode` takes.
-    decoder_inputs: int32 `[b, D, L_out]`: position 0, then each decoding's outputs
-      shifted right (each example's inputs are repeated D times).
+    prompts: int32 `[b, L_in]`, right-padded with 0.
+    decoder_inputs: int32 `[b, D, L_out]`: position 0 (any token: the scorer puts the
+      prompt's last token there), then each decoding's outputs shifted right.
     top_k: log-probabilities kept per position.
 
   Returns:
     `top_k_logprobs`'s arrays, `[b, D, L_out, k]`, `[b, D, L_out, k]`, `[b, D, L_out]`.
   """
   b, d, length = decoder_inputs.shape
-  rows = jnp.repeat(inputs, d, axis=0)                                    # [b * D, L_in]
-  state = scorer.init_state(scorer.encode(rows), length)
+  state = scorer.init_state(scorer.encode(prompts), length)              # b rows
+
+  def repeat(x: Array) -> Array:  # Row-major leading axis ([b], [b * heads] or [b, heads]).
+    return jnp.repeat(x.reshape(b, -1, *x.shape[1:]), d, axis=0).reshape(-1, *x.shape[1:])
+
+  state = state.replace(
+      context=state.context.replace(prompts=repeat(state.context.prompts),
+                                    lengths=repeat(state.context.lengths)),
+      cache=jax.tree.map(repeat, state.cache))                            # b * D rows
   logits, _ = scorer.score(state, decoder_inputs.reshape(b * d, length))  # [b * D, L_out, V]
   ids, logprobs, rest = top_k_logprobs(logits.astype(jnp.float32), top_k)
   return (ids.reshape(b, d, length, top_k), logprobs.reshape(b, d, length, top_k),
@@ -333,8 +339,8 @@ class LlamaTeacher(Teacher):
     return np.asarray(out.sequences), np.asarray(out.lengths)
 
   def signals(self, inputs: np.ndarray, decoder_inputs: np.ndarray, top_k: int) -> Signals:
-    out = scorer_signals(self.scorer, jnp.asarray(inputs), jnp.asarray(decoder_inputs),
-                         top_k=top_k)
+    out = llama_signals(self.scorer, jnp.asarray(inputs), jnp.asarray(decoder_inputs),
+                        top_k=top_k)
     return Signals(None, *(np.asarray(x) for x in out))
 
 
