@@ -8,6 +8,7 @@ flax imports): no gin, seqio, TensorFlow or torch, no network, no install
 
   bash experiments/device_check.sh OUT_DIR          # the full check, < 8 min on one H200
   PYTHONPATH=. python -m experiments.device_check --output_dir=OUT_DIR [--smoke]
+  bash experiments/device_check.sh OUT_DIR --regime_map   # the T5 regime map's sweep instead
 
 Inputs are the first En-De test prompts (`specdec_jax.experiment.prompts`: the committed
 `assets/prompts/ende_test.jsonl` when `data_cache/` is absent), tokenized with
@@ -46,6 +47,14 @@ them), and OUT_DIR/tables.md sums them up at the end. The timing guard
 here; rows say so. `--smoke` runs the same code at tiny sizes (one draft, fp32,
 greedy at batch 2 and T=1 at batch 1) in well under a minute on a CPU: the test
 suite runs it.
+
+`--regime_map` runs, instead of those sections, the T5 regime map's sweep
+(`specdec_jax.experiment.regime_map` with `REGIME_MAP`'s settings: the public T5 shapes
+to t5-3b in bfloat16 and our family, T_verify(k), c, the loops' own work and the encoders)
+into OUT_DIR/regime_map, then its predictions and tables (`regime_predictions`), and its
+figure where matplotlib is installed (elsewhere: `python -m experiments.regime_map
+--nomeasure --output_dir=OUT_DIR/regime_map`). The shapes' checkpoints go to
+`<data_dir>/regime_map_models` (t5-3b alone is 5.7 GB).
 """
 
 from __future__ import annotations
@@ -69,11 +78,11 @@ import jaxlib
 import numpy as np
 import sentencepiece as spm
 
-from specdec_jax import atomic_io, benchmarking, checkpoints, stats, theory
+from specdec_jax import atomic_io, benchmarking, checkpoints, contention, stats, theory
 from specdec_jax.data import layout
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.experiment import prompts
+from specdec_jax.experiment import prompts, regime_map, regime_predictions
 from specdec_jax.models.t5 import (
     PreparedParams,
     SharedEncoderModel,
@@ -176,6 +185,13 @@ SMOKE = Settings(
     gamma=2, max_k=3, num_examples=2, input_len=32, max_decode_len=8, repetitions=1,
     timing_calls=2, timing_repeats=1, long_cache_len=64, write_bytes=(1 << 10, 64 << 10),
     write_calls=8, paired=True, budget_s=600.0)
+
+
+# `--regime_map`: the regime map's sweep on the accelerator, in the dtype it is used in there.
+REGIME_MAP = regime_map.MapSettings(
+    shapes=tuple(regime_map.SHAPES), dtype="bfloat16", param_dtype="bfloat16",
+    timing_calls=16, timing_repeats=5, timing_rounds=5)
+REGIME_MAP_DIR = "regime_map"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -604,6 +620,30 @@ def tables(rows: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def run_regime_map(output_dir: str, settings: regime_map.MapSettings = REGIME_MAP) -> str:
+  """The regime map's sweep into `<output_dir>/regime_map`: rows, predictions, tables, and the
+  figure where matplotlib is installed; returns the tables' text.
+
+  The timing guard watches the project's shared CPU; here it is recorded, not enforced
+  (each row's `idle_check` says `"enforced": false`).
+  """
+  os.environ[contention.GUARD_ENV] = "off"
+  out = os.path.join(output_dir, REGIME_MAP_DIR)
+  rows = regime_map.run(settings, out)
+  report = regime_predictions.write_report(rows, settings, regime_predictions.MapPredictions(),
+                                           out, " ".join(sys.argv))
+  try:
+    from specdec_jax.experiment import regime_figure  # noqa: PLC0415  (needs matplotlib)
+  except ImportError:
+    print(f"No matplotlib here: draw the figure with python -m experiments.regime_map "
+          f"--nomeasure --output_dir={out}", file=sys.stderr)
+  else:
+    regime_figure.fig_regime_map(report["predictions"], report["family_errors"],
+                                 report["last_level_cache"], os.path.join(out, "regime_map.png"))
+  with open(os.path.join(out, regime_predictions.TABLES_FILE), encoding="utf-8") as f:
+    return f.read()
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(prog="python -m experiments.device_check",
                                    description=__doc__.split("\n\n")[0])
@@ -613,6 +653,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                       help="Tiny sizes (one draft, fp32, two points): the test suite's run.")
   parser.add_argument("--models_dir", default=os.path.join(layout.ASSETS_DIR, "models"),
                       help="The shipped family: target and drafts in HF T5 format.")
+  parser.add_argument("--regime_map", action="store_true",
+                      help="Instead of the check's sections, the T5 regime map's sweep "
+                           f"(REGIME_MAP's settings) into OUTPUT_DIR/{REGIME_MAP_DIR} "
+                           "(--smoke and --budget_s do not apply to it).")
   parser.add_argument("--budget_s", type=float, default=None,
                       help="Time budget: a decode point that would end later than this many "
                            "seconds after the start is skipped (default "
@@ -622,6 +666,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
   args = parse_args(argv)
+  if args.regime_map:
+    print(run_regime_map(args.output_dir,
+                         dataclasses.replace(REGIME_MAP, models_dir=args.models_dir)))
+    return
   settings = SMOKE if args.smoke else FULL
   if args.budget_s is not None:
     settings = dataclasses.replace(settings, budget_s=args.budget_s)

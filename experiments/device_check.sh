@@ -2,6 +2,7 @@
 # The prepared accelerator check (experiments/device_check.py) as one command:
 #
 #   bash experiments/device_check.sh OUT_DIR [--smoke] [--budget_s=SECONDS]
+#   bash experiments/device_check.sh OUT_DIR --regime_map   # the T5 regime map's sweep
 #
 # Needs only jax (with CUDA or TPU support), flax, numpy, safetensors and
 # sentencepiece; no install: the repository goes on PYTHONPATH. Writes

@@ -1,0 +1,95 @@
+"""The T5 regime map: where speculative decoding starts to pay on this machine, shape by shape.
+
+  python -m experiments.regime_map --gin_file=gin_configs/regime_map.gin \
+      [--output_dir=results/regime_map] [--gin.RegimeMap.shapes="['t5-small']"] [--nomeasure]
+
+Measures (`specdec_jax.experiment.regime_map`) every cost of the cost model on random-weight
+models of the public T5 shapes, each saved in float16 and loaded back as a user's checkpoint
+is, and on our shipped family, in one run; then prices every (draft, target) pair at every
+gamma with the paper's alpha and with ours (`regime_predictions`), after stating the cost
+model's error on our family's committed measured points. Writes to `--output_dir`:
+
+  rows.jsonl       the measurements, one row per model and per (draft, target, temperature),
+                   each appended atomically: rerunning measures only the rows missing, so an
+                   interrupted run resumes (delete the file to measure again);
+  predictions.json every prediction, the error check and its verdict;
+  tables.md        the tables; regime_map.png the figure.
+
+Every timing runs inside the timing guard (`specdec_jax.contention`: our registered jobs
+paused; a timing beside another busy process is refused and measured again once the machine
+is quiet). About 20 minutes on the 2-core CPU, the shapes' checkpoints written on the first
+run (under `<data_dir>/regime_map_models`, about 4 GB). `--nomeasure` only redraws the
+predictions, tables and figure from the rows there (e.g. those of
+`experiments/device_check.sh OUT --regime_map`, with the device check's settings bound).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import gin
+from absl import app, flags
+
+from specdec_jax.experiment import (
+    gin_flags,
+    regime_figure,
+    regime_map,
+    regime_predictions,
+    results_io,
+    settings,
+)
+
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", os.path.join("results", "regime_map"),
+    "Where rows.jsonl, predictions.json, tables.md and the figure go.")
+_MEASURE = flags.DEFINE_bool("measure", True, "Measure the rows missing from rows.jsonl first. "
+                             "--nomeasure redraws from the rows there, with their own settings.")
+
+RegimeMap = gin.external_configurable(regime_map.MapSettings, "RegimeMap")
+RegimePredictions = gin.external_configurable(regime_predictions.MapPredictions,
+                                              "RegimePredictions")
+FIGURE_FILE = "regime_map.png"
+
+
+def measured_rows(output_dir: str) -> tuple[list[dict], regime_map.MapSettings]:
+  """The rows already in `output_dir` and the settings they were measured with.
+
+  Raises:
+    app.UsageError: there are none.
+  """
+  rows = results_io.read_rows(os.path.join(output_dir, regime_map.ROWS_FILE))
+  if not rows:
+    raise app.UsageError(f"--nomeasure: {output_dir} holds no {regime_map.ROWS_FILE}; measure "
+                         "first (drop --nomeasure) or point --output_dir at a run's rows.")
+  return rows, regime_map.MapSettings(**rows[0]["settings"])
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
+  settings.parse_gin(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
+  try:
+    map_settings, prediction_settings = RegimeMap(), RegimePredictions()
+  except ValueError as e:
+    raise app.UsageError(f"gin: {e}") from e
+  output_dir = _OUTPUT_DIR.value
+  if _MEASURE.value:
+    rows = regime_map.run(map_settings, output_dir)
+  else:
+    rows, map_settings = measured_rows(output_dir)
+  command = " ".join(["python -m experiments.regime_map"] + sys.argv[1:])
+  report = regime_predictions.write_report(rows, map_settings, prediction_settings, output_dir,
+                                           command)
+  figure = regime_figure.fig_regime_map(report["predictions"], report["family_errors"],
+                                        report["last_level_cache"],
+                                        os.path.join(output_dir, FIGURE_FILE))
+  with open(os.path.join(output_dir, regime_predictions.TABLES_FILE), encoding="utf-8") as f:
+    print(f.read())
+  print(f"Cost model on our family: {report['error_summary']['verdict']}. Wrote {output_dir}/"
+        f"{{{regime_map.ROWS_FILE}, {regime_predictions.PREDICTIONS_FILE}, "
+        f"{regime_predictions.TABLES_FILE}}} and {figure}.")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=gin_flags.parse_flags)
