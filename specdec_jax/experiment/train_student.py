@@ -1,0 +1,234 @@
+"""Training a decoder-only draft for a GGUF target on its stored signals, resumably.
+
+  python -m experiments.train --gin_file=gin_configs/train/draft_smollm2.gin \
+      --model_dir=checkpoints/draft_smollm2
+
+The target's outputs and signals come from `experiments.distill_data` and
+`experiments.teacher_signals` (`--teacher=smollm2`): the training split's under
+`StudentTrainConfig.signals_root`, held-out validation prompts' under
+`validation_root`. The draft (`models.llama.student`) scores a shortlist of the
+`head_size` tokens the target emits most often in the training outputs (EOS always
+kept; written once to `<model_dir>/head_tokens.npy`, so a resumed run keeps it). Every
+`eval_every` steps the acceptance rate on the validation outputs is estimated
+(`student_distill.make_eval_step`: alpha at T = 0 and a lower bound at T = 1) and
+appended to `<model_dir>/alpha_curve.json`; checkpoints every `checkpoint_every`
+steps and on SIGTERM / Ctrl-C (`training.checkpointing`). At the end the draft is
+saved (float16) to `<model_dir>/export/` (`student_io`), with the curve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import gin
+import jax
+import numpy as np
+
+from specdec_jax import atomic_io
+from specdec_jax.data import layout
+from specdec_jax.distillation.head_tokens import frequent_tokens
+from specdec_jax.distillation.teacher import default_root, teacher_sha256
+from specdec_jax.models.llama import gguf_loader
+from specdec_jax.models.llama.student import Student, student_config
+from specdec_jax.models.llama.student_io import TargetId, save_student
+from specdec_jax.training import optimizer as optimizers
+from specdec_jax.training import shortlist, student_distill
+from specdec_jax.training.checkpointing import Checkpointer, StopFlag
+from specdec_jax.training.signals_source import PackedSignals, SignalsBatches, read_packed
+from specdec_jax.training.trainer import LossConfig, TrainState
+
+CURVE = "alpha_curve.json"
+HEAD = "head_tokens.npy"
+EXPORT = "export"
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class StudentTrainConfig:
+  """A draft's shape, its data and its training (gin: `StudentTrainConfig.X`).
+
+  Attributes:
+    target: the GGUF target ("smollm2" or a .gguf path).
+    tasks: the chat tasks whose signals it trains on.
+    signals_root: the training split's distill root (None: `teacher.default_root`).
+    validation_root: the validation split's (None: `<signals_root>_validation`).
+    d_model: the draft's width.
+    num_layers: its blocks.
+    head_dim: per attention head.
+    kv_groups: query heads per key/value head.
+    head_size: the shortlist's length.
+    batch_size: (example, decoding) pairs per step.
+    passes: passes over the training pairs.
+    peak_lr: the learning rate after warmup (cosine decay to a tenth).
+    warmup_steps: linear warmup.
+    weight_decay: AdamW's.
+    divergence: the loss (`LossConfig.distill_divergence`).
+    eval_every: steps between alpha estimates.
+    checkpoint_every: steps between checkpoints.
+    seed: initialisation and data order.
+  """
+
+  target: str = "smollm2"
+  tasks: tuple[str, ...] = ("mansum", "explain")
+  signals_root: str | None = None
+  validation_root: str | None = None
+  d_model: int = 256
+  num_layers: int = 2
+  head_dim: int = 64
+  kv_groups: int = 2
+  head_size: int = 8192
+  batch_size: int = 32
+  passes: float = 5.0
+  peak_lr: float = 2e-3
+  warmup_steps: int = 200
+  weight_decay: float = 0.01
+  divergence: str = "forward_kl"
+  eval_every: int = 200
+  checkpoint_every: int = 200
+  seed: int = 0
+
+  @property
+  def train_root(self) -> str:
+    return self.signals_root or default_root(layout.default_data_dir(), self.target)
+
+  @property
+  def held_out_root(self) -> str:
+    return self.validation_root or self.train_root.rstrip("/") + "_validation"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+  embedding: np.ndarray  # float32 [vocab, embed_dim]
+  id: TargetId
+  eos_id: int
+  config: object
+
+
+def _load_target(name: str) -> _Target:
+  path = gguf_loader.smollm2_path() if name == "smollm2" else name
+  checkpoint = gguf_loader.load_gguf(path)
+  embedding = np.asarray(checkpoint.params["token_embedder"]["embedding"], np.float32)
+  target_id = TargetId(teacher_sha256(name), embedding.shape[0], embedding.shape[1],
+                       os.path.basename(path))
+  return _Target(embedding, target_id, checkpoint.vocabulary.eos_id, checkpoint.config)
+
+
+def choose_head(data: PackedSignals, vocab_size: int, size: int, eos_id: int
+                ) -> tuple[np.ndarray, float]:
+  """The shortlist: the `size` tokens the target's outputs hold most often (EOS kept),
+  and the share of output tokens it covers."""
+  counts = np.bincount(data.output_tokens, minlength=vocab_size).astype(np.float64)
+  head = frequent_tokens(counts, size, always=[eos_id])
+  return head, float(counts[head].sum() / counts.sum())
+
+
+def _estimate_alpha(eval_step, params, data: PackedSignals, batches: SignalsBatches,
+                    index: np.ndarray, embedding, head_tokens) -> dict[str, float]:
+  """Alpha at T = 0 and its T = 1 lower bound over every validation pair."""
+  sums = {"beta_greedy": 0.0, "tokens_greedy": 0.0, "beta_sampled": 0.0, "tokens_sampled": 0.0}
+  for pairs in batches.plan(0):
+    batch = shortlist.to_shortlist(batches.batch(pairs), index)
+    greedy = data.pair_decoding[np.resize(pairs, batches.batch_size)] == 0
+    out = eval_step(params, batch, greedy, embedding, head_tokens)
+    for key in sums:
+      sums[key] += float(out[key])
+  return {"alpha_t0": sums["beta_greedy"] / max(sums["tokens_greedy"], 1.0),
+          "alpha_t1_lower": sums["beta_sampled"] / max(sums["tokens_sampled"], 1.0)}
+
+
+def _read_curve(model_dir: str) -> list[dict]:
+  path = os.path.join(model_dir, CURVE)
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)["points"]
+
+
+@gin.configurable
+def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> dict:
+  """Trains (or resumes) the draft in `model_dir`; exports it when done.
+
+  Returns:
+    A summary: steps, passes, the shortlist's coverage, the last alpha estimates,
+    parameters, seconds.
+
+  Raises:
+    FileNotFoundError, teacher_signals.SignalError: the signals are missing or unfinished
+      (the message names the command that makes them).
+  """
+  t0 = time.time()
+  target = _load_target(config.target)
+  train = read_packed(config.tasks, root=config.train_root, with_hidden=False)
+  held_out = read_packed(config.tasks, root=config.held_out_root, with_hidden=False)
+  head_path = os.path.join(model_dir, HEAD)
+  if os.path.exists(head_path):
+    head = np.load(head_path)
+    coverage = float(np.isin(train.output_tokens, head).mean())
+  else:
+    head, coverage = choose_head(train, target.id.vocab_size, config.head_size, target.eos_id)
+    os.makedirs(model_dir, exist_ok=True)
+    np.save(head_path, head)
+  index = shortlist.shortlist_index(head, target.id.vocab_size)
+  student = Student(student_config(target.config, d_model=config.d_model,
+                                   num_layers=config.num_layers, head_size=config.head_size,
+                                   head_dim=config.head_dim, kv_groups=config.kv_groups))
+  batches = SignalsBatches(train, batch_size=config.batch_size, seed=config.seed)
+  eval_batches = SignalsBatches(held_out, batch_size=config.batch_size, seed=0)
+  total = int(round(config.passes * batches.steps_per_pass))
+  schedule = optimizers.learning_rate_schedule(total, peak_lr=config.peak_lr,
+                                               warmup_steps=config.warmup_steps)
+  optimizer = optimizers.make_optimizer(schedule, kind="adamw",
+                                        weight_decay=config.weight_decay)
+  loss_cfg = LossConfig(z_loss=0.0, distill_weight=1.0,
+                        distill_divergence=config.divergence)
+  step_fn = student_distill.make_train_step(student, optimizer, loss_cfg)
+  eval_step = student_distill.make_eval_step(student)
+  embedding = jax.device_put(target.embedding)
+  head_tokens = jax.device_put(head)
+  state = TrainState.create(student.init_params(jax.random.PRNGKey(config.seed)), optimizer)
+  checkpointer = Checkpointer(model_dir)
+  restored = checkpointer.restore(state)
+  state = restored if restored is not None else state
+  curve = _read_curve(model_dir)
+  rng = jax.random.PRNGKey(config.seed + 1)
+
+  def evaluate(step: int) -> None:
+    point = {"step": step, "passes": round(batches.passes(step), 3),
+             **_estimate_alpha(eval_step, state.params, held_out, eval_batches, index,
+                               embedding, head_tokens)}
+    curve[:] = [p for p in curve if p["step"] != step] + [point]
+    atomic_io.write_json(os.path.join(model_dir, CURVE), {
+        "config": dataclasses.asdict(config), "head_coverage": coverage,
+        "validation_pairs": held_out.num_pairs, "train_pairs": train.num_pairs,
+        "points": curve})
+    print(f"step {step} ({point['passes']} passes): alpha T=0 {point['alpha_t0']:.3f}, "
+          f"T=1 >= {point['alpha_t1_lower']:.3f}", flush=True)
+
+  step = int(state.step)
+  if step == 0 or not curve:
+    evaluate(step)
+  metrics = {}
+  with StopFlag() as stop:
+    for batch in batches.batches(step):
+      if step >= total or stop.requested:
+        break
+      state, metrics = step_fn(state, shortlist.to_shortlist(batch, index),
+                               jax.random.fold_in(rng, step), embedding, head_tokens)
+      step += 1
+      if step % config.eval_every == 0 or step == total:
+        evaluate(step)
+      if step % config.checkpoint_every == 0 or step == total or stop.requested:
+        checkpointer.save(step, state)
+  checkpointer.save(step, state)
+  checkpointer.close()
+  if step >= total:
+    save_student(os.path.join(model_dir, EXPORT), student.config,
+                 jax.tree.map(np.asarray, state.params), head, target.id)
+  return {"steps": step, "total_steps": total, "passes": round(batches.passes(step), 3),
+          "head_coverage": round(coverage, 4), "parameters": student.param_count(state.params),
+          "last": curve[-1] if curve else None,
+          "loss": float(metrics["loss"]) if metrics else None,
+          "seconds": round(time.time() - t0, 1)}

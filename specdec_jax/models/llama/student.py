@@ -1,0 +1,260 @@
+"""A small decoder-only draft for a Llama target that reads the target's embedding table.
+
+The paper's recipe for a decoder-only target (Leviathan et al. 2023, Table 3: a 6M
+draft for a 97M GPT-like target) is a small model of the same family, trained on the
+target's own outputs. A 49,152-token vocabulary would make most of such a draft its
+embedding and head, so this one owns neither:
+
+  * input: the target's token embedding `E [vocab, E_dim]` (frozen, read from the
+    target), projected to the draft's width by a learned `input_projection`;
+  * output: logits over a shortlist of `head` tokens (the target's most frequent
+    outputs, `distillation.head_tokens`): `h . (E[shortlist] W_out)^T + bias`, every
+    other token at probability 0, which keeps speculative sampling exact (a token the
+    draft cannot propose is still reached through the target's residual
+    distribution).
+
+In between: Llama blocks (`model.LlamaDecoder`: RMSNorm, RoPE, grouped-query attention,
+SwiGLU) of the draft's own width. Parameter tree (T5X-style names, kernels `[in, out]`):
+
+  input_projection/kernel                   [E_dim, d_model]
+  output_projection/kernel                  [E_dim, d_model]
+  logits_bias                               [head]
+  decoder/layers_N/...                      as `model.LlamaTransformer`'s
+  decoder/decoder_norm/scale                [d_model]
+
+For generation the draft is a `LlamaModel` of its blocks' config with prepared
+`LlamaWeights` (`Student.prepare`): the projected table `E W_in [vocab, d_model]` as
+its embedding, `(E[shortlist] W_out)^T [d_model, head]` as its logits matrix,
+`logits_bias` and `head_tokens`; `StudentDraft` puts it behind the draft interface.
+It reads the same chat prompt as the target (the target's `inputs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specdec_jax.decoding.drafts import ScorerDraft
+from specdec_jax.models import layers
+from specdec_jax.models.llama.model import LlamaConfig, LlamaDecoder, LlamaModel, LlamaWeights
+from specdec_jax.models.llama.scorer import LlamaScorer
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class StudentConfig:
+  """The shape of a draft that reads its target's embedding table.
+
+  Attributes:
+    blocks: the draft's Llama blocks (its `vocab_size` and special ids are the
+      target's: the tokens it reads and the ids its outputs carry).
+    embed_dim: the width of the target's embedding table.
+    head_size: tokens its output layer scores (the shortlist's length).
+  """
+
+  blocks: LlamaConfig
+  embed_dim: int
+  head_size: int
+
+  def __post_init__(self):
+    for name in ("embed_dim", "head_size"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"StudentConfig.{name} must be >= 1, got {getattr(self, name)}.")
+    if self.head_size > self.blocks.vocab_size:
+      raise ValueError(f"StudentConfig.head_size={self.head_size} exceeds the target's "
+                       f"vocabulary ({self.blocks.vocab_size}).")
+
+  def to_dict(self) -> dict:
+    return {"blocks": dataclasses.asdict(self.blocks), "embed_dim": self.embed_dim,
+            "head_size": self.head_size}
+
+  @classmethod
+  def from_dict(cls, d: dict) -> StudentConfig:
+    return cls(LlamaConfig(**d["blocks"]), int(d["embed_dim"]), int(d["head_size"]))
+
+
+def student_config(target: LlamaConfig, *, d_model: int, num_layers: int, head_size: int,
+                   head_dim: int = 64, kv_groups: int = 2, d_ff: int | None = None
+                   ) -> StudentConfig:
+  """A draft's config for `target`: its vocabulary, special ids and RoPE base.
+
+  Args:
+    target: the target's config.
+    d_model: the draft's width (a multiple of `head_dim`).
+    num_layers: its blocks.
+    head_size: the shortlist's length.
+    head_dim: per attention head.
+    kv_groups: query heads per key/value head.
+    d_ff: SwiGLU width (default: 8/3 d_model, rounded up to a multiple of 64).
+
+  Raises:
+    ValueError: `d_model` not a multiple of `head_dim`, or heads not a multiple of
+      `kv_groups`.
+  """
+  if d_model % head_dim:
+    raise ValueError(f"d_model={d_model} must be a multiple of head_dim={head_dim}.")
+  heads = d_model // head_dim
+  if heads % kv_groups:
+    raise ValueError(f"d_model / head_dim = {heads} heads must be a multiple of "
+                     f"kv_groups={kv_groups}.")
+  d_ff = d_ff or -(-8 * d_model // 3 // 64) * 64
+  blocks = dataclasses.replace(target, d_model=d_model, num_layers=num_layers,
+                               num_heads=heads, num_kv_heads=heads // kv_groups,
+                               head_dim=head_dim, d_ff=d_ff)
+  return StudentConfig(blocks, target.d_model, head_size)
+
+
+class StudentTransformer(nn.Module):
+  """The draft as a Flax module: teacher-forced logits over the shortlist."""
+
+  config: StudentConfig
+
+  @nn.compact
+  def __call__(self, embedding: Array, head_tokens: Array, tokens: Array, positions: Array,
+               mask: Array) -> Array:
+    """Logits of every position.
+
+    Args:
+      embedding: `[vocab, embed_dim]`, the target's token embedding (not trained).
+      head_tokens: int32 `[head]`, the shortlist.
+      tokens: int32 `[batch, L]`.
+      positions: int32 `[batch, L]`, each token's RoPE position.
+      mask: bool `[batch, L, L]`, True where a query may read a key.
+
+    Returns:
+      float32 `[batch, L, head]`: logits[b, i, j] scores head_tokens[j] after tokens[b, i].
+    """
+    cfg = self.config
+    blocks = cfg.blocks
+    dtype = blocks.compute_dtype
+    init = layers.declare(nn.initializers.lecun_normal(), ("embed", "mlp"))
+    w_in = self.param("input_projection", init, (cfg.embed_dim, blocks.d_model),
+                      blocks.parameter_dtype)
+    w_out = self.param("output_projection", init, (cfg.embed_dim, blocks.d_model),
+                       blocks.parameter_dtype)
+    bias = self.param("logits_bias", layers.declare(nn.initializers.zeros, ("vocab",)),
+                      (cfg.head_size,), blocks.parameter_dtype)
+    table = jax.lax.stop_gradient(jnp.asarray(embedding, dtype))
+    x = jnp.take(table, tokens, axis=0) @ jnp.asarray(w_in, dtype)       # [b, L, d]
+    x = LlamaDecoder(blocks, name="decoder")(x, positions, mask)
+    head = jnp.take(table, head_tokens, axis=0) @ jnp.asarray(w_out, dtype)  # [head, d]
+    return (x @ head.T + jnp.asarray(bias, dtype)).astype(jnp.float32)
+
+
+def prompt_and_outputs(prompts: Array, prompt_lengths: Array, decoder_inputs: Array
+                       ) -> tuple[Array, Array, Array]:
+  """The tokens, positions and mask a decoder-only model reads for teacher forcing.
+
+  As `LlamaScorer` generates: each row's prompt but its last token is the context
+  (positions 0 .. n - 2), then the decoder inputs stand at positions n - 1, n, ...,
+  the first of them replaced by the prompt's last token; so the logits at decoder
+  position t predict output token t.
+
+  Args:
+    prompts: int32 `[batch, Lp]`, right-padded with 0; row b's length n_b >= 1.
+    prompt_lengths: int32 `[batch]`.
+    decoder_inputs: int32 `[batch, T]`: 0 (any token), then the outputs shifted right.
+
+  Returns:
+    tokens int32 `[batch, Lp + T]`, positions int32 `[batch, Lp + T]` and mask bool
+    `[batch, Lp + T, Lp + T]`; the logits of columns Lp .. Lp + T - 1 are the decoder
+    positions'.
+  """
+  batch, width = prompts.shape
+  length = decoder_inputs.shape[1]
+  last = jnp.take_along_axis(prompts, prompt_lengths[:, None] - 1, axis=1)     # [b, 1]
+  decoder = decoder_inputs.at[:, :1].set(last)
+  tokens = jnp.concatenate([prompts, decoder], axis=1)                         # [b, Lp + T]
+  context = jnp.arange(width)[None] < (prompt_lengths - 1)[:, None]           # [b, Lp]
+  valid = jnp.concatenate([context, jnp.ones((batch, length), bool)], axis=1)  # [b, Lp + T]
+  positions = jnp.concatenate([jnp.broadcast_to(jnp.arange(width), (batch, width)),
+                               prompt_lengths[:, None] - 1 + jnp.arange(length)], axis=1)
+  causal = positions[:, None, :] <= positions[:, :, None]                      # [b, q, k]
+  order = jnp.arange(width + length)
+  # Padding keys are never read; a query reads valid keys at or before it.
+  mask = causal & valid[:, None, :] & (order[None, :] <= order[:, None])[None]
+  return tokens, positions.astype(jnp.int32), mask
+
+
+@dataclasses.dataclass(frozen=True)
+class Student:
+  """Functional API of a draft that reads its target's embedding (hashable: a static
+  argument of jitted steps)."""
+
+  config: StudentConfig
+
+  @property
+  def module(self) -> StudentTransformer:
+    return StudentTransformer(self.config)
+
+  @property
+  def llama(self) -> LlamaModel:
+    """The `LlamaModel` its prepared weights run in (`prepare`)."""
+    return LlamaModel(self.config.blocks)
+
+  def init_params(self, rng: Array) -> dict:
+    """Random parameters (the projections fan-in normal, the bias 0)."""
+    cfg = self.config
+    embedding = jnp.zeros((1, cfg.embed_dim), jnp.float32)
+    head = jnp.zeros((cfg.head_size,), jnp.int32)
+    tokens = jnp.zeros((1, 4), jnp.int32)
+    positions = jnp.arange(4)[None]
+    mask = jnp.tril(jnp.ones((4, 4), bool))[None]
+    params = jax.jit(self.module.init)(rng, embedding, head, tokens, positions, mask)
+    return layers.unbox(params["params"])
+
+  def param_count(self, params: dict) -> int:
+    return sum(int(x.size) for x in jax.tree.leaves(params))
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def logits(self, params: dict, embedding: Array, head_tokens: Array, prompts: Array,
+             prompt_lengths: Array, decoder_inputs: Array) -> Array:
+    """Teacher-forced float32 logits `[batch, T, head]` after each decoder input
+    (`prompt_and_outputs` gives the layout)."""
+    tokens, positions, mask = prompt_and_outputs(prompts, prompt_lengths, decoder_inputs)
+    out = self.module.apply({"params": params}, embedding, head_tokens, tokens, positions, mask)
+    return out[:, prompts.shape[1]:]
+
+  def prepare(self, params: dict, embedding: Array, head_tokens: Array) -> LlamaWeights:
+    """The draft's weights for generation (`LlamaModel.decode_chunk` of `self.llama`).
+
+    Args:
+      params: the draft's parameters.
+      embedding: `[vocab, embed_dim]`, the target's token embedding.
+      head_tokens: int32 `[head]`, the shortlist, distinct ids.
+    """
+    dtype = self.config.blocks.compute_dtype
+    table = jnp.asarray(embedding, jnp.float32)
+    projected = (table @ jnp.asarray(params["input_projection"], jnp.float32)).astype(dtype)
+    head = jnp.take(table, head_tokens, axis=0) @ jnp.asarray(params["output_projection"],
+                                                              jnp.float32)
+    tree = {"token_embedder": {"embedding": projected}, "decoder": params["decoder"]}
+    weights = self.llama.prepare(tree)
+    return weights.replace(logits=head.T.astype(dtype),
+                           logits_bias=jnp.asarray(params["logits_bias"], dtype),
+                           head_tokens=jnp.asarray(head_tokens, jnp.int32))
+
+
+@struct.dataclass
+class StudentDraft(ScorerDraft):
+  """A trained `Student` as the draft: its prepared weights behind a `LlamaScorer`.
+
+  It reads the same prompts as the target (`draft_inputs` = the target's inputs).
+
+  Attributes:
+    model: the `LlamaModel` of the draft's blocks (`Student.llama`; static).
+    weights: its prepared weights (`Student.prepare`).
+  """
+
+  model: LlamaModel = struct.field(pytree_node=False)
+  weights: LlamaWeights
+
+  @property
+  def scorer(self) -> LlamaScorer:
+    return LlamaScorer(self.model, self.weights)

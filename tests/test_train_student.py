@@ -1,0 +1,185 @@
+"""The decoder-only draft's data and training, end to end on a tiny random Llama target.
+
+The distillation commands' library (`distill_data`, `compute_signals`) runs with a
+tiny `LlamaTeacher` in place of the GGUF file; `train_student` trains on what they
+wrote, estimates alpha on the validation split, resumes, and exports a draft that
+loads back and refuses another target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from specdec_jax.data import layout
+from specdec_jax.distillation import decode, signals, teacher
+from specdec_jax.experiment import train_student
+from specdec_jax.models.llama import TEST_CONFIG, LlamaModel, LlamaScorer
+from specdec_jax.models.llama.student import Student
+from specdec_jax.models.llama.student_io import TargetId, check_target, load_student
+from specdec_jax.training import shortlist, student_distill
+
+pytestmark = pytest.mark.xdist_group("train_student")
+
+EOS = 2
+SOURCES = {"train": 12, "validation": 4}
+
+
+class _TinyTeacher(teacher.LlamaTeacher):
+  """A `LlamaTeacher` over a tiny random model; its prompts are a few source-derived ids."""
+
+  def __init__(self):  # noqa: D107 (no GGUF file to read)
+    model = LlamaModel(TEST_CONFIG.replace(eos_token_id=EOS))
+    self.params = model.init_params(jax.random.PRNGKey(0))
+    self.path, self.sha256, self.tokenizer_sha256 = "tiny.gguf", "ab" * 32, "ab" * 32
+    self.vocab_size, self.eos_id = TEST_CONFIG.vocab_size, EOS
+    self.config = model.config
+    self.scorer = LlamaScorer(model, model.prepare(self.params))
+
+  def sources(self, task, split, data_dir):
+    self._check_task(task)
+    count = SOURCES[split]
+    return [f"{task} source {i}" for i in range(count)], list(range(count))
+
+  def tokenize(self, task, texts, width):
+    out = np.zeros((len(texts), width), np.int32)
+    for i, text in enumerate(texts):
+      ids = [3 + (sum(map(ord, text)) * (j + 1)) % 90 for j in range(3 + i % 4)]
+      out[i, :len(ids)] = ids
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  """Distillation data and signals of both splits of two tasks, written by the library."""
+  root = tmp_path_factory.mktemp("student")
+  tiny = _TinyTeacher()
+  data_dir = str(root / "data")
+  for split, out in (("train", "distill_tiny"), ("validation", "distill_tiny_validation")):
+    config = decode.DistillConfig(
+        teacher="tiny.gguf", data_dir=data_dir, output_dir=os.path.join(data_dir, out),
+        tasks=("mansum", "explain"), split=split, num_samples=1, inputs_length=16,
+        max_decode_len=8, buckets=(8, 16), batch_size=4, shard_size=8)
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setattr(decode, "load_teacher", lambda *a, **k: tiny)
+      patch.setattr(decode, "layout", _Layout(data_dir))
+      decode.distill_data(config, progress=False)
+      patch.setattr(signals, "load_teacher", lambda *a, **k: tiny)
+      signals.compute_signals(signals.SignalsConfig(
+          teacher="tiny.gguf", data_dir=data_dir, output_dir=config.output_dir, top_k=8,
+          batch_size=4))
+  return tiny, os.path.join(data_dir, "distill_tiny")
+
+
+class _Layout:
+  """`layout` with corpus files that need not exist (the tiny teacher has its sources)."""
+
+  def __init__(self, data_dir: str):
+    self.data_dir = data_dir
+
+  def __getattr__(self, name):
+    return getattr(layout, name)
+
+  def corpus_file(self, data_dir, corpus, split):
+    path = os.path.join(self.data_dir, "corpora", corpus, f"{split}.jsonl")
+    if not os.path.exists(path):
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "w", encoding="utf-8") as f:
+        for i in range(max(SOURCES.values())):
+          f.write(json.dumps({"id": f"{corpus}-{i}", "inputs": "x", "targets": "y",
+                              "page": "p"}) + "\n")
+    return path
+
+
+def _config(root: str, **overrides) -> train_student.StudentTrainConfig:
+  return dataclasses.replace(train_student.StudentTrainConfig(
+      target="tiny.gguf", signals_root=root, d_model=16, num_layers=1, head_dim=8,
+      head_size=24, batch_size=4, passes=2.0, peak_lr=1e-2, warmup_steps=1, eval_every=3,
+      checkpoint_every=4), **overrides)
+
+
+def _target(tiny) -> train_student._Target:
+  embedding = np.asarray(tiny.params["token_embedder"]["embedding"])
+  return train_student._Target(embedding, TargetId(tiny.sha256, 97, embedding.shape[1],
+                                                   "tiny.gguf"), EOS, tiny.config)
+
+
+def test_the_target_outputs_and_signals_agree(data):
+  """The greedy decodings are the argmax of the stored signals, position by position."""
+  from specdec_jax.data import teacher_signals as ts  # noqa: PLC0415
+  _, root = data
+  shards = list(ts.iter_joined("mansum", root=root))
+  for s in shards:
+    length = s["topk_ids"].shape[2]
+    valid = np.arange(length) < s["output_lengths"][:, 0, None]
+    np.testing.assert_array_equal(s["topk_ids"][:, 0, :, 0][valid],
+                                  s["outputs"][:, 0, :length][valid])
+    assert s["encoder_hidden"].shape[2] == 0
+
+
+def test_training_resumes_estimates_alpha_and_exports(data, tmp_path, monkeypatch):
+  tiny, root = data
+  monkeypatch.setattr(train_student, "_load_target", lambda name: _target(tiny))
+  model_dir = str(tmp_path / "run")
+  config = _config(root)
+  first = train_student.train_student(model_dir, dataclasses.replace(config, passes=1.0))
+  assert first["steps"] == first["total_steps"] and first["passes"] == 1.0
+  second = train_student.train_student(model_dir, config)  # Resumes from the checkpoint.
+  assert second["steps"] == second["total_steps"] > first["steps"]
+  with open(os.path.join(model_dir, train_student.CURVE)) as f:
+    curve = json.load(f)
+  steps = [p["step"] for p in curve["points"]]
+  assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == second["steps"]
+  for point in curve["points"]:
+    assert 0.0 <= point["alpha_t0"] <= 1.0 and 0.0 <= point["alpha_t1_lower"] <= 1.0
+  saved = load_student(os.path.join(model_dir, train_student.EXPORT))
+  head = np.load(os.path.join(model_dir, train_student.HEAD))
+  np.testing.assert_array_equal(saved.head_tokens, head)
+  assert EOS in head and saved.config.head_size == 24
+  check_target(saved, "run", tiny.sha256, 97, saved.target.embed_dim, "tiny.gguf")
+  with pytest.raises(ValueError, match=r"trained for tiny.gguf .* but the target is other.gguf"):
+    check_target(saved, "run", "cd" * 32, 97, saved.target.embed_dim, "other.gguf")
+  # The last alpha estimate, recomputed from the exported draft by hand.
+  student = Student(saved.config)
+  embedding = np.asarray(tiny.params["token_embedder"]["embedding"])
+  held_out = train_student.read_packed(("mansum", "explain"), root=root + "_validation",
+                                       with_hidden=False)
+  batches = train_student.SignalsBatches(held_out, batch_size=4, seed=0)
+  index = shortlist.shortlist_index(head, 97)
+  hits = tokens = 0.0
+  for pairs in batches.plan(0):
+    batch = shortlist.to_shortlist(batches.batch(pairs), index)
+    logits = np.asarray(student_distill.student_logits(student, saved.params, embedding,
+                                                       head, batch))
+    greedy = (held_out.pair_decoding[np.resize(pairs, 4)] == 0)[:, None]
+    weights = batch["decoder_loss_weights"] * greedy
+    hits += float(((logits.argmax(-1) == batch["teacher_topk_ids"][..., 0]) * weights).sum())
+    tokens += float(weights.sum())
+  estimate = train_student._estimate_alpha(student_distill.make_eval_step(student),
+                                          saved.params, held_out, batches, index, embedding,
+                                          head)
+  assert tokens > 0 and estimate["alpha_t0"] == pytest.approx(hits / tokens, abs=1e-6)
+  # The export is float16: its estimate is close to the run's last one.
+  assert abs(estimate["alpha_t0"] - curve["points"][-1]["alpha_t0"]) < 0.1
+
+
+def test_the_shortlist_moves_outside_mass_to_the_rest():
+  index = shortlist.shortlist_index(np.array([1, 4, 7]), 10)
+  assert index.tolist() == [3, 0, 3, 3, 1, 3, 3, 2, 3, 3]
+  batch = {"teacher_topk_ids": np.array([[[4, 5, 1]]]),
+           "teacher_topk_logprobs": np.log(np.array([[[0.5, 0.2, 0.1]]], np.float16)),
+           "teacher_rest_logprob": np.log(np.array([[0.2]], np.float32)),
+           "decoder_target_tokens": np.array([[5]])}
+  out = shortlist.to_shortlist(batch, index)
+  assert out["teacher_topk_ids"].tolist() == [[[1, 3, 0]]]
+  assert out["decoder_target_tokens"].tolist() == [[3]]
+  np.testing.assert_allclose(np.exp(out["teacher_rest_logprob"]), [[0.4]], rtol=1e-3)
+  np.testing.assert_allclose(np.exp(out["teacher_topk_logprobs"])[0, 0, [0, 2]], [0.5, 0.1],
+                             rtol=1e-3)
+  with pytest.raises(ValueError, match="distinct token ids"):
+    shortlist.shortlist_index(np.array([1, 1]), 10)
