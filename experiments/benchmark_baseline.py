@@ -64,7 +64,7 @@ def main(argv: list[str]) -> None:
   with tempfile.TemporaryDirectory() as tmp:
     save_hf_checkpoint(os.path.join(tmp, "hf"), cfg, params)
     hf = transformers.T5ForConditionalGeneration.from_pretrained(os.path.join(tmp, "hf")).eval()
-  params = jax.device_put(params)
+  params = model.prepare(jax.device_put(params))  # Once, held for every call.
 
   rng = np.random.RandomState(_SEED.value)
   # The last id (an unused sentinel in T5 vocabularies) as EOS: checked below to be

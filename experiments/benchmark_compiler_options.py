@@ -1,8 +1,10 @@
 r"""Both decoding loops under the shipped XLA options and under others, in one process.
 
 Decodes the same En-De test examples (batch 1) with the baseline and with
-speculative decoding, each once with `kernels.COMPILER_OPTIONS` and
-once with `--options` laid over them (`kernels.compiler_options`): four
+speculative decoding, each once with the target's own compiler options
+(`DecodeOptions.compiler_options`, `DecodeOptions.for_backend()`'s) and once
+with `--options` laid over them (a copy of the target whose options hold them:
+the loops compile with their target's, `decoding.programs`): four
 decoders, interleaved by `benchmarking.time_interleaved`, so all four see the
 same machine. Per decoder: median ms per generated token over the calls. Per
 side: the median over calls of the paired ratio (the same example and pass)
@@ -18,6 +20,7 @@ draws the same random numbers under both sets of options.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Sequence
@@ -33,11 +36,10 @@ from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_model
 from specdec_jax.decoding.buckets import to_bucket
 from specdec_jax.experiment import prompts
-from specdec_jax.models import kernels
 from specdec_jax.models.t5 import make_draft, speculative_sample, temperature_sample
 
 _OPTIONS = flags.DEFINE_string("options", None, "JSON object of XLA options to lay over "
-                               "kernels.COMPILER_OPTIONS.", required=True)
+                               "the target's DecodeOptions.compiler_options.", required=True)
 _TARGET_DIR = flags.DEFINE_string("target_dir", "assets/models/target", "Target checkpoint.")
 _DRAFT_DIR = flags.DEFINE_string("draft_dir", "assets/models/draft_shared_enc_signals",
                                  "Draft checkpoint.")
@@ -72,7 +74,7 @@ def main(argv: Sequence[str]) -> None:
   options = parse_options(_OPTIONS.value)
   target, target_params = load_model(_TARGET_DIR.value)
   draft_model, draft_params = load_model(_DRAFT_DIR.value)
-  target_params = jax.device_put(target_params)
+  target_params = target.prepare(jax.device_put(target_params))
   draft = make_draft(draft_model, jax.device_put(draft_params))
   processor = spm.SentencePieceProcessor(model_file=prompts.VOCAB_PATH)
   pairs, _ = prompts.load_examples("ende", "test", _EXAMPLES.value)
@@ -81,12 +83,15 @@ def main(argv: Sequence[str]) -> None:
   settings = {"max_decode_len": _MAX_DECODE_LEN.value, "temperature": _TEMPERATURE.value}
 
   def decoder(side: str, overrides: dict[str, Any]):
+    shipped = dict(target.options.compiler_options)
+    model = dataclasses.replace(target, options=target.options.replace(
+        compiler_options={**shipped, **overrides}))
+
     def decode(i: int):
-      with kernels.compiler_options(**overrides):
-        if side == "baseline":
-          return temperature_sample(target, target_params, batches[i], **settings)
-        return speculative_sample(target, target_params, draft, batches[i], gamma=_GAMMA.value,
-                                  rng=jax.random.PRNGKey(i), **settings)
+      if side == "baseline":
+        return temperature_sample(model, target_params, batches[i], **settings)
+      return speculative_sample(model, target_params, draft, batches[i], gamma=_GAMMA.value,
+                                rng=jax.random.PRNGKey(i), **settings)
     return decode
 
   variants = {"shipped": {}, "options": options}
@@ -125,10 +130,10 @@ def main(argv: Sequence[str]) -> None:
                  f"--options='{_OPTIONS.value}' --gamma={_GAMMA.value} "
                  f"--temperature={_TEMPERATURE.value:g} --examples={_EXAMPLES.value} "
                  f"--passes={_PASSES.value}",
-      "shipped_options": kernels.COMPILER_OPTIONS, "options": options,
+      "shipped_options": dict(target.options.compiler_options), "options": options,
       "target_dir": _TARGET_DIR.value, "draft_dir": _DRAFT_DIR.value, "batch": 1,
       "summary": summary, "idle_check": guard.record(),
-      "environment": benchmarking.environment()})
+      "environment": benchmarking.environment(target.options)})
   print(f"wrote {_OUTPUT.value}")
 
 

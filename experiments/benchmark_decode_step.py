@@ -9,13 +9,14 @@ halfway into a `Settings.max_decode_len` generation. Three paths:
             read by the Flax modules on every call, keys/values `[batch, len,
             heads, d_kv]`, XLA's default dot libraries), loaded from git;
   xla_dots: `T5Model.prepare` once, then `cached_decoder` (fused projections,
-            dot-friendly cache layouts, `kernels.COMPILER_OPTIONS`) with
-            XLA's weight products (`PANEL_DOTS` off; calls of up to
-            `ROW_DOTS_MAX_ROWS` rows multiplied row by row);
+            dot-friendly cache layouts, the loops' compiler options) with
+            XLA's weight products (`DecodeOptions.weight_kernel="xla"`; calls
+            of up to `row_dots_max_rows` rows multiplied row by row);
   f32_panels: the same with the weights packed for `panel_dot` as float32 panels
-            (`kernels.HALF_PANELS` off);
-  new:      the default: panels in float16 where that holds the weights exactly
-            (the shipped checkpoints are float16), half the bytes per call.
+            (`DecodeOptions.half_panels` off);
+  new:      `DecodeOptions.for_backend()`: panels in float16 where that holds the
+            weights exactly (the shipped checkpoints are float16), half the bytes
+            per call.
 
 each on both cores and pinned to one (`os.sched_setaffinity` on every thread of
 the process). All combinations are interleaved within each repetition; medians
@@ -33,6 +34,7 @@ Writes `results.jsonl` (a row per model, path, cores and k) and `tables.md`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import importlib
@@ -44,7 +46,6 @@ import sys
 import tempfile
 import time
 from types import ModuleType
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -55,8 +56,8 @@ from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.experiment import family, gin_flags, settings
-from specdec_jax.models import kernels
-from specdec_jax.models.t5 import T5Context, T5Model, T5Scorer, cached_decoder
+from specdec_jax.models.options import DecodeOptions
+from specdec_jax.models.t5 import T5Context, T5Model, T5Scorer
 
 _MODELS = flags.DEFINE_list(
     "models", [m for m in family.FAMILY if m not in family.SHARED_ENCODER],
@@ -120,15 +121,13 @@ def _round1_loop(model, params: dict, encoded, tokens: jax.Array, start: jax.Arr
   return jax.lax.fori_loop(0, calls, body, (cache, jnp.zeros((), jnp.float32)))[1]
 
 
-def _xla_dots_weights(model: T5Model, params: dict):
-  """`model.prepare(params)` with `PANEL_DOTS` off: `[K, N]` weights for XLA's dots."""
-  with mock.patch.dict(kernels.PANEL_DOTS, {jax.default_backend(): False}):
-    return model.prepare(params)
-
-
-def _f32_panel_weights(config, params: dict) -> cached_decoder.DecodeWeights:
-  """The decoder's weights packed as float32 panels (`HALF_PANELS` off)."""
-  return cached_decoder.prepare(config, params, panels=kernels.panel_dots(), half=False)
+def _path_models(new: T5Model) -> dict[str, T5Model]:
+  """The model of each of today's paths: `new`, and copies whose options differ."""
+  return {"new": new,
+          "xla_dots": dataclasses.replace(new, options=new.options.replace(
+              weight_kernel="xla", half_panels=False)),
+          "f32_panels": dataclasses.replace(new, options=new.options.replace(
+              half_panels=False))}
 
 
 def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int,
@@ -140,14 +139,12 @@ def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int
   old = round1.T5Model(old_cfg)
   old_encoded = old.encode(params, inputs)
   new = T5Model(cfg)
-  prepared = {"new": new.prepare(params).decoder,
-              "xla_dots": _xla_dots_weights(new, params).decoder,
-              "f32_panels": _f32_panel_weights(cfg, params)}
   new_encoded = new.encode(params, inputs)
   # Each path's weights are in its state's context; `score` never reads the scorer's own.
-  scorer = T5Scorer(new, {})
-  states = {path: benchmarking.initial_state(scorer, T5Context(weights, new_encoded), cache_len)
-            for path, weights in prepared.items()}
+  scorers = {path: T5Scorer(model, {}) for path, model in _path_models(new).items()}
+  states = {path: benchmarking.initial_state(
+      scorer, T5Context(scorer.model.prepare(params).decoder, new_encoded), cache_len)
+            for path, scorer in scorers.items()}
   start = jnp.full((inputs.shape[0],), position, jnp.int32)
   loops = {}
   for k in range(1, _MAX_K.value + 1):
@@ -156,8 +153,8 @@ def _loops(model_dir: str, round1: ModuleType, inputs: jax.Array, cache_len: int
         _round1_loop, old, params, old_encoded, tokens, start, cache_len=cache_len,
         calls=_CALLS.value)
     for path, state in states.items():
-      loops[(path, k)] = functools.partial(benchmarking.chunk_loop, scorer, state, tokens, start,
-                                           calls=_CALLS.value)
+      loops[(path, k)] = functools.partial(benchmarking.chunk_loop, scorers[path], state,
+                                           tokens, start, calls=_CALLS.value)
   return loops
 
 
@@ -195,7 +192,7 @@ def measure(shared: settings.Settings) -> tuple[list[dict], dict]:
     pin_to_cores(max(CORES))
   record = guard.record()
   date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-  environment = benchmarking.environment()
+  environment = benchmarking.environment(DecodeOptions.for_backend())  # The `new` path's.
   rows = []
   for (name, path, k, cores), ts in times.items():
     per_call = statistics.median(ts) / _CALLS.value

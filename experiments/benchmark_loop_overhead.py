@@ -107,8 +107,8 @@ def _models() -> tuple[T5Model, dict, Draft]:
     raise app.UsageError(f"The draft's vocabulary ({draft_model.config.vocab_size}) differs "
                          f"from the target's ({target.config.vocab_size}); pair models that "
                          "share one.")
-  # Device arrays, as a user holds them: prepared once and remembered (`T5Model.prepare`).
-  return (target, jax.device_put(params),
+  # As a user holds them: the target's weights prepared once (`T5Model.prepare`).
+  return (target, target.prepare(jax.device_put(params)),
           make_draft(draft_model, jax.device_put(draft_params)))
 
 

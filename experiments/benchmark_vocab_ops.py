@@ -25,7 +25,7 @@ from absl import app, flags
 
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.decoding import sampling
-from specdec_jax.models import kernels
+from specdec_jax.models.options import DecodeOptions
 
 _VOCAB = flags.DEFINE_integer("vocab", 8192, "Vocabulary size.", lower_bound=2)
 _ROWS = flags.DEFINE_list("rows", ["1", "4"], "Rows per call (gamma + 1 for a verification).")
@@ -52,7 +52,6 @@ OPERATIONS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
 }
 
 
-@functools.partial(kernels.loop_jit, static_argnames=("name", "calls"))
 def op_loop(x: jax.Array, *, name: str, calls: int) -> jax.Array:
   """`calls` calls of `OPERATIONS[name]` on `x [rows, vocab]`, each input shifted by the last."""
   operation = OPERATIONS[name]
@@ -67,11 +66,15 @@ def op_loop(x: jax.Array, *, name: str, calls: int) -> jax.Array:
 def main(argv: Sequence[str]) -> None:
   del argv
   rows = [int(r) for r in _ROWS.value]
+  # Compiled as the decoding loops are, with the options of a model loaded here.
+  options = DecodeOptions.for_backend()
+  loop = jax.jit(op_loop, static_argnames=("name", "calls"),
+                 compiler_options=dict(options.compiler_options))
   programs = {}
   for r in rows:
     x = jax.random.normal(jax.random.PRNGKey(r), (r, _VOCAB.value), jnp.float32)
     for name in OPERATIONS:
-      programs[name, r] = functools.partial(op_loop, x, name=name, calls=_CALLS.value)
+      programs[name, r] = functools.partial(loop, x, name=name, calls=_CALLS.value)
   with contention.quiet("benchmark_vocab_ops") as guard:
     times = benchmarking.time_rotated(programs, _REPETITIONS.value)
   results = [{"operation": name, "rows": r,
@@ -82,7 +85,7 @@ def main(argv: Sequence[str]) -> None:
   atomic_io.write_json(_OUTPUT.value, {
       "command": "python -m experiments.benchmark_vocab_ops", "vocab": _VOCAB.value,
       "calls": _CALLS.value, "repetitions": _REPETITIONS.value, "results": results,
-      "idle_check": guard.record(), "environment": benchmarking.environment()})
+      "idle_check": guard.record(), "environment": benchmarking.environment(options)})
   print(f"wrote {_OUTPUT.value}")
 
 

@@ -114,6 +114,7 @@ def main(argv: list[str]) -> None:
                            f"{target_vocab}; a draft must share the target's vocabulary.")
   target_cfg, target_params = load_hf_checkpoint(shared.checkpoint_dir(shared.target))
   target = T5Model(target_cfg)
+  target_params = target.prepare(jax.device_put(target_params))  # Once, for every run.
   processor = spm.SentencePieceProcessor(
       model_file=os.path.join(shared.checkpoint_dir(shared.target), "spiece.model"))
   examples, split_sizes = {}, {}

@@ -94,7 +94,7 @@ def _t5_decoders(target_dir: str, draft_dir: str, gamma: int, max_len: int
   cfg, params = load_hf_checkpoint(target_dir)
   draft_cfg, draft_params = load_hf_checkpoint(draft_dir)
   target = T5Model(cfg)
-  params = jax.device_put(params)
+  params = target.prepare(jax.device_put(params))  # Once: every call reuses them.
   draft = make_draft(T5Model(draft_cfg), jax.device_put(draft_params))
   eos = cfg.eos_token_id
   # float32 like ours, whatever the stored dtype (the shipped family is stored in float16).

@@ -30,9 +30,11 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.decoding.drafts import Draft
+from specdec_jax.decoding.programs import loop_jit
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Context, EncoderOutputs, Scorer
-from specdec_jax.models import kernels
+from specdec_jax.models import panel_dot
+from specdec_jax.models.options import DecodeOptions
 
 Array = jax.Array
 
@@ -263,7 +265,7 @@ def target_step_times(target: Scorer, inputs: Array, *, chunk_lengths: Sequence[
   return results
 
 
-@functools.partial(kernels.loop_jit, static_argnames=("calls",))
+@functools.partial(loop_jit, static_argnames=("calls",))
 def chunk_loop(target: Scorer, state: Any, tokens: Array, start: Array, *, calls: int) -> Array:
   """Runs `calls` score calls, each from `state` rewound to `start`; returns a scalar that
   depends on every call's logits."""
@@ -383,7 +385,7 @@ def _propose_program(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cac
                               calls=calls)
 
 
-@functools.partial(kernels.loop_jit, static_argnames=("gamma", "warp", "calls"))
+@functools.partial(loop_jit, static_argnames=("gamma", "warp", "calls"))
 def propose_loop(draft: Draft, state: Any, tokens: Array, lengths: Array, rng: Array, *,
                   gamma: int, warp: Warp, calls: int) -> Array:
   """Runs `calls` proposals, each from the same state; returns a scalar using all of them."""
@@ -441,7 +443,7 @@ def propose_verify_time(target: Scorer, draft: Draft, inputs: Array, *, gamma: i
                         gamma=gamma, warp=warp, calls=calls), calls, repeats)
 
 
-@functools.partial(kernels.loop_jit, static_argnames=("gamma", "warp", "calls"))
+@functools.partial(loop_jit, static_argnames=("gamma", "warp", "calls"))
 def pair_loop(target: Scorer, draft: Draft, target_state: Any, draft_state: Any, tokens: Array,
               lengths: Array, rng: Array, *, gamma: int, warp: Warp, calls: int) -> Array:
   """Runs `calls` propose-then-score pairs from the same states; returns a scalar using all."""
@@ -501,8 +503,14 @@ def _git_commit() -> str | None:
   return head + ("+changes" if changed.strip() else "")
 
 
-def environment() -> dict[str, Any]:
-  """Where a measurement ran: versions, devices, CPU, load, and the code's git commit."""
+def environment(options: DecodeOptions | None = None) -> dict[str, Any]:
+  """Where a measurement ran: versions, devices, CPU, load, and the code's git commit.
+
+  Args:
+    options: the measured model's `DecodeOptions` (`Scorer.decode_options`):
+      recorded as `weight_dots` (its weight kernel) and `decode_options`; the
+      `panel_dot` kernel's status is recorded either way.
+  """
   devices = jax.devices()
   env = {
       "jax": jax.__version__,
@@ -515,8 +523,11 @@ def environment() -> dict[str, Any]:
       "python": platform.python_version(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "load_average": list(os.getloadavg()),
-      "weight_dots": kernels.weight_dots(),
+      "panel_dot": panel_dot.status(),
   }
+  if options is not None:
+    env["weight_dots"] = options.weight_kernel
+    env["decode_options"] = options.describe()
   commit = _git_commit()
   if commit:
     env["git_commit"] = commit

@@ -17,15 +17,18 @@ the whole generation loop. A model built with rules (`T5Model(cfg,
 axis_rules=axis_rules())`) constrains the KV caches and cross-attention
 keys/values where it creates them (`kernels.KEY_AXES` / `VALUE_AXES`);
 without, propagation from the sharded kernels splits them the same way (the
-tests check the compiled per-device shapes). Under a mesh the caches keep batch
-and heads apart (`[batch, heads, d_kv, max_len]`, see
-`layers.split_heads_layout`), so both can be split; on one device they are merged
-(`[batch * heads, d_kv, max_len]`, the layout XLA:CPU's dots read without copies).
+tests check the compiled per-device shapes). A model for a mesh takes
+`DecodeOptions.for_backend(devices=mesh.size)`: its caches keep batch and heads
+apart (`[batch, heads, d_kv, max_len]`, `DecodeOptions.split_heads`), so both
+can be split, and its weights stay `[K, N]` for XLA's dots; on one device they
+are merged (`[batch * heads, d_kv, max_len]`, the layout XLA:CPU's dots read
+without copies).
 
 Example:
 
   mesh = make_mesh(data=2, model=4)
-  model = T5Model(cfg, axis_rules=axis_rules())
+  model = T5Model(cfg, axis_rules=axis_rules(),
+                  options=DecodeOptions.for_backend(devices=mesh.size))
   params = shard_params(model, params, mesh)
   with jax.set_mesh(mesh):
     out = temperature_sample(model, params, shard_batch(inputs, mesh), max_decode_len=64)
@@ -44,6 +47,7 @@ from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionS
 
 from specdec_jax.models.kernels import KEY_AXES
 from specdec_jax.models.layers import LogicalAxes, LogicalRules
+from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import SharedEncoderModel, T5Config, T5Model
 
 Array = jax.Array
@@ -279,7 +283,8 @@ def estimate_memory(config: T5Config, mesh: Mesh | tuple[int, int], batch: int, 
     return math.prod(shape[table[a]] for a in axes if a is not None and table.get(a))
 
   param_bytes = sum(math.prod(p.shape) * p.dtype.itemsize // split(p.axes)
-                    for p in jax.tree_util.tree_leaves(T5Model(config).param_info()))
+                    for p in jax.tree_util.tree_leaves(
+                        T5Model(config, options=DecodeOptions()).param_info()))
   per_position = (config.num_heads * config.d_kv * config.compute_dtype.itemsize * 2
                   * config.num_decoder_layers)  # K and V, every decoder layer.
   rows = math.ceil(batch / shape[table["batch"]]) if table["batch"] else batch

@@ -34,6 +34,7 @@ from specdec_jax.decoding import acceptance  # noqa: E402
 from specdec_jax.decoding.drafts import PromptLookupDraft  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
 from specdec_jax.decoding.speculative import _speculative_sample  # noqa: E402
+from specdec_jax.models.options import DecodeOptions  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
     T5Draft,
     T5Scorer,
@@ -70,9 +71,14 @@ def main(out_path: str) -> None:
   target, target_params = make_model("test-v1_1", 0, **TARGET)
   _, noise = make_model("test-v1_1", 1, **TARGET)
   draft_model = target
-  # The same models with their rules: sharded by them, caches constrained by them.
-  sharded_target = dataclasses.replace(target, axis_rules=partitioning.axis_rules())
-  replicated_draft = dataclasses.replace(target, axis_rules=partitioning.draft_axis_rules())
+  # The same models for 8 devices: sharded by their rules, caches constrained by them,
+  # batch and heads apart and XLA's dots (the reference above runs on one device).
+  on_mesh = DecodeOptions.for_backend(devices=len(jax.devices()))
+  sharded_target = dataclasses.replace(target, axis_rules=partitioning.axis_rules(),
+                                       options=on_mesh)
+  replicated_draft = dataclasses.replace(target, axis_rules=partitioning.draft_axis_rules(),
+                                         options=on_mesh)
+  dp_target = dataclasses.replace(target, options=on_mesh)
   draft_params = jax.tree.map(lambda p, n: p + DRAFT_NOISE * n, target_params, noise)
   inputs = np.random.RandomState(0).randint(2, 96, (BATCH, INPUT_LEN)).astype(np.int32)
   rng = jax.random.PRNGKey(3)
@@ -169,8 +175,8 @@ def main(out_path: str) -> None:
     # Rows split over "data" (2), replicas over "model" (4); shard i samples with
     # fold_in(rng, i): compare with one device, shard by shard.
     mesh = partitioning.make_mesh(2, 4)
-    out = temperature_sample(target, target_params, inputs, mesh=mesh,
-                                           max_decode_len=MAX_LEN, temperature=1.0, rng=rng)
+    out = temperature_sample(dp_target, target_params, inputs, mesh=mesh,
+                             max_decode_len=MAX_LEN, temperature=1.0, rng=rng)
     rows = BATCH // 2
     want = np.concatenate([temperature_sample(
         target, target_params, inputs[i * rows:(i + 1) * rows], max_decode_len=MAX_LEN,
@@ -188,7 +194,7 @@ def main(out_path: str) -> None:
     want = speculative_sample(target, target_params, lookup, inputs, gamma=GAMMA,
                               max_decode_len=MAX_LEN, draft_inputs=own)
     got, without = (speculative_sample(
-        target, target_params, lookup, inputs, mesh=mesh, gamma=GAMMA, max_decode_len=MAX_LEN,
+        dp_target, target_params, lookup, inputs, mesh=mesh, gamma=GAMMA, max_decode_len=MAX_LEN,
         draft_inputs=draft_inputs) for draft_inputs in (own, None))
     ok, detail = _same(got.accepted_mask, want.accepted_mask)
     accepted = (int(np.sum(got.stats.accepted)), int(np.sum(without.stats.accepted)))

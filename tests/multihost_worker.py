@@ -12,6 +12,7 @@ starts the two processes once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from conftest import make_model  # noqa: E402
 
 from specdec_jax import distributed, partitioning  # noqa: E402
+from specdec_jax.models.options import DecodeOptions  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
     T5Draft,
     T5Model,
@@ -59,6 +61,7 @@ def main(coordinator: str, num_processes: int, process_id: int, out_json: str,
   assert jax.process_count() == num_processes and jax.device_count() == 2 * num_processes
   model, params = make_model("test-v1_1", 0, **CONFIG)
   mesh = partitioning.make_mesh(num_processes, 2)
+  model = dataclasses.replace(model, options=DecodeOptions.for_backend(devices=mesh.size))
   with jax.set_mesh(mesh):
     outputs = decode_all(model, partitioning.shard_params(model, params, mesh),
                          partitioning.shard_batch(inputs_for_test(), mesh))

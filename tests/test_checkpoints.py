@@ -21,6 +21,7 @@ from specdec_jax.checkpoints import (
     save_hf_checkpoint,
 )
 from specdec_jax.models import kernels
+from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import T5Model, get_config
 
 
@@ -324,7 +325,8 @@ def test_rounded_to_half_is_what_a_float16_checkpoint_loads_as():
   for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(rounded), strict=True):
     assert y.dtype == np.asarray(x).dtype
     np.testing.assert_array_equal(y, np.asarray(x).astype(np.float16).astype(y.dtype))
-  assert not kernels.half_panels(jax.device_put(params["decoder"]))
-  assert kernels.half_panels(jax.device_put(rounded["decoder"]))
+  options = DecodeOptions(weight_kernel="panel_dot", half_panels=True)
+  assert not kernels.half_panels(options, jax.device_put(params["decoder"]))
+  assert kernels.half_panels(options, jax.device_put(rounded["decoder"]))
   with pytest.raises(CheckpointError, match="float16's range"):
     rounded_to_half({"w": np.array([1e6], np.float32)})

@@ -1,14 +1,16 @@
 """Both decoding loops lower for accelerators on this CPU, with no CPU-only op in them.
 
 `panel_dot` (an XLA:CPU custom call) and XLA:CPU compiler options are the CPU's
-alone: the weights an accelerator's decoder reads are prepared unpacked
-(`kernels.PANEL_DOTS` holds only "cpu"), and the loops' compiler options
-are given at compilation for XLA:CPU only (`kernels.loop_jit`). Lowering
+alone: a model for an accelerator takes `DecodeOptions.for_backend("gpu")`
+(XLA's dots, so its weights are prepared unpacked, and no compiler options for
+its loops, `programs.loop_jit`). Lowering
 the loops for 'cuda' and 'tpu' here (jax's cross-platform lowering) shows that
 what those backends would compile holds nothing of the CPU's.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +20,8 @@ from conftest import make_model
 from specdec_jax.decoding import acceptance, baseline, speculative
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models import panel_dot
-from specdec_jax.models.t5 import PreparedParams, T5Draft, T5Scorer, cached_decoder
+from specdec_jax.models.options import DecodeOptions
+from specdec_jax.models.t5 import T5Draft, T5Scorer
 
 # What XLA:CPU alone runs: panel_dot's custom call target.
 CPU_ONLY = (panel_dot.TARGET,)
@@ -26,16 +29,16 @@ CPU_ONLY = (panel_dot.TARGET,)
 CONFIG = dict(vocab_size=128, d_model=64, d_kv=32, num_heads=2, d_ff=64)
 
 
-def _prepared(model, params, panels: bool) -> PreparedParams:
-  return PreparedParams(params, cached_decoder.prepare(model.config, params, panels=panels))
-
-
 def _traced_loops(panels: bool) -> dict[str, jax.stages.Traced]:
   """The baseline's and the speculative loop at T = 0 and 1, traced once for any platform."""
+  options = (DecodeOptions(weight_kernel="panel_dot") if panels
+             else DecodeOptions.for_backend("gpu"))
   target, params = make_model("test-v1_1", **CONFIG)
   draft_model, draft_params = make_model("test-v1_1", seed=1, **CONFIG)
-  scorer = T5Scorer(target, _prepared(target, params, panels))
-  draft = T5Draft(draft_model, _prepared(draft_model, draft_params, panels))
+  target = dataclasses.replace(target, options=options)
+  draft_model = dataclasses.replace(draft_model, options=options)
+  scorer = T5Scorer(target, target.prepare(params))
+  draft = T5Draft(draft_model, draft_model.prepare(draft_params))
   inputs = jnp.arange(3, 11, dtype=jnp.int32)[None]
   context = scorer.encode(inputs)
   rng = jax.random.PRNGKey(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -9,8 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import make_model
+from flax import struct
 
-from specdec_jax.models import kernels, panel_dot
+from specdec_jax.decoding import programs
+from specdec_jax.models import panel_dot
+from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import NAMED_CONFIGS, T5Config, T5Model, get_config
 
 
@@ -81,15 +85,12 @@ def test_chunked_equals_one_by_one_and_teacher_forcing(family):
 
 
 @pytest.mark.parametrize("max_rows", [1, 4])
-def test_row_by_row_weight_products_give_the_same_logits(family, max_rows, monkeypatch):
-  """Calls of batch * k <= ROW_DOTS_MAX_ROWS rows multiply the weights row by row
+def test_row_by_row_weight_products_give_the_same_logits(family, max_rows):
+  """Calls of batch * k <= `row_dots_max_rows` rows multiply the weights row by row
   (cheaper on XLA:CPU with XLA's dots); the logits are the teacher-forced ones
   whichever way."""
-  monkeypatch.setitem(kernels.ROW_DOTS_MAX_ROWS, jax.default_backend(), max_rows)
-  monkeypatch.setitem(kernels.PANEL_DOTS, jax.default_backend(), False)
-  jax.clear_caches()  # decode_chunk's trace depends on the setting.
   model, params = make_model(family)
-  # A fresh function: traced here, under this test's setting.
+  model = dataclasses.replace(model, options=DecodeOptions(row_dots_max_rows=max_rows))
   decode_chunk = jax.jit(lambda *args: model.decode_chunk(*args))
   inputs = _inputs(batch=2)
   targets = jnp.asarray(np.random.RandomState(2).randint(2, 97, size=(2, 7)), jnp.int32)
@@ -101,7 +102,7 @@ def test_row_by_row_weight_products_give_the_same_logits(family, max_rows, monke
     tokens = targets[:, start:stop]
     lowered = decode_chunk.lower(params, encoded, cache, tokens).as_text()
     by_row = 1 < tokens.size <= max_rows
-    assert kernels.row_dots(tokens.size) == by_row
+    assert model.options.row_dots(tokens.size) == by_row
     # One product per weight matrix (6 per layer and the logits), or one per row.
     weight_dots = (6 * model.config.num_decoder_layers + 1) * (tokens.size if by_row else 1)
     attention_dots = 2 * 2 * model.config.num_decoder_layers
@@ -109,7 +110,6 @@ def test_row_by_row_weight_products_give_the_same_logits(family, max_rows, monke
     logits, cache = decode_chunk(params, encoded, cache, tokens)
     chunked.append(logits)
   np.testing.assert_allclose(jnp.concatenate(chunked, axis=1), full, atol=1e-5, rtol=0)
-  jax.clear_caches()
 
 
 def test_rows_at_different_lengths_and_rewind(family):
@@ -183,14 +183,15 @@ def test_bad_config_names_the_field(kwargs, message):
     get_config("t5-huge")
 
 
-def test_prepared_weights_give_the_t5x_trees_logits_and_are_remembered(family):
-  """`prepare` fuses/lays out the decoder once; every way of passing weights agrees."""
+def test_prepared_weights_give_the_t5x_trees_logits_and_are_held_by_the_caller(family):
+  """`prepare` fuses/lays out the decoder; every way of passing weights agrees."""
   model, params = make_model(family)
   params = jax.device_put(params)
   prepared = model.prepare(params)
-  assert model.prepare(params) is prepared  # Remembered by the arrays' identity.
   assert model.prepare(prepared) is prepared
-  assert model.prepare(jax.tree.map(np.asarray, params)) is not prepared  # numpy: not kept.
+  again = model.prepare(jax.tree.map(np.asarray, params))  # Nothing remembered: prepared anew.
+  assert again is not prepared
+  jax.tree.map(np.testing.assert_array_equal, again.decoder, prepared.decoder)
   layer = prepared.decoder.layers[0]
   cfg = model.config
 
@@ -212,18 +213,43 @@ def test_prepared_weights_give_the_t5x_trees_logits_and_are_remembered(family):
     np.testing.assert_allclose(logits, reference, atol=1e-5, rtol=0)
 
 
-def test_compiler_options_lay_options_over_the_loops_own():
-  @functools.partial(kernels.loop_jit, static_argnames=())
-  def double(x):
-    return 2 * x
+@struct.dataclass
+class _WithOptions:
+  """A loop's first argument: an array and the compiler options it carries (static)."""
+
+  x: jax.Array
+  compiler_options: tuple = struct.field(pytree_node=False, default=())
+
+
+def test_loops_compile_with_their_first_arguments_compiler_options():
+  @functools.partial(programs.loop_jit, static_argnames=())
+  def double(arg):
+    return 2 * arg.x
 
   x = jnp.arange(3.0)
-  np.testing.assert_array_equal(double(x), [0.0, 2.0, 4.0])
-  # An option XLA does not know reaches the compiler only inside the block.
-  with (pytest.raises(Exception, match="xla_no_such_option"),
-        kernels.compiler_options(xla_no_such_option=True)):
-    double(x)
-  with kernels.compiler_options(xla_cpu_enable_fast_min_max=True):
-    np.testing.assert_array_equal(double(x), [0.0, 2.0, 4.0])
-  np.testing.assert_array_equal(double(x + 1), [2.0, 4.0, 6.0])
-  assert double._cache_size() == 1  # The shipped options' program, compiled once.
+  np.testing.assert_array_equal(double(_WithOptions(x)), [0.0, 2.0, 4.0])
+  # An option XLA does not know reaches the compiler only with the argument carrying it.
+  with pytest.raises(Exception, match="xla_no_such_option"):
+    double(_WithOptions(x, (("xla_no_such_option", True),)))
+  fast = (("xla_cpu_enable_fast_min_max", True),)
+  np.testing.assert_array_equal(double(_WithOptions(x, fast)), [0.0, 2.0, 4.0])
+  compiled = double._cache_size()
+  np.testing.assert_array_equal(double(_WithOptions(x + 1)), [2.0, 4.0, 6.0])
+  np.testing.assert_array_equal(double(_WithOptions(x + 1, fast)), [2.0, 4.0, 6.0])
+  assert double._cache_size() == compiled  # One program per set of options, kept.
+
+
+def test_decode_options_are_checked_and_hashable():
+  options = DecodeOptions(compiler_options={"b": 1, "a": False})
+  assert options.compiler_options == (("a", False), ("b", 1))
+  assert hash(options) == hash(DecodeOptions(compiler_options=(("b", 1), ("a", False))))
+  with pytest.raises(ValueError, match="weight_kernel"):
+    DecodeOptions(weight_kernel="eigen")
+  with pytest.raises(ValueError, match="half_panels needs"):
+    DecodeOptions(half_panels=True)
+  with pytest.raises(ValueError, match="row_dots_max_rows"):
+    DecodeOptions(row_dots_max_rows=0)
+  # Read once, from what it is given: no panels where the environment turns them off.
+  assert not DecodeOptions.for_backend("cpu", environ={"SPECDEC_PANEL_DOT": "0"}).packs_panels
+  assert DecodeOptions.for_backend("cpu", devices=8).split_heads
+  assert DecodeOptions.for_backend("gpu") == DecodeOptions()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from conftest import make_model
 
 from specdec_jax.models import kernels, panel_dot
+from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import (
     T5Draft,
     T5Model,
@@ -30,7 +32,7 @@ PANEL_CONFIG = dict(vocab_size=128, d_model=64, d_kv=32, num_heads=2, d_ff=64)
 
 def test_the_custom_call_is_built_here():
   assert panel_dot.available(), panel_dot.status()
-  assert kernels.panel_dots()
+  assert DecodeOptions.for_backend("cpu").packs_panels
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 13, 14, 15, 29, 33])
@@ -130,7 +132,7 @@ def test_prepare_packs_float16_panels_only_where_float16_holds_the_weights():
   assert not panel_dot.exact_in_half(params)  # Random float32 weights: float32 panels.
   assert model.prepare(params).decoder.layers[0].wo.dtype == jnp.float32
   halved = jax.tree.map(lambda x: x.astype(jnp.float16).astype(jnp.float32), params)
-  assert panel_dot.exact_in_half(halved) and kernels.half_panels(halved["decoder"])
+  assert panel_dot.exact_in_half(halved) and kernels.half_panels(model.options, halved["decoder"])
   decoder = model.prepare(halved).decoder
   assert {w.dtype for w in (decoder.layers[0].qkv, decoder.layers[0].wo, decoder.logits)} == {
       jnp.dtype(jnp.float16)}
@@ -180,21 +182,22 @@ def test_decoder_on_panels_gives_the_teacher_forced_logits():
   assert lowered.count(panel_dot.TARGET) == 6 * model.config.num_decoder_layers + 1
 
 
-def test_both_decoders_give_the_same_tokens_on_panels_and_on_xla_dots(monkeypatch):
+def test_both_decoders_give_the_same_tokens_on_panels_and_on_xla_dots():
   target, target_params = make_model("test-v1_1", **PANEL_CONFIG)
   draft_model = T5Model(get_config("test-v1_1", **dict(PANEL_CONFIG, num_layers=1)))
   draft_params = draft_model.init_params(jax.random.PRNGKey(1))
   inputs = jnp.asarray(np.random.RandomState(5).randint(2, 128, (2, 7)), jnp.int32)
+  assert target.options.packs_panels
 
-  def run() -> tuple[np.ndarray, np.ndarray]:
-    base = temperature_sample(target, target_params, inputs, max_decode_len=12)
-    spec = speculative_sample(target, target_params, T5Draft(draft_model, draft_params), inputs,
-                              gamma=3, max_decode_len=12)
+  def run(options: DecodeOptions) -> tuple[np.ndarray, np.ndarray]:
+    model = dataclasses.replace(target, options=options)
+    draft = T5Draft(dataclasses.replace(draft_model, options=options), draft_params)
+    base = temperature_sample(model, target_params, inputs, max_decode_len=12)
+    spec = speculative_sample(model, target_params, draft, inputs, gamma=3, max_decode_len=12)
     return np.asarray(base.sequences), np.asarray(spec.sequences)
 
-  on_panels = run()
-  monkeypatch.setitem(kernels.PANEL_DOTS, jax.default_backend(), False)
-  on_xla = run()
+  on_panels = run(target.options)
+  on_xla = run(target.options.replace(weight_kernel="xla", half_panels=False))
   for a, b in zip(on_panels, on_xla, strict=True):
     np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(on_panels[0], on_panels[1])  # Greedy: spec == baseline.
@@ -203,12 +206,11 @@ def test_both_decoders_give_the_same_tokens_on_panels_and_on_xla_dots(monkeypatc
 def test_without_a_compiler_it_says_why_and_decodes_on_xla_dots(tmp_path):
   script = textwrap.dedent("""
       import jax, numpy as np
-      from specdec_jax.models.t5 import T5Model, get_config
-      from specdec_jax.models import kernels, panel_dot
-      from specdec_jax.models.t5 import cached_decoder
-      from specdec_jax.models.t5 import temperature_sample
+      from specdec_jax.models import panel_dot
+      from specdec_jax.models.options import DecodeOptions
+      from specdec_jax.models.t5 import T5Model, get_config, temperature_sample
       print(panel_dot.status())
-      assert not panel_dot.available() and not kernels.panel_dots()
+      assert not panel_dot.available() and not DecodeOptions.for_backend().packs_panels
       model = T5Model(get_config("test-v1_1", vocab_size=128, d_model=64, d_kv=32,
                                  num_heads=2, d_ff=64))
       params = jax.device_put(model.init_params(jax.random.PRNGKey(0)))
@@ -231,14 +233,12 @@ def test_without_a_compiler_it_says_why_and_decodes_on_xla_dots(tmp_path):
 def test_a_shortlist_head_scores_its_tokens_alone(name, packed):
   """With head_tokens, the logits equal the full head's at those tokens, -inf elsewhere."""
   model, params = make_model(name, **PANEL_CONFIG)
+  if not packed:
+    model = dataclasses.replace(model, options=DecodeOptions())
   params = jax.device_put(params)
   head = np.sort(np.random.RandomState(5).choice(128, 64, replace=False)).astype(np.int32)
-  if packed:
-    full, short = model.prepare(params), model.prepare(params, head)
-    assert short.decoder.logits.ndim == 3  # Packed as the full head is.
-  else:
-    full = model.prepare(jax.tree.map(np.asarray, params))
-    short = model.prepare(jax.tree.map(np.asarray, params), head)
+  full, short = model.prepare(params), model.prepare(params, head)
+  assert short.decoder.logits.ndim == (3 if packed else 2)  # Packed as the full head is.
   assert short.decoder.logits.size == full.decoder.logits.size // 2
   rng = np.random.RandomState(6)
   inputs = jnp.asarray(rng.randint(2, 128, (2, 9)), jnp.int32)

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specdec_jax.decoding import programs
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer
-from specdec_jax.models import kernels
 
 Array = jax.Array
 
@@ -87,7 +87,7 @@ def decode(scorer: Scorer, inputs: Array, rng: Array, *, max_decode_len: int, wa
                              warp=warp, eos_id=eos_id)
 
 
-@functools.partial(kernels.loop_jit, static_argnames=("max_decode_len", "warp",
+@functools.partial(programs.loop_jit, static_argnames=("max_decode_len", "warp",
                                                              "eos_id"))
 def decode_context(scorer: Scorer, context: object, rng: Array, *, max_decode_len: int,
                    warp: Warp, eos_id: int) -> DecodeOutput:

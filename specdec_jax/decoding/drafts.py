@@ -65,6 +65,12 @@ class Draft(abc.ABC):
     """Whether `init_state` needs the target's encoder outputs (`target_encoded`)."""
     return False
 
+  @property
+  def compiler_options(self) -> tuple[tuple[str, Any], ...]:
+    """XLA options of a loop that times this draft alone (`programs.loop_jit`): a model
+    draft's are its model's; none for a table look-up."""
+    return ()
+
   @abc.abstractmethod
   def init_state(self, inputs: Array, cache_len: int,
                  target_encoded: EncoderOutputs = None) -> Any:
@@ -128,6 +134,10 @@ class ScorerDraft(Draft):
   @property
   def reads_target_encoder(self) -> bool:
     return self.scorer.reads_target_encoder
+
+  @property
+  def compiler_options(self) -> tuple[tuple[str, Any], ...]:
+    return self.scorer.compiler_options
 
   def init_state(self, inputs: Array, cache_len: int,
                  target_encoded: EncoderOutputs = None) -> Any:

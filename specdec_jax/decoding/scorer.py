@@ -21,8 +21,8 @@ position m the m-th generated token. Rewinding only sets each row's length:
 entries at or beyond it are masked and overwritten by the next chunk (no copy).
 
 The loops run `encode` for the target before their compiled loop (the target's
-encoder is its own program, with XLA's default options: see
-`kernels.COMPILER_OPTIONS`) and `init_state` inside it (the cache is
+encoder is its own program, with XLA's default options; the loop's are the
+scorer's `compiler_options`: `programs.loop_jit`) and `init_state` inside it (the cache is
 created where it lives). A draft's scorer runs both inside the loop.
 
 A decoder-only model has no encoder: its prompt is the context. `encode`
@@ -80,6 +80,18 @@ class Scorer(abc.ABC):
   def reads_target_encoder(self) -> bool:
     """Whether `encode` needs the target's encoder outputs (`target_encoded`)."""
     return False
+
+  @property
+  def decode_options(self) -> Any:
+    """The `models.options.DecodeOptions` of the model behind it, or None (no model)."""
+    return None
+
+  @property
+  def compiler_options(self) -> tuple[tuple[str, Any], ...]:
+    """XLA options, sorted `(name, value)` pairs, of the loops' programs over this scorer
+    (`programs.loop_jit`): its model's `DecodeOptions.compiler_options`; none without."""
+    options = self.decode_options
+    return () if options is None else options.compiler_options
 
   @abc.abstractmethod
   def encode(self, inputs: Array, target_encoded: EncoderOutputs = None) -> Context:

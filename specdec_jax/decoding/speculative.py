@@ -30,11 +30,10 @@ import numpy as np
 from flax import struct
 
 from specdec_jax import stats
-from specdec_jax.decoding import acceptance
+from specdec_jax.decoding import acceptance, programs
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer
-from specdec_jax.models import kernels
 
 Array = jax.Array
 
@@ -193,7 +192,7 @@ def speculative_decode(target: Scorer, draft: Draft, inputs: Array, rng: Array, 
                              eos_id=eos_id, verify=verify)
 
 
-@functools.partial(kernels.loop_jit, static_argnames=(
+@functools.partial(programs.loop_jit, static_argnames=(
     "gamma", "max_decode_len", "warp", "eos_id", "verify"))
 def _speculative_sample(target: Scorer, context: object, draft: Draft, draft_inputs: Array,
                         rng: Array, *, gamma: int, max_decode_len: int, warp: Warp, eos_id: int,

@@ -39,7 +39,7 @@ from specdec_jax import atomic_io, auto_gamma
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import prompts
-from specdec_jax.models.t5 import SharedEncoderModel, T5Model, make_draft
+from specdec_jax.models.t5 import PreparedParams, SharedEncoderModel, T5Model, make_draft
 
 CURVE_FILE = "alpha_curve.json"
 BEST_DIR = "best"
@@ -82,7 +82,8 @@ class AlphaProbe:
 
   Attributes:
     target: the target model.
-    target_params: its parameters (device arrays: prepared once, remembered).
+    target_params: its parameters, prepared for generation once, here (a
+      tree is replaced by `target.prepare(tree)`; prepared ones are kept).
     inputs: per task, int32 `[e, input_len]` held-out encoder inputs.
     temperatures: sampling temperatures (0 = greedy).
     gamma: draft tokens per target call.
@@ -92,13 +93,16 @@ class AlphaProbe:
   """
 
   target: T5Model
-  target_params: dict
+  target_params: dict | PreparedParams
   inputs: dict[str, np.ndarray]
   temperatures: tuple[float, ...]
   gamma: int
   max_decode_len: int
   batch_size: int
   seed: int
+
+  def __post_init__(self):
+    object.__setattr__(self, "target_params", self.target.prepare(self.target_params))
 
   def settings(self) -> dict:
     """How alpha is measured, as recorded in the curve file."""

@@ -81,7 +81,7 @@ def head_sweep(draft_dirs: list[str], head_sizes: list[int], *, target_dir: str,
   target_params = jax.device_put(target_params)
   target = T5Scorer(target_model, target_model.prepare(target_params))
   probe = alpha_tracking.AlphaProbe(
-      target_model, target_params, alpha_tracking.held_out_inputs([TASK], examples, INPUT_LEN),
+      target_model, target.params, alpha_tracking.held_out_inputs([TASK], examples, INPUT_LEN),
       temperatures=tuple(temperatures), gamma=gamma, max_decode_len=max_decode_len,
       batch_size=32, seed=0)
   variants, drafts = {}, {}

@@ -262,6 +262,6 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
       cost_model_terms=loop_costs, greedy_identical=True if point.temperature == 0 else None,
       idle_check=guard.record(), idle_check_target_costs=dict(verify.idle_check),
       example=_example(outputs["speculative"][0], target.pieces),
-      environment=benchmarking.environment(),
+      environment=benchmarking.environment(target.scorer.decode_options),
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       gamma_auto=choice is not None, gamma_choice=None if choice is None else choice.to_json())

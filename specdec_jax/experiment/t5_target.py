@@ -33,6 +33,7 @@ from specdec_jax.experiment.targets import (
     TargetKind,
     require,
 )
+from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import T5Model, T5Scorer, check_t5_model, make_draft
 
 if TYPE_CHECKING:
@@ -66,7 +67,8 @@ def load(settings: Settings, mesh: jax.sharding.Mesh) -> T5Target:
   cfg, params = load_hf_checkpoint(settings.checkpoint_dir(settings.target),
                                    dtype=settings.dtype, param_dtype=settings.param_dtype)
   partitioning.check_model_fits(cfg, mesh)
-  model = T5Model(cfg, axis_rules=partitioning.axis_rules())
+  model = T5Model(cfg, axis_rules=partitioning.axis_rules(),
+                  options=DecodeOptions.for_backend(devices=mesh.size))
   check_t5_model(model, "Settings.target")
   params = partitioning.shard_params(model, params, mesh)
   return T5Target(scorer=T5Scorer(model, model.prepare(params)), eos_id=cfg.eos_token_id,
@@ -139,8 +141,9 @@ def _build_checkpoint_draft(target: LoadedTarget, spec: str, task: str) -> Draft
   settings = target.settings
   model, params = load_model(settings.checkpoint_dir(spec), dtype=settings.dtype,
                              param_dtype=settings.param_dtype)
-  # Sharded, and its caches constrained, by the draft rules.
-  model = dataclasses.replace(model, axis_rules=partitioning.draft_axis_rules())
+  # Sharded, and its caches constrained, by the draft rules; decoding as the target's.
+  model = dataclasses.replace(model, axis_rules=partitioning.draft_axis_rules(),
+                              options=target.scorer.decode_options)
   return make_draft(model, partitioning.shard_params(model, params, target.mesh))
 
 

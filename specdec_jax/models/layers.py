@@ -6,14 +6,14 @@ projections as `[d_model, heads * d_kv]`.
 
 The math lives in pure functions (`rms_norm`, `attention`) that the Flax
 modules of each family and its cached decoder share, so both compute the same
-thing by construction. Keys are laid out `[batch * heads, d_kv, kv_len]` and
-values `[batch * heads, kv_len, d_kv]`: the layouts XLA's batched dots read as
-they are, with no transposing copy and no reshape between a cache update and
-the dot reading it (with a reshape there, XLA:CPU copied every cache array
-several times a step). Under a device mesh of more than one device
-(`jax.set_mesh`) they are `[batch, heads, d_kv, kv_len]` / `[batch, heads,
-kv_len, d_kv]` instead, which GSPMD can split over both the batch and the
-heads (`split_heads_layout`).
+thing by construction. Keys are laid out `[batch, heads, d_kv, kv_len]` and
+values `[batch, heads, kv_len, d_kv]` (`key_layout`, `value_layout`): the
+layouts XLA's batched dots read as they are, with no transposing copy, which
+GSPMD can split over both the batch and the heads. A cached decoder may keep
+them merged, `[batch * heads, d_kv, kv_len]` / `[batch * heads, kv_len, d_kv]`
+(`DecodeOptions.split_heads`), which `attention` reads too: on one device,
+XLA:CPU then reads its cache with no reshape between a cache update and the
+dot (with a reshape there, it copied every cache array several times a step).
 
 Every parameter declares its *logical* axes where it is created (`declare`):
 "embed" (d_model), "heads" (attention heads, or heads * d_kv side by side),
@@ -136,23 +136,19 @@ def split_heads(x: Array, num_heads: int) -> Array:
   return x.reshape(x.shape[:-1] + (num_heads, x.shape[-1] // num_heads))
 
 
-def split_heads_layout() -> bool:
-  """Whether keys/values keep batch and heads apart: under a mesh of > 1 device."""
-  return jax.sharding.get_abstract_mesh().size > 1
-
-
 def key_layout(k: Array) -> Array:
-  """Keys `[batch, length, heads, d_kv]` -> `[batch * heads, d_kv, length]` (or 4-D)."""
-  b, length, h, d = k.shape
-  k = jnp.transpose(k, (0, 2, 3, 1))
-  return k if split_heads_layout() else k.reshape(b * h, d, length)
+  """Keys `[batch, length, heads, d_kv]` -> `[batch, heads, d_kv, length]`.
+
+  A cached decoder whose options merge batch and heads reshapes them into
+  `[batch * heads, d_kv, length]` (`kernels.merge_heads`, no copy).
+  """
+  return jnp.transpose(k, (0, 2, 3, 1))
 
 
 def value_layout(v: Array) -> Array:
-  """Values `[batch, length, heads, d_kv]` -> `[batch * heads, length, d_kv]` (or 4-D)."""
-  b, length, h, d = v.shape
-  v = jnp.transpose(v, (0, 2, 1, 3))
-  return v if split_heads_layout() else v.reshape(b * h, length, d)
+  """Values `[batch, length, heads, d_kv]` -> `[batch, heads, length, d_kv]` (or merged,
+  `[batch * heads, length, d_kv]`, as `key_layout`'s)."""
+  return jnp.transpose(v, (0, 2, 1, 3))
 
 
 def attention(q: Array, k: Array, v: Array, bias: Array | None, mask: Array,

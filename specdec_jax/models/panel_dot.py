@@ -22,9 +22,9 @@ The library is compiled on first use by the machine's C++ compiler (`$CXX`,
 else `g++`) for the CPU it runs on (`-march=native`), into
 `$SPECDEC_KERNEL_CACHE` (else `~/.cache/specdec_jax`) under a name that hashes
 the source, the flags, jaxlib's version and the CPU, and is written
-atomically, so concurrent first uses are safe. Where it cannot be built, or
-`$SPECDEC_PANEL_DOT=0`, `available()` is False, `status()` says why and the
-decoder keeps XLA's dots (`kernels.panel_dots`).
+atomically, so concurrent first uses are safe. Where it cannot be built,
+`available()` is False, `status()` says why, and `DecodeOptions.for_backend`
+keeps XLA's dots (as it does with `$SPECDEC_PANEL_DOT=0`).
 """
 
 from __future__ import annotations
@@ -117,8 +117,6 @@ def _register(path: pathlib.Path, suffix: str = "") -> int:
 
 def _build() -> str:
   """Builds (if needed) and registers the library; returns the status line."""
-  if os.environ.get("SPECDEC_PANEL_DOT", "1") == "0":
-    return "off: $SPECDEC_PANEL_DOT=0"
   path = _compile(SOURCE.read_bytes())
   if isinstance(path, str):
     return path

@@ -46,6 +46,7 @@ from specdec_jax.models import kernels, layers
 from specdec_jax.models.config import ModelConfig, check_dtype
 from specdec_jax.models.kernels import DecoderCache
 from specdec_jax.models.layers import Dense, LogicalRules, RMSNorm
+from specdec_jax.models.options import DecodeOptions
 
 Array = jax.Array
 
@@ -297,9 +298,9 @@ def prepare(config: LlamaConfig, params: dict, panels: bool = False,
             half: bool = False) -> LlamaWeights:
   """The weights of a parameter tree, fused and cast for generation.
 
-  With `panels` (`kernels.panel_dots()`), every matrix that
+  With `panels` (`DecodeOptions.packs_panels`), every matrix that
   `panel_dot.packable` is stored as panels and multiplied by `panel_dot.dot`; in
-  float16 with `half` (`kernels.half_panels(params)` must hold).
+  float16 with `half` (`kernels.half_panels(options, params)` must hold).
   """
   dtype = config.compute_dtype
 
@@ -350,20 +351,22 @@ def _layer(config: LlamaConfig, w: LlamaLayerWeights, x: Array, *, positions: Ar
   return x + dense(swiglu(h[..., :config.d_ff], h[..., config.d_ff:]), w.wo), cache_k, cache_v
 
 
-def decode_chunk(config: LlamaConfig, weights: LlamaWeights, cache: DecoderCache,
-                 tokens: Array) -> tuple[Array, DecoderCache]:
+def decode_chunk(config: LlamaConfig, options: DecodeOptions, weights: LlamaWeights,
+                 cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:
   """Scores `tokens [batch, k]`, row b at positions `cache.lengths[b] ... + k - 1`.
 
   Every layer of `weights` runs (a layer-skip draft passes fewer); the cache
   holds as many. The caller keeps `cache.lengths + k <= cache.max_len`.
   Positions are RoPE's: the token at cache position p is rotated by p.
+  `options` say how many rows an unpacked weight multiplies row by row
+  (`DecodeOptions.row_dots`); the weights and the cache were made by them.
 
   Returns:
     Logits `[batch, k, vocab]` (compute dtype; logits[:, i] predict the token
     after tokens[:, i]) and the cache with every row's length advanced by k.
   """
   batch, k = tokens.shape
-  by_row = kernels.row_dots(batch * k)
+  by_row = options.row_dots(batch * k)
   positions = cache.lengths[:, None] + jnp.arange(k)[None]  # [batch, k]
   mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]  # [b, k, max_len]
   x = jnp.take(weights.embedding, tokens, axis=0)  # [batch, k, d_model]
@@ -388,18 +391,23 @@ def decode_chunk(config: LlamaConfig, weights: LlamaWeights, cache: DecoderCache
 class LlamaModel:
   """Functional API around `LlamaTransformer` and `decode_chunk`: pure functions of params.
 
-  Hashable (by config and rules), so it can be a static argument of jitted
-  decoders; its methods are jitted (inlined inside another jit). `params` is
-  the tree without the outer `{"params": ...}` level, of plain arrays.
+  Hashable (by config, rules and options), so it can be a static argument of
+  jitted decoders; its methods are jitted (inlined inside another jit).
+  `params` is the tree without the outer `{"params": ...}` level, of plain
+  arrays.
 
   Attributes:
     config: the architecture.
     axis_rules: logical -> mesh axis rules its parameters are sharded by;
       under a multi-device mesh its caches are constrained by them.
+    options: how its cached decoder runs (`models.options.DecodeOptions`); by
+      default `DecodeOptions.for_backend()`, chosen when the model is created
+      (on a mesh of more than one device: `for_backend(devices=mesh.size)`).
   """
 
   config: LlamaConfig
   axis_rules: LogicalRules | None = None
+  options: DecodeOptions = dataclasses.field(default_factory=DecodeOptions.for_backend)
 
   @property
   def module(self) -> LlamaTransformer:
@@ -418,35 +426,37 @@ class LlamaModel:
   def prepare(self, params: dict | LlamaWeights) -> LlamaWeights:
     """`params` fused and cast for generation (returned as is if already prepared).
 
-    Prepare once per parameter set and hold the result: this copies every weight.
+    Prepare once per parameter set and hold the result: this copies every
+    weight, and nothing is remembered. Panels and their dtype as `options` say
+    (float16 only where exact: `kernels.half_panels`).
     """
     if isinstance(params, LlamaWeights):
       return params
-    return self._prepare(params, kernels.panel_dots(), kernels.half_panels(params))
+    return self._prepare(params, kernels.half_panels(self.options, params))
 
-  @functools.partial(jax.jit, static_argnums=(0, 2, 3))
-  def _prepare(self, params: dict, panels: bool, half: bool) -> LlamaWeights:
-    return prepare(self.config, params, panels, half)
+  @functools.partial(jax.jit, static_argnums=(0, 2))
+  def _prepare(self, params: dict, half: bool) -> LlamaWeights:
+    return prepare(self.config, params, self.options.packs_panels, half)
 
   def init_cache(self, batch_size: int, max_len: int, num_layers: int | None = None
                  ) -> DecoderCache:
     """An empty cache of `max_len` positions for `num_layers` layers (default: all).
 
     Keys are `[batch * kv_heads, head_dim, max_len]`, values `[batch * kv_heads,
-    max_len, head_dim]` (batch and heads apart under a multi-device mesh, then
+    max_len, head_dim]` (batch and heads apart with `options.split_heads`, then
     constrained by `axis_rules`).
     """
     cfg = self.config
     return DecoderCache.empty(
         num_layers=cfg.num_layers if num_layers is None else num_layers, batch_size=batch_size,
         heads=cfg.num_kv_heads, head_dim=cfg.head_dim, max_len=max_len, dtype=cfg.compute_dtype,
-        axis_rules=self.axis_rules)
+        split_heads=self.options.split_heads, axis_rules=self.axis_rules)
 
   @functools.partial(jax.jit, static_argnums=0)
   def decode_chunk(self, weights: LlamaWeights, cache: DecoderCache, tokens: Array
                    ) -> tuple[Array, DecoderCache]:
     """`decode_chunk` with float32 logits `[batch, k, vocab]`."""
-    logits, cache = decode_chunk(self.config, weights, cache, tokens)
+    logits, cache = decode_chunk(self.config, self.options, weights, cache, tokens)
     return logits.astype(jnp.float32), cache
 
   @functools.partial(jax.jit, static_argnums=0)

@@ -31,6 +31,7 @@ from specdec_jax import validation
 from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.models.kernels import DecoderCache
 from specdec_jax.models.llama.model import LlamaModel, LlamaWeights
+from specdec_jax.models.options import DecodeOptions
 
 Array = jax.Array
 
@@ -130,6 +131,10 @@ class LlamaScorer(Scorer):
   @property
   def pad_id(self) -> int:
     return self.model.config.pad_token_id
+
+  @property
+  def decode_options(self) -> DecodeOptions:
+    return self.model.options
 
   def encode(self, inputs: Array, target_encoded: Any = None) -> LlamaContext:
     """The prompts `[batch, prompt_len]` (0-padded) and the prepared weights."""

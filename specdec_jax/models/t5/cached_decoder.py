@@ -23,6 +23,7 @@ from flax import struct
 
 from specdec_jax.models import kernels, layers
 from specdec_jax.models.kernels import DecoderCache
+from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5.config import T5Config
 from specdec_jax.models.t5.layers import gated_gelu, relative_bias
 
@@ -121,9 +122,10 @@ def prepare(config: T5Config, params: dict, panels: bool = False, half: bool = F
             head_tokens: Array | None = None) -> DecodeWeights:
   """The decoder weights of a T5X-layout parameter tree, fused and cast for generation.
 
-  With `panels` (`kernels.panel_dots()`), every weight matrix that `panel_dot.packable`
-  is stored as `[N / P, K, P]` panels (`panel_dot.pack`) and multiplied by
-  `panel_dot.dot`; in float16 with `half` (`kernels.half_panels(params)` must hold).
+  With `panels` (`DecodeOptions.packs_panels`), every weight matrix that
+  `panel_dot.packable` is stored as `[N / P, K, P]` panels (`kernels.pack_weight`)
+  and multiplied by `panel_dot.dot`; in float16 with `half`
+  (`kernels.half_panels(options, params)` must hold).
 
   `head_tokens` (int32 `[head]`, distinct ids) keeps only those columns of the
   logits matrix: a draft whose output layer scores a shortlist of the vocabulary
@@ -194,11 +196,14 @@ def _layer(config: T5Config, w: LayerWeights, x: Array, *, self_bias: Array, sel
   return x + matmul(h, w.wo), cache_k, cache_v
 
 
-def decode_chunk(config: T5Config, weights: DecodeWeights, encoded: EncodedInputs,
-                 cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:
+def decode_chunk(config: T5Config, options: DecodeOptions, weights: DecodeWeights,
+                 encoded: EncodedInputs, cache: DecoderCache, tokens: Array
+                 ) -> tuple[Array, DecoderCache]:
   """Scores `tokens [batch, k]`, row b at positions `cache.lengths[b] ... + k - 1`.
 
-  The caller keeps `cache.lengths + k <= cache.max_len`.
+  The caller keeps `cache.lengths + k <= cache.max_len`. `options` say how
+  many rows an unpacked weight multiplies row by row (`DecodeOptions.row_dots`);
+  the weights and the cache were made by them.
 
   Returns:
     Logits `[batch, k, vocab]` (compute dtype; logits[:, i] predict the token
@@ -206,7 +211,7 @@ def decode_chunk(config: T5Config, weights: DecodeWeights, encoded: EncodedInput
   """
   dtype = config.compute_dtype
   batch, k = tokens.shape
-  by_row = kernels.row_dots(batch * k)
+  by_row = options.row_dots(batch * k)
   positions = cache.lengths[:, None] + jnp.arange(k)[None]  # [batch, k]
   kv_len = cache.max_len
   self_mask = (jnp.arange(kv_len)[None, None, :] <= positions[:, :, None])[:, None]

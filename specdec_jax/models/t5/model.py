@@ -25,7 +25,6 @@ behind the functional API `T5Model`.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 
@@ -37,19 +36,13 @@ import numpy as np
 from specdec_jax.models import kernels, layers
 from specdec_jax.models.kernels import DecoderCache
 from specdec_jax.models.layers import Dense, LogicalRules, RMSNorm
+from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import cached_decoder
 from specdec_jax.models.t5.cached_decoder import DecodeWeights, EncodedInputs, PreparedParams
 from specdec_jax.models.t5.config import T5Config
 from specdec_jax.models.t5.layers import MLP, MultiHeadAttention, RelativePositionBias
 
 Array = jax.Array
-
-# T5Model.prepare's memory: (config, panels, ids of the tree's arrays, head tokens) -> (the
-# arrays, which keep the ids valid, and their PreparedParams), most recently used last.
-_PREPARED: collections.OrderedDict[tuple, tuple[list, PreparedParams]] = (
-    collections.OrderedDict())
-_PREPARED_MAX = 8
-
 
 class EncoderLayer(nn.Module):
   """Pre-norm self-attention and MLP block of the encoder."""
@@ -181,10 +174,14 @@ class Decoder(nn.Module):
     return self.logits_dense(x)
 
 
-def constrain_encoded(encoded: EncodedInputs, rules: LogicalRules | None) -> EncodedInputs:
-  """`encoded` with its cross-attention keys/values constrained to `rules` (a no-op
-  without rules or a multi-device mesh: `kernels.constrain_kv`)."""
-  keys, values = kernels.constrain_kv(encoded.cross_keys, encoded.cross_values, rules)
+def cached_layout(encoded: EncodedInputs, options: DecodeOptions,
+                  rules: LogicalRules | None) -> EncodedInputs:
+  """`encoded` with its cross-attention keys/values as the cached decoder reads them: batch
+  and heads merged unless `options.split_heads` (`kernels.merge_heads`), and constrained to
+  `rules` (a no-op without rules or a multi-device mesh: `kernels.constrain_kv`)."""
+  keys, values = kernels.constrain_kv(
+      tuple(kernels.merge_heads(k, options.split_heads) for k in encoded.cross_keys),
+      tuple(kernels.merge_heads(v, options.split_heads) for v in encoded.cross_values), rules)
   return encoded.replace(cross_keys=keys, cross_values=values)
 
 
@@ -239,9 +236,9 @@ class Transformer(nn.Module):
 class T5Model:
   """Functional API around `Transformer`: pure functions of `params`.
 
-  Hashable (by config and rules), so it can be a static argument of jitted
-  decoders. The methods are jitted themselves (inlined when called inside
-  another jit). `params` is the parameter tree without the outer
+  Hashable (by config, rules and options), so it can be a static argument of
+  jitted decoders. The methods are jitted themselves (inlined when called
+  inside another jit). `params` is the parameter tree without the outer
   `{"params": ...}` level, of plain arrays.
 
   Attributes:
@@ -250,10 +247,16 @@ class T5Model:
       ones its parameters are sharded by. Under a multi-device mesh, the
       keys/values it creates (`init_cache`, `encode`) are constrained by them;
       None leaves their sharding to propagation. Nothing changes on one device.
+    options: how its cached decoder runs (weight kernel, float16 panels, row
+      products, cache layout, the loops' compiler options); by default
+      `DecodeOptions.for_backend()`, chosen when the model is created. A
+      model on a mesh of more than one device takes
+      `DecodeOptions.for_backend(devices=mesh.size)`.
   """
 
   config: T5Config
   axis_rules: LogicalRules | None = None
+  options: DecodeOptions = dataclasses.field(default_factory=DecodeOptions.for_backend)
 
   @property
   def module(self) -> Transformer:
@@ -279,7 +282,7 @@ class T5Model:
   @functools.partial(jax.jit, static_argnums=0)
   def _encode(self, params: dict, inputs: Array) -> EncodedInputs:
     encoded = self.module.apply({"params": params}, inputs, method=Transformer.encode)
-    return constrain_encoded(encoded, self.axis_rules)
+    return cached_layout(encoded, self.options, self.axis_rules)
 
   @functools.partial(jax.jit, static_argnums=0)
   def encoded_from_outputs(self, params: dict, outputs: Array, mask: Array) -> EncodedInputs:
@@ -288,7 +291,7 @@ class T5Model:
     run."""
     encoded = self.module.apply({"params": params}, outputs, mask,
                                 method=Transformer.encoded_from_outputs)
-    return constrain_encoded(encoded, self.axis_rules)
+    return cached_layout(encoded, self.options, self.axis_rules)
 
   @functools.partial(jax.jit, static_argnums=0)
   def encoder_outputs(self, params: dict, inputs: Array) -> Array:
@@ -297,14 +300,12 @@ class T5Model:
 
   def prepare(self, params: dict | PreparedParams,
               head_tokens: Array | None = None) -> PreparedParams:
-    """`params` with the decoder's weights fused and cast for generation.
+    """`params` with the decoder's weights fused and cast for generation, as `options` say.
 
-    The decoders call this on every call; a tree of `jax.Array`s is prepared
-    once and remembered (by the identity of its arrays, which are immutable),
-    so later calls with the same tree cost nothing; its panels are float16 where
-    that is exact (`kernels.half_panels`). Other trees (numpy, traced) are
-    prepared on every call, into float32 panels. Prepare once yourself
-    (`params = model.prepare(params)`) to hold the prepared weights explicitly.
+    Prepare once per parameter set and hold the result (it copies every decoder
+    weight): nothing is remembered, so every call prepares again. The panels
+    are float16 where `options.half_panels` and float16 holds every weight
+    exactly (`kernels.half_panels`; never for traced parameters).
 
     Args:
       params: a T5X-layout tree, or an already `PreparedParams` (returned as is).
@@ -322,27 +323,14 @@ class T5Model:
       return params
     if head_tokens is not None:
       head_tokens = self._check_head_tokens(head_tokens)
-    panels = kernels.panel_dots()
-    leaves = jax.tree.leaves(params)
-    if not all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
-      # Traced or numpy: no memory, so no per-call check of float16's exactness either.
-      return PreparedParams(params, self._prepare_decoder(params, panels, False, head_tokens))
-    key = (self.config, panels, kernels.HALF_PANELS, tuple(map(id, leaves)),
-           None if head_tokens is None else head_tokens.tobytes())
-    if key in _PREPARED:
-      _PREPARED.move_to_end(key)
-      return _PREPARED[key][1]
-    half = kernels.half_panels(params["decoder"])
-    prepared = PreparedParams(params, self._prepare_decoder(params, panels, half, head_tokens))
-    _PREPARED[key] = (leaves, prepared)
-    if len(_PREPARED) > _PREPARED_MAX:
-      _PREPARED.popitem(last=False)
-    return prepared
+    half = kernels.half_panels(self.options, params["decoder"])
+    return PreparedParams(params, self._prepare_decoder(params, half, head_tokens))
 
-  @functools.partial(jax.jit, static_argnums=(0, 2, 3))
-  def _prepare_decoder(self, params: dict, panels: bool, half: bool,
+  @functools.partial(jax.jit, static_argnums=(0, 2))
+  def _prepare_decoder(self, params: dict, half: bool,
                        head_tokens: Array | None) -> DecodeWeights:
-    return cached_decoder.prepare(self.config, params, panels, half, head_tokens)
+    return cached_decoder.prepare(self.config, params, self.options.packs_panels, half,
+                                  head_tokens)
 
   def _check_head_tokens(self, head_tokens: Array) -> np.ndarray:
     ids = np.asarray(head_tokens)
@@ -360,7 +348,8 @@ class T5Model:
     cfg = self.config
     return DecoderCache.empty(num_layers=cfg.num_decoder_layers, batch_size=batch_size,
                               heads=cfg.num_heads, head_dim=cfg.d_kv, max_len=max_len,
-                              dtype=cfg.compute_dtype, axis_rules=self.axis_rules)
+                              dtype=cfg.compute_dtype, split_heads=self.options.split_heads,
+                              axis_rules=self.axis_rules)
 
   def decode_chunk(self, weights: DecodeWeights | PreparedParams | dict, encoded: EncodedInputs,
                    cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:
@@ -385,7 +374,8 @@ class T5Model:
   @functools.partial(jax.jit, static_argnums=0)
   def _decode_chunk(self, weights: DecodeWeights, encoded: EncodedInputs, cache: DecoderCache,
                     tokens: Array) -> tuple[Array, DecoderCache]:
-    logits, cache = cached_decoder.decode_chunk(self.config, weights, encoded, cache, tokens)
+    logits, cache = cached_decoder.decode_chunk(self.config, self.options, weights, encoded,
+                                                cache, tokens)
     return logits.astype(jnp.float32), cache
 
   @functools.partial(jax.jit, static_argnums=0)

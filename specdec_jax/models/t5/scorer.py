@@ -19,6 +19,7 @@ from flax import struct
 from specdec_jax import validation
 from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.models.kernels import DecoderCache
+from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5.cached_decoder import DecodeWeights, EncodedInputs, PreparedParams
 from specdec_jax.models.t5.config import T5Config
 from specdec_jax.models.t5.model import T5Model
@@ -89,10 +90,9 @@ class T5Scorer(Scorer):
 
   Attributes:
     model: the `T5Model` (static).
-    params: its parameters: a T5X-layout tree, or `model.prepare(params)`
-      (the decoding entry points pass the latter, prepared once per set of
-      parameters; a raw tree is prepared in `encode`, inside a traced loop once
-      per generation).
+    params: its parameters: `model.prepare(params)` (prepared once per set of
+      parameters, outside the loop), or a T5X-layout tree, prepared in
+      `encode`: inside a traced loop, once per generation.
     check_model: the check of `model` (`check_t5_model`; a class attribute,
       which the drafts built on this scorer kind also call).
 
@@ -120,6 +120,10 @@ class T5Scorer(Scorer):
   @property
   def pad_id(self) -> int:
     return self.model.config.pad_token_id
+
+  @property
+  def decode_options(self) -> DecodeOptions:
+    return self.model.options
 
   def encode(self, inputs: Array, target_encoded: Any = None) -> T5Context:
     del target_encoded

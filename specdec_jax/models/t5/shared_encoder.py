@@ -30,9 +30,10 @@ import jax.numpy as jnp
 from specdec_jax.models import layers
 from specdec_jax.models.kernels import DecoderCache
 from specdec_jax.models.layers import LogicalRules
+from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5.cached_decoder import DecodeWeights, EncodedInputs, PreparedParams
 from specdec_jax.models.t5.config import T5Config
-from specdec_jax.models.t5.model import Decoder, T5Model, constrain_encoded, token_embedder
+from specdec_jax.models.t5.model import Decoder, T5Model, cached_layout, token_embedder
 
 Array = jax.Array
 
@@ -67,11 +68,13 @@ class SharedEncoderModel:
     config: the decoder's T5 config (`num_layers` unused).
     encoder_d_model: width of the encoder outputs it reads (the target's d_model).
     axis_rules: as `T5Model.axis_rules`.
+    options: as `T5Model.options` (by default `DecodeOptions.for_backend()`).
   """
 
   config: T5Config
   encoder_d_model: int
   axis_rules: LogicalRules | None = None
+  options: DecodeOptions = dataclasses.field(default_factory=DecodeOptions.for_backend)
 
   def __post_init__(self):
     if not isinstance(self.encoder_d_model, int) or self.encoder_d_model < 1:
@@ -85,7 +88,7 @@ class SharedEncoderModel:
   @property
   def _decoder(self) -> T5Model:
     """A T5Model of the same config: its cached decoder is this model's."""
-    return T5Model(self.config, self.axis_rules)
+    return T5Model(self.config, self.axis_rules, self.options)
 
   def init_params(self, rng: Array, input_len: int = 8, target_len: int = 8) -> dict:
     """Randomly initialised parameters (T5X initialisers), plain arrays."""
@@ -118,7 +121,7 @@ class SharedEncoderModel:
   def _encode(self, params: dict, hidden: Array, mask: Array) -> EncodedInputs:
     encoded = self.module.apply({"params": params}, hidden, mask,
                                 method=SharedEncoderDecoder.encode)
-    return constrain_encoded(encoded, self.axis_rules)
+    return cached_layout(encoded, self.options, self.axis_rules)
 
   def prepare(self, params: dict | PreparedParams,
               head_tokens: Array | None = None) -> PreparedParams:

@@ -1,0 +1,65 @@
+"""The decoding loops' programs: compiled with the XLA options their scorer's model carries.
+
+A loop over a `Scorer` (the baseline's, the speculative one, the timing loops
+of `specdec_jax.benchmarking`) is one compiled program per scorer kind,
+shapes and settings. The XLA options of that program are the model's
+(`DecodeOptions.compiler_options`, e.g. on XLA:CPU those that keep YNNPACK
+off small dots), read from the loop's first argument: a scorer or a draft
+(`Scorer.compiler_options`, `Draft.compiler_options`). Nothing else chooses
+them: two models with different options get two programs, side by side.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+CompilerOptions = tuple[tuple[str, Any], ...]
+
+
+def loop_jit(fn: Callable[..., Any], *, static_argnames: tuple[str, ...]) -> Callable[..., Any]:
+  """`jax.jit(fn)`, compiled at top level with its first argument's `compiler_options`.
+
+  `fn`'s first positional argument is a scorer or a draft (a pytree whose
+  `compiler_options` is static). Compiler options can only be given to a
+  top-level program, so a call under an outer trace (the data-parallel
+  decoders, a user's `jit`) runs a plain `jax.jit(fn)` that the outer program
+  inlines. Each set of options compiles and keeps its own program.
+
+  Args:
+    fn: the loop.
+    static_argnames: `jax.jit`'s.
+
+  Returns:
+    The jitted loop, with `lower`, `_cache_size` (the programs compiled at top
+    level, all options together) and `clear_cache`.
+  """
+  nested = jax.jit(fn, static_argnames=static_argnames)
+  top_level: dict[CompilerOptions, Callable[..., Any]] = {}
+
+  def top(first: Any) -> Callable[..., Any]:
+    options = tuple(getattr(first, "compiler_options", ()))
+    if options not in top_level:
+      top_level[options] = jax.jit(fn, static_argnames=static_argnames,
+                                   compiler_options=dict(options))
+    return top_level[options]
+
+  @functools.wraps(fn)
+  def call(*args: Any, **kwargs: Any) -> Any:
+    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs)))
+    return (nested if traced else top(args[0]))(*args, **kwargs)
+
+  call.lower = lambda *args, **kwargs: top(args[0]).lower(*args, **kwargs)
+  call._cache_size = lambda: sum(  # Tests: no recompilation.
+      program._cache_size() for program in top_level.values())  # noqa: SLF001
+
+  def clear_cache() -> None:
+    for program in top_level.values():
+      program.clear_cache()
+    nested.clear_cache()
+
+  call.clear_cache = clear_cache
+  return call
