@@ -138,6 +138,8 @@ def test_training_resumes_estimates_alpha_and_exports(data, tmp_path, monkeypatc
   for point in curve["points"]:
     assert 0.0 <= point["alpha_t0"] <= 1.0 and 0.0 <= point["alpha_t1_lower"] <= 1.0
   saved = load_student(os.path.join(model_dir, train_student.EXPORT))
+  with open(os.path.join(model_dir, train_student.EXPORT, "README.md")) as f:
+    assert "# A decoder-only draft for `tiny.gguf`" in f.read()
   head = np.load(os.path.join(model_dir, train_student.HEAD))
   np.testing.assert_array_equal(saved.head_tokens, head)
   assert EOS in head and saved.config.head_size == 24

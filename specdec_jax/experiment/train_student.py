@@ -224,11 +224,51 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
         checkpointer.save(step, state)
   checkpointer.save(step, state)
   checkpointer.close()
+  summary = {"steps": step, "total_steps": total, "passes": round(batches.passes(step), 3),
+             "head_coverage": round(coverage, 4),
+             "parameters": student.param_count(state.params), "train_pairs": train.num_pairs,
+             "target_file": target.id.file,
+             "last": curve[-1] if curve else None,
+             "loss": float(metrics["loss"]) if metrics else None,
+             "seconds": round(time.time() - t0, 1)}
   if step >= total:
-    save_student(os.path.join(model_dir, EXPORT), student.config,
-                 jax.tree.map(np.asarray, state.params), head, target.id)
-  return {"steps": step, "total_steps": total, "passes": round(batches.passes(step), 3),
-          "head_coverage": round(coverage, 4), "parameters": student.param_count(state.params),
-          "last": curve[-1] if curve else None,
-          "loss": float(metrics["loss"]) if metrics else None,
-          "seconds": round(time.time() - t0, 1)}
+    export = os.path.join(model_dir, EXPORT)
+    save_student(export, student.config, jax.tree.map(np.asarray, state.params), head,
+                 target.id)
+    atomic_io.atomic_write_text(os.path.join(export, "README.md"),
+                                model_card(config, student, summary))
+  return summary
+
+
+def model_card(config: StudentTrainConfig, student: Student, summary: dict) -> str:
+  """The README.md of an exported draft: its shape, data, training and held-out alpha."""
+  blocks = student.config.blocks
+  last = summary["last"] or {}
+  return "\n".join([
+      f"# A decoder-only draft for `{summary['target_file']}`", "",
+      "A small Llama-architecture draft for speculative decoding (Leviathan et al., 2023), "
+      "trained on its target's own outputs and top-k log-probabilities "
+      "(`specdec_jax/models/llama/student.py`). It owns no vocabulary-wide matrix: it reads "
+      "the target's token embedding through a learned projection, and its output layer "
+      f"scores the {student.config.head_size} tokens the target emits most often "
+      "(probability 0 elsewhere, which keeps speculative sampling exact).", "",
+      "| | |", "|---|---|",
+      f"| parameters (own) | {summary['parameters'] / 1e6:.2f}M |",
+      f"| layers / d_model / heads / kv heads / d_ff | {blocks.num_layers} / {blocks.d_model} / "
+      f"{blocks.num_heads} / {blocks.num_kv_heads} / {blocks.d_ff} |",
+      f"| shortlist | {student.config.head_size} tokens, "
+      f"{summary['head_coverage']:.1%} of the target's training outputs |",
+      f"| data | {summary['train_pairs']:,} (prompt, target output) pairs of the tasks "
+      f"{', '.join(config.tasks)} (`python -m experiments.distill_data --teacher="
+      f"{config.target}`, `python -m experiments.teacher_signals`) |",
+      f"| training | {summary['steps']} steps ({summary['passes']} passes), batch "
+      f"{config.batch_size}, AdamW peak lr {config.peak_lr}, {config.divergence} to the "
+      "target's top-k |",
+      f"| held-out alpha (validation outputs) | T=0: {last.get('alpha_t0', float('nan')):.3f}, "
+      f"T=1: >= {last.get('alpha_t1_lower', float('nan')):.3f} |", "",
+      "Held-out alpha is estimated along the target's own validation outputs "
+      "(`training/student_distill.py`); the speedup and alpha measured by decoding are in "
+      "results/README.md.", "",
+      "It works only with the target it was trained for: config.json names that file by "
+      "its sha256, and the run refuses another (`student_io.check_target`). Use it by name "
+      "in a `llama_gguf` experiment (`Experiment.drafts = ['<this directory>']`).", ""])
