@@ -7,7 +7,9 @@ Measures (`specdec_jax.experiment.regime_map`) every cost of the cost model on r
 models of the public T5 shapes, each saved in float16 and loaded back as a user's checkpoint
 is, and on our shipped family, in one run; then prices every (draft, target) pair at every
 gamma with the paper's alpha and with ours (`regime_predictions`), after stating the cost
-model's error on our family's committed measured points. Writes to `--output_dir`:
+model's error on our family's points measured first in the same run (`--family_runs`:
+speculative against baseline decoding, `experiments.run`'s rows, under
+`<output_dir>/family/`). Writes to `--output_dir`:
 
   rows.jsonl       the measurements, one row per model and per (draft, target, temperature),
                    each appended atomically: rerunning measures only the rows missing, so an
@@ -25,6 +27,7 @@ predictions, tables and figure from the rows there (e.g. those of
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -37,6 +40,7 @@ from specdec_jax.experiment import (
     regime_map,
     regime_predictions,
     results_io,
+    runner,
     settings,
 )
 
@@ -45,6 +49,11 @@ _OUTPUT_DIR = flags.DEFINE_string(
     "Where rows.jsonl, predictions.json, tables.md and the figure go.")
 _MEASURE = flags.DEFINE_bool("measure", True, "Measure the rows missing from rows.jsonl first. "
                              "--nomeasure redraws from the rows there, with their own settings.")
+_FAMILY_RUNS = flags.DEFINE_list(
+    "family_runs", [os.path.join("gin_configs", "regime_map_family.gin")],
+    "experiments.run configs of our family measured first, in the same run (rows under "
+    "<output_dir>/family/<Experiment.name>/): the points the cost model's error is taken on, "
+    "and our alpha. Empty: RegimePredictions.measured_rows (committed rows) instead.")
 
 RegimeMap = gin.external_configurable(regime_map.MapSettings, "RegimeMap")
 RegimePredictions = gin.external_configurable(regime_predictions.MapPredictions,
@@ -65,15 +74,30 @@ def measured_rows(output_dir: str) -> tuple[list[dict], regime_map.MapSettings]:
   return rows, regime_map.MapSettings(**rows[0]["settings"])
 
 
+def family_rows(gin_files: list[str], output_dir: str, measure: bool) -> list[str]:
+  """Runs (or resumes) each family experiment into `<output_dir>/family/<name>/`; returns
+  the results files (each experiment parses its gin file afresh)."""
+  paths = []
+  for gin_file in gin_files:
+    exp = runner.load_experiment([gin_file], [])
+    directory = os.path.join(output_dir, "family", exp.name)
+    paths.append(runner.run(exp, directory) if measure
+                 else os.path.join(directory, results_io.RESULTS_FILE))
+  return paths
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
+  output_dir = _OUTPUT_DIR.value
+  family = family_rows(_FAMILY_RUNS.value, output_dir, _MEASURE.value)
   settings.parse_gin(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   try:
     map_settings, prediction_settings = RegimeMap(), RegimePredictions()
   except ValueError as e:
     raise app.UsageError(f"gin: {e}") from e
-  output_dir = _OUTPUT_DIR.value
+  if family:
+    prediction_settings = dataclasses.replace(prediction_settings, measured_rows=family)
   if _MEASURE.value:
     rows = regime_map.run(map_settings, output_dir)
   else:
