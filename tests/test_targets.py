@@ -129,9 +129,10 @@ def test_registry_names_each_kind_and_its_drafts():
   assert t5.draft_kind("assets/models/draft_small") is t5_target.CHECKPOINT
   assert llama.draft_kind("layer_skip_12") is llama_target.LAYER_SKIP
   assert llama.draft_kind("bigram") is llama_target.NGRAM
-  with pytest.raises(ValueError, match=r"'draft_small', which no draft of a 'llama_gguf' target "
+  assert llama.draft_kind("draft_smollm2") is llama_target.STUDENT
+  with pytest.raises(ValueError, match=r"'t5_small', which no draft of a 'llama_gguf' target "
                                        r"is: use one of: prompt_lookup; layer_skip_<L>"):
-    llama.draft_kind("draft_small")
+    llama.draft_kind("t5_small")
   assert targets.draft_key(t5_target.NGRAM, "bigram", "ende") == ("bigram", "ende")
   assert targets.draft_key(llama_target.NGRAM, "bigram", "ende") == ("bigram", "")
 
@@ -149,8 +150,12 @@ def _gin(tmp_path, gguf_path: str, **overrides) -> str:
 
 
 @pytest.mark.parametrize("binding, error, match", [
+    ("Experiment.drafts = ['t5_small']", ValueError,
+     r"'t5_small', which no draft of a 'llama_gguf' target is"),
     ("Experiment.drafts = ['draft_small']", ValueError,
-     r"'draft_small', which no draft of a 'llama_gguf' target is"),
+     r"'draft_small', but .*draft_small is not a decoder-only draft \(.*format None"),
+    ("Experiment.drafts = ['draft_none']", FileNotFoundError,
+     r"'draft_none', but .*config\.json is missing: train and export a draft there"),
     ("Experiment.drafts = ['layer_skip_3']", ValueError,
      r"'layer_skip_3': L must lie in 1\.\.2, the target's layers"),
     ("Experiment.target = '/no/such.gguf'", FileNotFoundError, r"no GGUF file at '/no/such\.gguf'"),

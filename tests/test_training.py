@@ -203,6 +203,7 @@ def test_stop_flag_catches_sigterm():
 
 def test_gin_configs_parse():
   train_mod = pytest.importorskip("specdec_jax.experiment.train")
+  train_student = pytest.importorskip("specdec_jax.experiment.train_student")
   files = sorted(glob.glob(os.path.join(REPO, "gin_configs", "train", "*.gin")))
   assert {"target", "draft_small", "draft_base", "draft_large", "draft_distilled"} <= {
       os.path.basename(f)[:-4] for f in files}
@@ -214,6 +215,10 @@ def test_gin_configs_parse():
         continue
       gin.clear_config()
       gin.parse_config_file(path)
+      if os.path.basename(path).startswith("draft_smollm2"):  # A decoder-only student.
+        student = train_student.StudentTrainConfig()
+        assert student.target == "smollm2" and student.passes > 0, path
+        continue
       cfg = train_mod.model_config()
       assert cfg.vocab_size == 8192 and cfg.gated and not cfg.tie_word_embeddings, path
       assert gin.query_parameter("train.total_steps") > 0, path

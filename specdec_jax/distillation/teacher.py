@@ -217,6 +217,7 @@ class T5Teacher(Teacher):
     self.d_model = cfg.d_model
     self.params = jax.device_put(params)
     self.model = T5Model(cfg)
+    self._prepared = self.model.prepare(self.params)  # For decoding, once.
     self._params32 = None
 
   @property
@@ -241,7 +242,7 @@ class T5Teacher(Teacher):
 
   def decode(self, inputs: np.ndarray, rng: Array, *, temperature: float,
              max_decode_len: int) -> tuple[np.ndarray, np.ndarray]:
-    out = temperature_sample(self.model, self.params, inputs, max_decode_len=max_decode_len,
+    out = temperature_sample(self.model, self._prepared, inputs, max_decode_len=max_decode_len,
                              temperature=temperature, rng=rng)
     return np.asarray(out.sequences), np.asarray(out.lengths)
 

@@ -62,6 +62,7 @@ from specdec_jax.models.llama import (
   student_io,
 )
 from specdec_jax.models.llama.student import Student, StudentDraft
+from specdec_jax.models.options import DecodeOptions
 
 if TYPE_CHECKING:
   from specdec_jax.experiment.settings import Experiment, Settings
@@ -174,7 +175,8 @@ def load(settings: Settings, mesh: jax.sharding.Mesh) -> LlamaTarget:
   checkpoint = gguf_loader.load_gguf(gguf_path(settings))
   config = checkpoint.config.replace(dtype=settings.dtype, param_dtype=settings.param_dtype)
   partitioning.check_model_fits(config, mesh)
-  model = LlamaModel(config, axis_rules=partitioning.axis_rules())
+  model = LlamaModel(config, axis_rules=partitioning.axis_rules(),
+                     options=DecodeOptions.for_backend(devices=mesh.size))
   validation.check_model(model, "Settings.target")
   weights = model.prepare(partitioning.shard_params(model, checkpoint.params, mesh))
   return LlamaTarget(scorer=LlamaScorer(model, weights), eos_id=checkpoint.vocabulary.eos_id,
@@ -273,7 +275,12 @@ def _check_student(exp: Experiment, spec: str, target_vocab: int) -> None:
     raise FileNotFoundError(f"Experiment.drafts has {spec!r}, but {config_path} is missing: "
                             "train and export a draft there (gin_configs/train/"
                             "draft_smollm2.gin).")
-  saved = student_io.load_student(directory)
+  try:
+    saved = student_io.load_student(directory)
+  except ValueError as e:
+    raise ValueError(f"Experiment.drafts has {spec!r}, but {directory} is not a decoder-only "
+                     f"draft ({e}): a llama_gguf target takes drafts trained for it "
+                     "(gin_configs/train/draft_smollm2.gin).") from e
   path = gguf_path(exp)
   student_io.check_target(saved, directory, teacher_sha256(path), target_vocab,
                           read_config(exp).d_model, os.path.basename(path))
@@ -283,7 +290,8 @@ def _build_student(target: LlamaTarget, spec: str, task: str) -> StudentDraft:
   del task  # One draft for every task.
   saved = student_io.load_student(_student_dir(target.settings, spec))
   student = Student(dataclasses.replace(saved.config, blocks=saved.config.blocks.replace(
-      dtype=target.settings.dtype, param_dtype=target.settings.param_dtype)))
+      dtype=target.settings.dtype, param_dtype=target.settings.param_dtype)),
+                    options=target.model.options)
   weights = student.prepare(saved.params, target.weights.embedding, saved.head_tokens)
   return StudentDraft(student.llama, weights)
 

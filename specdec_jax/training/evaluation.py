@@ -40,12 +40,13 @@ def greedy_decode_texts(model: T5Model, params: dict, texts: Sequence[str], proc
                         ) -> list[str]:
   """Greedy outputs for `texts`, detokenised; batches are padded to one shape (one compile)."""
   inputs = encode_inputs(texts, processor, inputs_length)
+  prepared = model.prepare(params)  # Once, not once per batch.
   outputs: list[str] = []
   for start in range(0, len(texts), batch_size):
     chunk = inputs[start:start + batch_size]
     rows = len(chunk)
     chunk = np.pad(chunk, ((0, batch_size - rows), (0, 0)))
-    out = temperature_sample(model, params, chunk, max_decode_len=max_decode_len)
+    out = temperature_sample(model, prepared, chunk, max_decode_len=max_decode_len)
     seqs, lengths = np.asarray(out.sequences), np.asarray(out.lengths)
     for i in range(rows):
       ids = [int(t) for t in seqs[i, :lengths[i]] if t != processor.eos_id()]

@@ -43,6 +43,7 @@ from specdec_jax.decoding.drafts import ScorerDraft
 from specdec_jax.models import layers
 from specdec_jax.models.llama.model import LlamaConfig, LlamaDecoder, LlamaModel, LlamaWeights
 from specdec_jax.models.llama.scorer import LlamaScorer
+from specdec_jax.models.options import DecodeOptions
 
 Array = jax.Array
 
@@ -185,9 +186,15 @@ def prompt_and_outputs(prompts: Array, prompt_lengths: Array, decoder_inputs: Ar
 @dataclasses.dataclass(frozen=True)
 class Student:
   """Functional API of a draft that reads its target's embedding (hashable: a static
-  argument of jitted steps)."""
+  argument of jitted steps).
+
+  Attributes:
+    config: its shape.
+    options: how its generation runs (`LlamaModel.options`; default: this backend's).
+  """
 
   config: StudentConfig
+  options: DecodeOptions = dataclasses.field(default_factory=DecodeOptions.for_backend)
 
   @property
   def module(self) -> StudentTransformer:
@@ -196,7 +203,7 @@ class Student:
   @property
   def llama(self) -> LlamaModel:
     """The `LlamaModel` its prepared weights run in (`prepare`)."""
-    return LlamaModel(self.config.blocks)
+    return LlamaModel(self.config.blocks, options=self.options)
 
   def init_params(self, rng: Array) -> dict:
     """Random parameters (the projections fan-in normal, the bias 0)."""
