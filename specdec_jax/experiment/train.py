@@ -47,7 +47,7 @@ from specdec_jax.checkpoints import (  # noqa: E402
     save_shared_encoder_checkpoint,
 )
 from specdec_jax.data import corpora, layout, pipeline, teacher_signals, vocab  # noqa: E402
-from specdec_jax.distillation.teacher import load_teacher  # noqa: E402
+from specdec_jax.distillation.teacher import teacher_sha256  # noqa: E402
 from specdec_jax.experiment.alpha_tracking import (  # noqa: E402
     AlphaProbe,
     AlphaTracker,
@@ -310,7 +310,7 @@ def _signals_batches(model: T5Model | SharedEncoderModel, tasks: tuple[str, ...]
   encoder outputs, which it does not read), after checking that `teacher_dir` made them."""
   t0 = time.monotonic()
   if teacher_dir:
-    sha = load_teacher(teacher_dir)[2]
+    sha = teacher_sha256(teacher_dir)
     for task in tasks:
       directory = teacher_signals.corpus_signals_dir(task)
       if teacher_signals.read_manifest(directory)["settings"]["teacher_sha256"] != sha:
