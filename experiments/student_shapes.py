@@ -69,8 +69,9 @@ def main(argv: list[str]) -> None:
   inputs = _prompt(checkpoint)
   drafts = {}
   for layers, width, head in itertools.product(LAYERS, WIDTHS, HEADS):
+    heads = width // 64
     student = Student(student_config(checkpoint.config, d_model=width, num_layers=layers,
-                                     head_size=head))
+                                     head_size=head, kv_groups=2 if heads % 2 == 0 else 1))
     params = student.init_params(jax.random.PRNGKey(0))
     head_tokens = jnp.arange(head, dtype=jnp.int32)  # The cost depends on the size only.
     draft = StudentDraft(student.llama, student.prepare(params, weights.embedding,
