@@ -28,7 +28,7 @@ def fig_regime_map(records: Sequence[dict], errors: Sequence[dict],
   One panel per alpha source and task (columns) and temperature (rows): per draft, its
   predicted speedup at the best gamma against the target's decoder bytes per call (float16
   panels where exact, log scale); the line 1X; the CPU's largest cache where it reports one;
-  in our family's panels, our measured speedups (committed rows, `errors`) at our target's
+  in our family's panels, our measured speedups (`experiments.run` rows, `errors`) at our target's
   bytes, beside the cost model's prediction for the same pair.
 
   Args:
@@ -61,7 +61,7 @@ def fig_regime_map(records: Sequence[dict], errors: Sequence[dict],
                   == (task, t)]
       if measured:
         ax.plot([mib_of[e["target"]] for e in measured], [e["measured"] for e in measured],
-                "kx", markersize=7, label="ours, measured (committed rows)")
+                "kx", markersize=7, label="ours, measured speedup")
       ax.set_title(f"alpha from {source}, {task}, T={t:g}", fontsize=10)
       ax.legend(fontsize=6, loc="best")
   for ax in axes[-1]:

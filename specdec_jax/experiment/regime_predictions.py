@@ -7,7 +7,7 @@ weights. It comes from two places:
          En-De and CNN/DM, T = 0 and 1 (`PAPER_ALPHA`). A shape drafts with the alpha its
          size had against T5-XXL, whatever target it is paired with here: an assumption
          (a draft agrees more with a smaller target of its own family, not less).
-  ours   our family's committed rows (`experiments.run`: alpha_beta per task and
+  ours   our family's measured rows (`experiments.run`: alpha_beta per task and
          temperature), for the draft `MapPredictions.alpha_draft` names.
 
 For each pair, alpha and temperature, `predict` prices gamma = 1..max_gamma with the whole
@@ -16,7 +16,7 @@ both loops' own work and both encoders over a sequence of `tokens` output tokens
 records its best gamma beside the model calls alone and Theorem 3.8.
 
 Before any of that is read for shapes we cannot decode, `family_errors` holds the same cost
-model against our family's measured speedups: each committed row of a pair this run
+model against our family's measured speedups: each measured row of a pair this run
 measured, predicted from this run's costs with the row's own alpha, gamma and output
 length. The error is reported as it is (`error_summary`); the map stands on it only when
 every point is within `ERROR_LIMIT`. Pure functions of rows: no timing, no model.
@@ -52,7 +52,7 @@ class MapPredictions:
   """Where the predictions' alpha and output lengths come from.
 
   Attributes:
-    measured_rows: committed results files of our family (`experiments.run` rows), relative
+    measured_rows: results files of our family (`experiments.run` rows), relative
       to the repository's root or absolute: the points the cost model's error is taken on,
       and our alpha.
     alpha_draft: the family draft whose alpha (mean alpha_beta per task and temperature
@@ -103,7 +103,7 @@ def paper_size(name: str) -> str | None:
 
 
 def read_measured(paths: Sequence[str]) -> list[dict]:
-  """The measured points (`results_io.is_point_row`) of committed results files (relative to
+  """The measured points (`results_io.is_point_row`) of results files (relative to
   the repository's root, or absolute), each with its file as "source".
 
   Raises:
@@ -114,7 +114,7 @@ def read_measured(paths: Sequence[str]) -> list[dict]:
     full = os.path.join(layout.REPO_ROOT, path)  # An absolute `path` stays as it is.
     if not os.path.exists(full):
       raise FileNotFoundError(f"measured_rows has {path!r}, which does not exist; list "
-                              "committed results.jsonl files of experiments.run.")
+                              "results.jsonl files of experiments.run.")
     rows += [{**r, "source": path} for r in results_io.read_rows(full)
              if results_io.is_point_row(r)]
   return rows
@@ -234,7 +234,7 @@ def predictions(rows: Sequence[dict], settings: regime_map.MapSettings,
 
 def family_errors(rows: Sequence[dict], measured: Sequence[dict],
                   settings: regime_map.MapSettings) -> list[dict]:
-  """The cost model against our family's measured speedups: per committed batch-1 row of a
+  """The cost model against our family's measured speedups: per measured batch-1 row of a
   pair this run measured (at a gamma it prices), the speedup predicted from this run's
   costs with the row's alpha, gamma and output length, and the error predicted / measured - 1.
 
@@ -393,7 +393,7 @@ def markdown(rows: Sequence[dict], records: Sequence[dict], errors: Sequence[dic
            "**These are predictions from measured costs and published alpha, not decodes of "
            "trained models.** Every cost was measured here on random-weight models of the "
            "public shapes, saved in float16 and loaded as a user's checkpoint is; alpha is the "
-           "paper's Table 2 (T5.1.1 drafts for T5-XXL) or our family's committed rows. "
+           "paper's Table 2 (T5.1.1 drafts for T5-XXL) or our family's measured rows. "
            f"Command: `{command}`.", "", _cache_line(cache), "",
            "## Costs measured (batch 1; T_verify(k) / T_step for each k; encoder at the "
            "prompt's length)", ""]
