@@ -22,7 +22,10 @@ lengths and gamma are the shared `Settings` (gin):
     (`gguf_file=`), on the same chat prompts; the draft "layer_skip_<L>" is
     transformers' `assistant_early_exit=L` (the same first L layers, final
     norm and head), "prompt_lookup" its `prompt_lookup_num_tokens=gamma`
-    (n-grams up to 3, as ours).
+    (n-grams up to 3, as ours), and a trained "draft_<name>"
+    (`models.llama.student`) its `assistant_model=` as a transformers Llama model
+    with the same weights and shortlist (`student_hf.to_transformers`), drafting a
+    constant gamma tokens.
 
 Writes `<output_dir>/peer_<target>_<draft>_<task>_g<gamma>.json` atomically.
 """
@@ -47,10 +50,13 @@ from specdec_jax.data import layout
 from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import gin_flags, llama_target, prompts, settings, targets
+from specdec_jax.models.llama import student_io
+from specdec_jax.models.llama.student_hf import to_transformers
 from specdec_jax.models.t5 import T5Model, make_draft, speculative_sample, temperature_sample
 
-_DRAFT = flags.DEFINE_string("draft", "draft_small", "Draft: a checkpoint (in Settings.models_dir) "
-                             "of a T5 target; layer_skip_<L> or prompt_lookup of a llama_gguf one.")
+_DRAFT = flags.DEFINE_string(
+    "draft", "draft_small", "Draft: a checkpoint (in Settings.models_dir) of a T5 target; "
+    "layer_skip_<L>, prompt_lookup or a trained draft_<name> of a llama_gguf one.")
 _TASK = flags.DEFINE_enum("task", "ende", sorted(layout.CORPORA), "Corpus of the prompts.")
 _NUM = flags.DEFINE_integer("num_examples", 4, "Prompts (the split's first ones).",
                             lower_bound=1)
@@ -137,12 +143,22 @@ def _llama_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
     assisted = {"assistant_early_exit": llama_target.layer_skip_depth(spec)}
   elif kind is targets.PROMPT_LOOKUP:
     assisted = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 3}
+  elif kind is llama_target.STUDENT:
+    llama_target.STUDENT.check(shared, spec, llama_target.read_config(shared).vocab_size)
   else:
     raise app.UsageError(f"--draft={spec}: transformers has no {kind.name} draft; use "
-                         "layer_skip_<L> or prompt_lookup.")
+                         "layer_skip_<L>, prompt_lookup or a trained draft_<name>.")
   path = llama_target.gguf_path(shared)
   target = llama_target.load(shared, mesh)
   draft, eos = kind.build(target, spec, task), target.eos_id
+  if kind is llama_target.STUDENT:  # The same weights as a transformers Llama model.
+    saved = student_io.load_student(shared.checkpoint_dir(spec))
+    assistant = to_transformers(saved.config, saved.params, np.asarray(target.weights.embedding),
+                                saved.head_tokens)
+    assistant.generation_config.num_assistant_tokens = gamma
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    assistant.generation_config.assistant_confidence_threshold = 0.0  # Always draft gamma.
+    assisted = {"assistant_model": assistant}
   hf_model = transformers.AutoModelForCausalLM.from_pretrained(
       os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
   pairs, _ = prompts.load_examples(task, "test", _NUM.value)

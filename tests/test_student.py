@@ -119,3 +119,26 @@ def test_config_round_trips_and_bad_shapes_are_named():
     student_config(model.config, d_model=20, num_layers=1, head_size=8, head_dim=8)
   with pytest.raises(ValueError, match="head_size=200 exceeds"):
     student_config(model.config, d_model=16, num_layers=1, head_size=200, head_dim=8)
+
+
+def test_the_transformers_export_scores_as_the_draft_does():
+  """The peer's copy of the draft (`student_hf`): the same logits on the shortlist, -inf
+  elsewhere, teacher-forced over a prompt and an output."""
+  import torch  # noqa: PLC0415  (the test extra; the draft's own tests need none)
+
+  from specdec_jax.models.llama.student_hf import to_transformers  # noqa: PLC0415
+
+  model, params = _random_model()
+  embedding = np.asarray(params["token_embedder"]["embedding"])
+  head = np.asarray([1, 5, 9, 40, 41, 96], np.int32)
+  student, sparams = _student(model.config, jnp.asarray(head))
+  sparams = jax.tree.map(np.asarray, sparams)
+  prompt, outputs = [5, 6, 7, 8, 9], [11, 12, 13, 14]
+  forced = np.asarray(student.logits(
+      sparams, embedding, jnp.asarray(head), jnp.asarray([prompt], jnp.int32),
+      jnp.asarray([len(prompt)], jnp.int32), jnp.asarray([[0] + outputs[:-1]], jnp.int32)))[0]
+  hf = to_transformers(student.config, sparams, embedding, head)
+  with torch.inference_mode():
+    logits = hf(torch.tensor([prompt + outputs[:-1]])).logits.numpy()[0, len(prompt) - 1:]
+  np.testing.assert_allclose(logits[:, head], forced, atol=1e-4, rtol=0)
+  assert np.all(np.isneginf(np.delete(logits, head, axis=1)))
