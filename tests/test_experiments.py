@@ -20,11 +20,12 @@ from conftest import make_model
 from experiments import analyze, measure_alpha
 from specdec_jax import auto_gamma
 from specdec_jax.checkpoints import save_hf_checkpoint
-from specdec_jax.data import layout
+from specdec_jax.data import chat_prompts, layout
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import (
     gin_flags,
     measure,
+    prompts,
     report,
     results_io,
     runner,
@@ -156,10 +157,30 @@ def test_plan_uses_best_gamma(tmp_path, models_dir):
 
 
 def test_committed_prompts_exist():
-  for task in layout.CORPORA:
+  for task in {*layout.CORPORA, *chat_prompts.TASKS}:
     with open(os.path.join(layout.ASSETS_DIR, "prompts", f"{task}_test.jsonl")) as f:
       first = json.loads(f.readline())
     assert first["inputs"] and first["targets"]
+
+
+def test_a_chat_task_reads_its_corpus_long_sources(tmp_path, monkeypatch):
+  """'explain' reads the En-De corpus's English sources of at least min_words words, with
+  the corpus's prefix; without prepared data, its committed prompts."""
+  corpus = tmp_path / "corpora" / "ende"
+  corpus.mkdir(parents=True)
+  words = chat_prompts.task("explain").min_words
+  rows = [{"id": str(i), "inputs": " ".join(["w"] * n), "targets": "t", "page": "p"}
+          for i, n in enumerate((3, words, words - 1, words + 5))]
+  (corpus / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  monkeypatch.setenv(layout.DATA_DIR_ENV, str(tmp_path))
+  pairs, source = prompts.load_examples("explain", "test", None)
+  prefix = layout.CORPORA["ende"].prefix
+  assert [len(x.removeprefix(prefix).split()) for x, _ in pairs] == [words, words + 5]
+  assert all(x.startswith(prefix) for x, _ in pairs) and source.endswith("ende/test.jsonl")
+  monkeypatch.setenv(layout.DATA_DIR_ENV, str(tmp_path / "none"))
+  pairs, source = prompts.load_examples("explain", "test", 4)
+  assert len(pairs) == 4 and source.endswith("explain_test.jsonl")
+  assert all(len(x.split()) >= words for x, _ in pairs)
 
 
 def _synthetic_row(draft: str, temperature: float, gamma: int, batch_size: int,

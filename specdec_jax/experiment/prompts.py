@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from specdec_jax import atomic_io
-from specdec_jax.data import corpora, layout
+from specdec_jax.data import chat_prompts, corpora, layout
 
 PROMPTS_DIR = os.path.join(layout.ASSETS_DIR, "prompts")
 PROMPTS_SPLIT = "test"
@@ -31,9 +31,27 @@ def prompts_file(task: str) -> str:
   return os.path.join(PROMPTS_DIR, f"{task}_{PROMPTS_SPLIT}.jsonl")
 
 
+def _corpus(task: str) -> str:
+  """The corpus a task reads: itself, or a chat task's (`chat_prompts.TASKS`)."""
+  return task if task in layout.CORPORA else chat_prompts.task(task).corpus
+
+
+def _task_rows(task: str, rows: list) -> list:
+  """The rows (with an `inputs` text) a task uses: a chat task's long enough sources."""
+  if task in layout.CORPORA:
+    return rows
+  min_words = chat_prompts.task(task).min_words
+  inputs = (r.inputs if hasattr(r, "inputs") else r["inputs"] for r in rows)
+  return [r for r, text in zip(rows, inputs, strict=True) if len(text.split()) >= min_words]
+
+
 def load_examples(task: str, split: str,
                   num_examples: int | None) -> tuple[list[tuple[str, str]], str]:
   """The first `num_examples` (input with task prefix, reference) pairs of a split (None: all).
+
+  A chat task that is not a corpus (`chat_prompts.TASKS`: "explain") reads its
+  corpus's examples whose source is long enough, with that corpus's prefix (a chat
+  target replaces it by the task's instruction).
 
   Returns:
     The pairs and the file they were read from.
@@ -42,9 +60,12 @@ def load_examples(task: str, split: str,
     FileNotFoundError / ValueError: no source holds enough examples (the message
       says how to get them).
   """
-  prepared = layout.corpus_file(layout.default_data_dir(), task, split)
+  corpus = _corpus(task)
+  prefix = layout.CORPORA[corpus].prefix
+  prepared = layout.corpus_file(layout.default_data_dir(), corpus, split)
   if os.path.exists(prepared):
-    pairs, source = corpora.read_text_pairs(task, split, max_examples=num_examples), prepared
+    rows, source = _task_rows(task, corpora.read_jsonl(prepared))[:num_examples], prepared
+    pairs = [(prefix + ex.inputs, ex.targets) for ex in rows]
   else:
     source = prompts_file(task)
     if split != PROMPTS_SPLIT or not os.path.exists(source):
@@ -52,7 +73,6 @@ def load_examples(task: str, split: str,
           f"No examples for task={task!r}, split={split!r}: {prepared!r} is missing (run "
           "`python -m specdec_jax.data.prepare`) and the committed prompts cover only "
           f"split={PROMPTS_SPLIT!r} ({source}).")
-    prefix = layout.CORPORA[task].prefix
     with open(source, encoding="utf-8") as f:
       rows = [json.loads(line) for line in f if line.strip()]
     pairs = [(prefix + row["inputs"], row["targets"]) for row in rows[:num_examples]]
@@ -80,10 +100,10 @@ def tokenize(processor, texts: list[str], input_len: int) -> np.ndarray:
 def write_committed_prompts() -> list[str]:
   """Rewrites `PROMPTS_DIR` from the prepared corpora's test splits; returns what it did."""
   done = []
-  for task in layout.CORPORA:
-    path = layout.corpus_file(layout.default_data_dir(), task, PROMPTS_SPLIT)
+  for task in {**layout.CORPORA, **chat_prompts.TASKS}:
+    path = layout.corpus_file(layout.default_data_dir(), _corpus(task), PROMPTS_SPLIT)
     rows = [{"id": ex.id, "inputs": ex.inputs, "targets": ex.targets}
-            for ex in corpora.read_jsonl(path)[:PROMPTS_PER_TASK]]
+            for ex in _task_rows(task, corpora.read_jsonl(path))[:PROMPTS_PER_TASK]]
     text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows)
     atomic_io.atomic_write_bytes(prompts_file(task), text.encode("utf-8"))
     done.append(f"{prompts_file(task)}: {len(rows)} examples from {path}")

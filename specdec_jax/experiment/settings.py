@@ -22,7 +22,7 @@ from typing import Any
 import gin
 
 from specdec_jax import validation
-from specdec_jax.data import layout
+from specdec_jax.data import chat_prompts, layout
 from specdec_jax.experiment import prompts, registry, results_io
 from specdec_jax.models.config import check_dtype
 
@@ -265,9 +265,9 @@ def validate(exp: Experiment) -> None:
     for i, value in enumerate(getattr(exp, field)):
       _require(isinstance(value, str), f"Experiment.{field}[{i}] must be a string, got "
                                        f"{value!r}.")
+  known = sorted({*layout.CORPORA, *chat_prompts.TASKS})
   for task in exp.tasks:
-    _require(task in layout.CORPORA,
-             f"Experiment.tasks has {task!r}; use any of {sorted(layout.CORPORA)}.")
+    _require(task in known, f"Experiment.tasks has {task!r}; use any of {known}.")
   _require(exp.split in layout.SPLITS, f"Experiment.split={exp.split!r}; use one of "
                                        f"{layout.SPLITS}.")
   for i, gamma in enumerate(exp.gammas):

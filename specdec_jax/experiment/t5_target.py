@@ -105,7 +105,11 @@ def _vocab_size(path: str) -> int:
 
 
 def check(exp: Experiment) -> int:
-  """The target checkpoint and the tokenizer (no weights); returns the target's vocabulary."""
+  """The tasks, the target checkpoint and the tokenizer (no weights); returns the target's
+  vocabulary."""
+  for task in exp.tasks:
+    require(task in layout.CORPORA, f"Experiment.tasks has {task!r}, a chat model's task; a T5 "
+                                    f"target runs the corpora {sorted(layout.CORPORA)}.")
   target_vocab = check_checkpoint(exp, exp.target, "target")
   tokenizer_vocab = _vocab_size(exp.vocab_path)
   require(tokenizer_vocab <= target_vocab,
