@@ -46,7 +46,7 @@ from absl import app, flags
 
 from specdec_jax import atomic_io, benchmarking, contention, partitioning
 from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
-from specdec_jax.data import layout
+from specdec_jax.data import chat_prompts, layout
 from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import gin_flags, llama_target, prompts, settings, targets
@@ -57,7 +57,9 @@ from specdec_jax.models.t5 import T5Model, make_draft, speculative_sample, tempe
 _DRAFT = flags.DEFINE_string(
     "draft", "draft_small", "Draft: a checkpoint (in Settings.models_dir) of a T5 target; "
     "layer_skip_<L>, prompt_lookup or a trained draft_<name> of a llama_gguf one.")
-_TASK = flags.DEFINE_enum("task", "ende", sorted(layout.CORPORA), "Corpus of the prompts.")
+_TASK = flags.DEFINE_enum("task", "ende", sorted({*layout.CORPORA, *chat_prompts.TASKS}),
+                          "Task of the prompts (a chat task such as explain: a llama_gguf "
+                          "target's).")
 _NUM = flags.DEFINE_integer("num_examples", 4, "Prompts (the split's first ones).",
                             lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed passes over the prompts.", lower_bound=1)
