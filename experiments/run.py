@@ -10,7 +10,8 @@ work, then each point (task, batch size, draft, temperature, gamma) is measured
 and appended to `<output_dir>/results.jsonl` atomically; points already there
 are skipped, so an interrupted run resumes where it stopped
 (`specdec_jax.experiment.runner`). `python -m experiments.analyze` turns the
-file into tables and figures.
+file into tables and figures. A gin file that binds `Suite.experiments` (a list of
+gin files) measures each of them in turn (`specdec_jax.experiment.suite`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 from absl import app, flags
 
 from specdec_jax import distributed
-from specdec_jax.experiment import gin_flags, results_io, runner, settings
+from specdec_jax.experiment import gin_flags, results_io, runner, settings, suite
 from specdec_jax.experiment.record import PointRow
 
 _OUTPUT_DIR = flags.DEFINE_string(
@@ -38,8 +39,26 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
   distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  exp = runner.load_experiment(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
-  output_dir = _OUTPUT_DIR.value or os.path.join(runner.RUNS_ROOT, exp.name)
+  bindings = gin_flags.GIN_BINDINGS.value
+  files = suite.listed_experiments(gin_flags.GIN_FILE.value, bindings)
+  if files is None:  # One experiment.
+    measure(runner.load_experiment(gin_flags.GIN_FILE.value, bindings), _OUTPUT_DIR.value)
+    return
+  if _OUTPUT_DIR.value:
+    raise app.UsageError("--output_dir is for one experiment; a suite writes each one's rows "
+                         "to runs/<Experiment.name>/.")
+  for gin_file in files:
+    try:
+      exp = runner.load_experiment([gin_file], bindings)
+    except suite.MISSING_MODEL as e:
+      print(f"\n{gin_file}: not measured, its model is missing: {e}\n", flush=True)
+      continue
+    measure(exp, None)
+
+
+def measure(exp: settings.Experiment, output_dir: str | None) -> None:
+  """Measures one experiment's missing points and prints its table."""
+  output_dir = output_dir or os.path.join(runner.RUNS_ROOT, exp.name)
   path = runner.run(exp, output_dir)
   planned = {p.key for p in settings.plan(exp)}
   rows = [PointRow.from_json(r) for r in results_io.read_rows(path)

@@ -425,3 +425,23 @@ def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
                                                 results_io.RESULTS_FILE))
   committed = next(r for r in reference if r["temperature"] == 0)
   assert line.endswith(f"| {committed['speedup_measured']:.2f}X |")
+
+
+def test_a_suite_measures_each_experiment_and_skips_a_missing_model(tmp_path, models_dir):
+  """A gin file listing experiments (`Suite.experiments`): each is measured as if alone,
+  into runs/<name>/; one whose GGUF file is missing is skipped with its install message."""
+  tiny = _gin(tmp_path, models_dir, name="'suite_t5'", num_examples="1")
+  llama = tmp_path / "llama.gin"
+  llama.write_text("Experiment.name = 'suite_llama'\nExperiment.target_kind = 'llama_gguf'\n"
+                   "Experiment.target = '/no/such.gguf'\nExperiment.drafts = ['prompt_lookup']\n"
+                   "Experiment.tasks = ['mansum']\nExperiment.num_examples = 1\n")
+  suite_gin = tmp_path / "suite.gin"
+  suite_gin.write_text(f"Suite.experiments = [{str(llama)!r}, {tiny!r}]\n")
+  done = subprocess.run([sys.executable, "-m", "experiments.run", f"--gin_file={suite_gin}"],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f"{llama}: not measured, its model is missing: " in done.stdout
+  assert "no GGUF file at '/no/such.gguf'" in done.stdout
+  rows = results_io.read_rows(str(tmp_path / "runs" / "suite_t5" / results_io.RESULTS_FILE))
+  assert len(rows) == 1 and rows[0]["draft"] == "draft"
+  assert "suite_t5: 1 points" in done.stdout and "| ende | draft | 0 |" in done.stdout

