@@ -177,10 +177,13 @@ def test_bad_llama_runs_fail_before_work(tmp_path, tiny_gguf, monkeypatch, bindi
                            [binding])
 
 
-def test_runner_measures_a_decoder_only_target(tmp_path, tiny_gguf):
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_runner_measures_a_decoder_only_target(tmp_path, tiny_gguf, shared_prefix):
   """The runner, unchanged, on the tiny GGUF Llama: chat prompts, a layer-skip draft,
-  greedy tokens checked equal to the baseline's, the row's costs through `Scorer.score`."""
-  exp = runner.load_experiment([_gin(tmp_path, tiny_gguf[0])], [])
+  greedy tokens checked equal to the baseline's, the row's costs through `Scorer.score`;
+  with the chat template's system turn prefilled once or per prompt."""
+  exp = runner.load_experiment([_gin(tmp_path, tiny_gguf[0])],
+                               [f"PromptCache.shared_prefix = {shared_prefix}"])
   path = runner.run(exp, str(tmp_path / "out"))
   (row,) = results_io.read_rows(path)
   assert row["draft"] == "layer_skip_1" and row["target"] == tiny_gguf[0]

@@ -90,6 +90,17 @@ def chat_prompt(vocabulary: Any, tokenizer: Any, task_name: str, source: str, wi
   return ids[:width]
 
 
+def shared_prefix(vocabulary: Any, tokenizer: Any) -> list[int]:
+  """The token ids every chat prompt starts with (the template's system turn and the user
+  turn's opening): the common prefix of two prompts whose contents share no first token.
+  """
+  first, second = (tokenizer.encode(vocabulary.chat_prompt([{"role": "user", "content": c}])).ids
+                   for c in ("Alpha", "7"))
+  length = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b),
+                min(len(first), len(second)))
+  return first[:length]
+
+
 def task_sources(task_name: str, split: str, data_dir: str | None = None
                  ) -> tuple[list[str], list[int]]:
   """A task's sources in a prepared split, and their rows in the corpus file.

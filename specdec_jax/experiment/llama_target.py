@@ -75,6 +75,21 @@ _LAYER_SKIP = re.compile(r"layer_skip_(\d+)")
 
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
+class PromptCache:
+  """How the target prefills its prompts (gin: `PromptCache.X`).
+
+  Attributes:
+    shared_prefix: prefill the chat template's system turn, the tokens every prompt
+      starts with (`chat_prompts.shared_prefix`), once at load and copy it into every
+      row (`LlamaScorer.with_prefix`), rather than prefill it per prompt. Both
+      decoders use the target's scorer, so both get it.
+  """
+
+  shared_prefix: bool = False
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
 class NgramFit:
   """Where the unigram / bigram drafts of a `llama_gguf` target are fit (gin: `NgramFit.X`).
 
@@ -151,9 +166,11 @@ class LlamaTarget(LoadedTarget):
   def tokenize(self, task: str, texts: Sequence[str], width: int) -> np.ndarray:
     """Chat prompts of the examples: the T5 task prefix replaced by the task's instruction."""
     prefix = layout.CORPORA[chat_prompts.task(task).corpus].prefix
-    return pad_prompts([chat_prompts.chat_prompt(self.vocabulary, self.tokenizer, task,
-                                                 text.removeprefix(prefix), width)
-                        for text in texts], width)
+    prompts = pad_prompts([chat_prompts.chat_prompt(self.vocabulary, self.tokenizer, task,
+                                                    text.removeprefix(prefix), width)
+                           for text in texts], width)
+    self.scorer.check_prompts(prompts)
+    return prompts
 
   def pieces(self, ids: list[int]) -> list[str]:
     return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
@@ -180,10 +197,13 @@ def load(settings: Settings, mesh: jax.sharding.Mesh) -> LlamaTarget:
                      options=DecodeOptions.for_backend(devices=mesh.size))
   validation.check_model(model, "Settings.target")
   weights = model.prepare(partitioning.shard_params(model, checkpoint.params, mesh))
-  return LlamaTarget(scorer=LlamaScorer(model, weights), eos_id=checkpoint.vocabulary.eos_id,
-                     encoder_width=None, settings=settings, mesh=mesh, model=model,
-                     weights=weights, vocabulary=checkpoint.vocabulary,
-                     tokenizer=checkpoint.vocabulary.tokenizer())
+  vocabulary, tokenizer = checkpoint.vocabulary, checkpoint.vocabulary.tokenizer()
+  scorer = LlamaScorer(model, weights)
+  if PromptCache().shared_prefix:
+    scorer = scorer.with_prefix(jnp.asarray(chat_prompts.shared_prefix(vocabulary, tokenizer)))
+  return LlamaTarget(scorer=scorer, eos_id=vocabulary.eos_id, encoder_width=None,
+                     settings=settings, mesh=mesh, model=model, weights=weights,
+                     vocabulary=vocabulary, tokenizer=tokenizer)
 
 
 def check(exp: Experiment) -> int:

@@ -16,6 +16,10 @@ n - 1 + m: `cached_lengths` and `rewind` count from the prompt's end.
 `start_token` is only a placeholder (the file's BOS id); the drafts never
 rely on it (`NgramDraft` conditions its first proposal on it; prompt lookup
 skips position 0).
+
+A prefix every prompt starts with (a chat template's system turn) can be
+prefilled once (`LlamaScorer.with_prefix`): `init_state` then copies its keys and
+values into every row and prefills only the rest of each prompt.
 """
 
 from __future__ import annotations
@@ -72,6 +76,39 @@ class LlamaScorerState:
   cache: DecoderCache
 
 
+@struct.dataclass
+class PromptPrefix:
+  """The keys and values of tokens that begin every prompt, computed once.
+
+  Attributes:
+    tokens: int32 `[P]`.
+    keys: per layer, one row's keys at positions 0..P-1 (`[kv_heads, head_dim, P]`,
+      or `[1, kv_heads, head_dim, P]` with split heads: `DecodeOptions.split_heads`).
+    values: per layer, one row's values (`[kv_heads, P, head_dim]`, or 4-D).
+  """
+
+  tokens: Array
+  keys: tuple[Array, ...]
+  values: tuple[Array, ...]
+
+  @property
+  def length(self) -> int:
+    return self.tokens.shape[0]
+
+  def fill(self, cache: DecoderCache) -> DecoderCache:
+    """`cache` (lengths 0) with the prefix at positions 0..P-1 of every row, lengths P."""
+    batch, length = cache.lengths.shape[0], self.length
+
+    def rows(x: Array) -> Array:  # One row's entries for every row (batch-major).
+      return jnp.tile(x, (batch,) + (1,) * (x.ndim - 1))
+
+    keys = tuple(k.at[..., :length].set(rows(p)) for k, p in zip(cache.keys, self.keys,
+                                                                   strict=True))
+    values = tuple(v.at[..., :length, :].set(rows(p)) for v, p in zip(cache.values, self.values,
+                                                                       strict=True))
+    return DecoderCache(keys, values, jnp.full((batch,), length, jnp.int32))
+
+
 def prompt_lengths(prompts: Array) -> Array:
   """int32 `[batch]`: one past each row's last nonzero token (at least 1)."""
   width = prompts.shape[1]
@@ -104,6 +141,9 @@ class LlamaScorer(Scorer):
     weights: its prepared weights (`model.prepare(params)`, once per parameter
       set; a raw tree is prepared in `encode`, inside a traced loop once per
       generation).
+    prefix: None, or the prefix every prompt starts with, prefilled once
+      (`with_prefix`); the prompts must then start with `prefix.tokens` and be
+      longer (`check_prompts`).
 
   Raises:
     ValueError: from the constructor, if `model` is not a `LlamaModel` or its
@@ -112,6 +152,7 @@ class LlamaScorer(Scorer):
 
   model: LlamaModel = struct.field(pytree_node=False)
   weights: LlamaWeights | dict
+  prefix: PromptPrefix | None = None
 
   def __post_init__(self):
     # Static fields only: pytree unflattening calls this with any leaves.
@@ -141,11 +182,36 @@ class LlamaScorer(Scorer):
     del target_encoded
     return LlamaContext(self.model.prepare(self.weights), inputs, prompt_lengths(inputs))
 
+  def with_prefix(self, tokens: Array) -> LlamaScorer:
+    """This scorer with `tokens` (int32 `[P]`, P >= 1) prefilled once, its weights prepared."""
+    weights = self.model.prepare(self.weights)
+    ids = jnp.asarray(tokens, jnp.int32)[None]                            # [1, P]
+    cache = self.model.init_cache(1, ids.shape[1], len(weights.layers))
+    _, cache = self.model.decode_chunk(weights, cache, ids)
+    return self.replace(weights=weights,
+                        prefix=PromptPrefix(ids[0], cache.keys, cache.values))
+
+  def check_prompts(self, prompts: np.ndarray) -> None:
+    """Raises ValueError unless every prompt (int `[batch, width]`) starts with the prefix
+    and is longer than it (nothing to check without a prefix)."""
+    if self.prefix is None:
+      return
+    prefix = np.asarray(self.prefix.tokens)
+    prompts = np.asarray(prompts)
+    starts = prompts.shape[1] > len(prefix) and np.all(prompts[:, :len(prefix)] == prefix)
+    longer = np.all(np.asarray(prompt_lengths(jnp.asarray(prompts))) > len(prefix))
+    if not (starts and longer):
+      raise ValueError(f"every prompt must start with the scorer's {len(prefix)}-token prefix "
+                       "and be longer; build the scorer without `with_prefix` for these.")
+
   def init_state(self, context: LlamaContext, cache_len: int) -> LlamaScorerState:
     batch, width = context.prompts.shape
     cache = self.model.init_cache(batch, width - 1 + cache_len, len(context.weights.layers))
-    if width > 1:  # Prefill all but the last prompt column; the logits are unused.
-      _, cache = self.model.decode_chunk(context.weights, cache, context.prompts[:, :-1])
+    start = 0
+    if self.prefix is not None:  # Copied, not computed again.
+      cache, start = self.prefix.fill(cache), self.prefix.length
+    if width - 1 > start:  # Prefill the rest but the last prompt column; no logits are used.
+      _, cache = self.model.decode_chunk(context.weights, cache, context.prompts[:, start:-1])
     return LlamaScorerState(context, cache.rewind(context.lengths - 1))
 
   def score(self, state: LlamaScorerState, tokens: Array) -> tuple[Array, LlamaScorerState]:
