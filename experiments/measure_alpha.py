@@ -29,7 +29,7 @@ import sentencepiece as spm
 import tqdm
 from absl import app, flags
 
-from specdec_jax import atomic_io, auto_gamma, benchmarking
+from specdec_jax import atomic_io, benchmarking
 from specdec_jax.checkpoints import (
     load_hf_checkpoint,
     load_hf_config,
@@ -39,7 +39,7 @@ from specdec_jax.checkpoints import (
 from specdec_jax.data import layout
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import family, gin_flags, prompts, settings
-from specdec_jax.models.t5 import T5Model, make_draft
+from specdec_jax.models.t5 import T5Model, make_draft, measure_alpha
 
 _DRAFTS = flags.DEFINE_list("drafts", list(family.DRAFTS), "The drafts' sub-folders.")
 _TASKS = flags.DEFINE_list("tasks", ["ende", "mansum"], "Tasks.")
@@ -130,7 +130,7 @@ def main(argv: list[str]) -> None:
   for name, task, temperature in tqdm.tqdm(jobs, unit="run"):
     if name not in drafts:
       drafts[name] = make_draft(*load_model(shared.checkpoint_dir(name)))
-    got = auto_gamma.measure_alpha(target, target_params, drafts[name], examples[task],
+    got = measure_alpha(target, target_params, drafts[name], examples[task],
                                    gamma=shared.gamma, max_decode_len=shared.max_decode_len,
                                    warp=Warp(temperature), rng=jax.random.PRNGKey(shared.seed))
     key = f"T={temperature:g}"

@@ -85,3 +85,19 @@ def fetch(tree):
   if jax.process_count() == 1:
     return jax.device_get(tree)
   return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+
+
+def agreed(values: Sequence[float]) -> list[float]:
+  """Process 0's `values` on every process (a collective: every process must call it).
+
+  Each process times the same global programs but reads its own clock; a
+  decision from times that differed between processes would make them run
+  different programs. In one process this returns the values unchanged.
+
+  Args:
+    values: `[n]` numbers, the same n on every process.
+
+  Returns:
+    Process 0's `[n]` values, as floats.
+  """
+  return list(map(float, multihost_utils.broadcast_one_to_all(np.array(values))))

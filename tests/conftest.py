@@ -48,7 +48,7 @@ def pytest_configure(config):
 # model), longest first. They run before the rest, so that the two workers end together
 # instead of one finishing such a test alone at the end.
 LONG_MODULES = ("test_llama_gguf.py", "test_distributed.py", "test_partitioning.py",
-                "test_experiments.py", "test_device_check.py", "test_auto_gamma.py",
+                "test_experiments.py", "test_device_check.py", "test_costs.py",
                 "test_notebook.py")
 
 

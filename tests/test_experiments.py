@@ -18,7 +18,6 @@ from absl.testing import flagsaver
 from conftest import make_model
 
 from experiments import analyze, measure_alpha
-from specdec_jax import auto_gamma
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.data import chat_prompts, layout
 from specdec_jax.decoding.sampling import Warp
@@ -34,6 +33,7 @@ from specdec_jax.experiment import (
     tables,
 )
 from specdec_jax.experiment.record import PointRow
+from specdec_jax.models import t5
 from specdec_jax.models.t5 import T5Draft
 
 VOCAB = 8192  # The committed SentencePiece model's size.
@@ -340,12 +340,12 @@ def test_measure_alpha_is_one_for_the_target_as_its_own_draft():
   batches = measure_alpha._batches(rows, 3)
   assert [len(b) for b in batches] == [3, 2]
   kwargs = dict(gamma=2, max_decode_len=6, warp=Warp(1.0), rng=jax.random.PRNGKey(0))
-  got = auto_gamma.measure_alpha(model, params, draft, batches, **kwargs)
+  got = t5.measure_alpha(model, params, draft, batches, **kwargs)
   np.testing.assert_allclose([got.beta, got.empirical], [1.0, 1.0], atol=1e-5)
   # gamma + 1 tokens per call, except where EOS or the length limit cut the last call.
   assert 2.0 < got.tokens_per_iteration <= 3.0 and 5 <= got.tokens <= 5 * 6
   assert got.examples == 5
-  worse = auto_gamma.measure_alpha(model, params, T5Draft(model, jax.tree.map(
+  worse = t5.measure_alpha(model, params, T5Draft(model, jax.tree.map(
       lambda x: x * 1.5, params)), batches, **kwargs)
   assert worse.beta < 0.99
 

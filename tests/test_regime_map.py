@@ -308,7 +308,7 @@ def test_device_check_runs_the_same_sweep_with_one_flag(tmp_path, monkeypatch):
   monkeypatch.setattr(regime_map, "run", fake_run)
   # No family pair in these rows: the shapes' pair is priced with no loop work.
   monkeypatch.setattr(regime_predictions, "loop_costs",
-                      lambda *args: regime_predictions.auto_gamma.LoopCosts(**_loops()))
+                      lambda *args: regime_predictions.gamma_choice.LoopCosts(**_loops()))
   device_check.main(["--output_dir", str(tmp_path), "--regime_map", "--models_dir", "models"])
   (settings, output_dir), = calls
   assert settings == dataclasses.replace(device_check.REGIME_MAP, models_dir="models")

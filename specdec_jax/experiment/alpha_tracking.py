@@ -1,7 +1,7 @@
 """Training by alpha: the draft's acceptance rate, measured during training.
 
 An `AlphaTracker` measures the student against the target with the real speculative
-loop (`auto_gamma.measure_alpha`: alpha as the mean of beta over verified positions,
+loop (`models.t5.measure_alpha`: alpha as the mean of beta over verified positions,
 and S / (S + R)) on held-out inputs: `examples` evenly spaced inputs of each task's
 validation split, at one gamma and each temperature, with the same PRNG key every
 time (the curve's points share their random numbers). The training driver calls it at
@@ -35,11 +35,17 @@ import jax
 import numpy as np
 import sentencepiece as spm
 
-from specdec_jax import atomic_io, auto_gamma
+from specdec_jax import atomic_io, gamma_choice
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import prompts
-from specdec_jax.models.t5 import PreparedParams, SharedEncoderModel, T5Model, make_draft
+from specdec_jax.models.t5 import (
+    PreparedParams,
+    SharedEncoderModel,
+    T5Model,
+    make_draft,
+    measure_alpha,
+)
 
 CURVE_FILE = "alpha_curve.json"
 BEST_DIR = "best"
@@ -113,16 +119,16 @@ class AlphaProbe:
             "seed": self.seed, "estimator": ESTIMATOR}
 
   def measure(self, model: T5Model | SharedEncoderModel, params: dict
-              ) -> dict[str, dict[str, auto_gamma.AlphaEstimate]]:
+              ) -> dict[str, dict[str, gamma_choice.AlphaEstimate]]:
     """`{task: {"T=<t>": AlphaEstimate}}` of the draft `(model, params)`."""
     return self.measure_draft(make_draft(model, params))
 
-  def measure_draft(self, draft: Draft) -> dict[str, dict[str, auto_gamma.AlphaEstimate]]:
+  def measure_draft(self, draft: Draft) -> dict[str, dict[str, gamma_choice.AlphaEstimate]]:
     """`{task: {"T=<t>": AlphaEstimate}}` of any draft of the target's vocabulary."""
     out = {}
     for task, inputs in self.inputs.items():
       batches = [inputs[i:i + self.batch_size] for i in range(0, len(inputs), self.batch_size)]
-      out[task] = {temperature_key(t): auto_gamma.measure_alpha(
+      out[task] = {temperature_key(t): measure_alpha(
           self.target, self.target_params, draft, batches, gamma=self.gamma,
           max_decode_len=self.max_decode_len, warp=Warp(t), rng=jax.random.PRNGKey(self.seed))
           for t in self.temperatures}

@@ -20,7 +20,7 @@ import os
 
 import jax
 
-from specdec_jax import auto_gamma, benchmarking, contention
+from specdec_jax import benchmarking, contention, costs, gamma_choice
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.data import layout
 from specdec_jax.data.distill import read_distilled
@@ -97,11 +97,11 @@ def head_sweep(draft_dirs: list[str], head_sizes: list[int], *, target_dir: str,
           "alpha": {t: {"beta": a.beta, "empirical": a.empirical} for t, a in alphas.items()}}
   timing_input = buckets.to_bucket(probe.inputs[TASK][:1])
   encoded = target.encoder_outputs(target.encode(timing_input))
-  cache_len, position = auto_gamma.timing_geometry(max_decode_len, max_gamma)
+  cache_len, position = costs.timing_geometry(max_decode_len, max_gamma)
   with contention.quiet("draft heads") as guard:
-    verify = auto_gamma.verify_times(target, timing_input, max_gamma=max_gamma,
-                                     max_decode_len=max_decode_len, calls=timing_calls,
-                                     repeats=timing_repeats)
+    verify = costs.verify_times(target, timing_input, max_gamma=max_gamma,
+                                max_decode_len=max_decode_len, calls=timing_calls,
+                                repeats=timing_repeats)
     for t in temperatures:
       t_draft = benchmarking.draft_token_times_rotated(
           {key: (d, timing_input, encoded if d.reads_target_encoder else None)
@@ -110,8 +110,8 @@ def head_sweep(draft_dirs: list[str], head_sizes: list[int], *, target_dir: str,
           calls=timing_calls, repetitions=timing_repeats)
       for key, variant in variants.items():
         alpha = variant["alpha"][alpha_tracking.temperature_key(t)]
-        choice = auto_gamma.make_choice(alpha["beta"], verify.t_chunk, t_draft[key],
-                                        max_gamma=max_gamma)
+        choice = gamma_choice.make_choice(alpha["beta"], verify.t_chunk, t_draft[key],
+                                          max_gamma=max_gamma)
         best = max(choice.speedup_steps_only, key=choice.speedup_steps_only.get)
         alpha.update(c=choice.c, gamma_steps_only=best,
                      speedup_steps_only=choice.speedup_steps_only[best])

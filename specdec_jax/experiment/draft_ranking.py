@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import sentencepiece as spm
 
-from specdec_jax import auto_gamma, benchmarking, contention
+from specdec_jax import benchmarking, contention, costs, gamma_choice
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.sampling import Warp
@@ -107,10 +107,10 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
   seconds per proposed token at gamma 3, the drafts timed in turn
   (`benchmarking.draft_token_times_rotated`: their c are compared with each other,
   so neither the machine's drift nor their order may decide); then, per draft, both
-  loops' own work and the encoders (`auto_gamma.measure_loop_costs` over the
+  loops' own work and the encoders (`costs.measure_loop_costs` over the
   calibration inputs, the speculative loop at gamma 3 and at
-  `auto_gamma.second_gamma`'s); the choice of gamma under the whole cost model with the run's
-  held-out alpha (`auto_gamma.make_choice`).
+  `gamma_choice.second_gamma`'s); the choice of gamma under the whole cost model with the run's
+  held-out alpha (`gamma_choice.make_choice`).
 
   Args:
     model_dirs: training runs with an alpha curve, or exported drafts (their alpha is
@@ -138,8 +138,8 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
   target_model = T5Model(target_cfg)
   target = T5Scorer(target_model, target_model.prepare(jax.device_put(target_params)))
   batches = [buckets.to_bucket(x[None]) for x in calibration_inputs(model_dirs, examples)]
-  gamma = min(auto_gamma.DEFAULT_CALIBRATION_GAMMA, max_gamma)
-  cache_len, position = auto_gamma.timing_geometry(max_decode_len, max_gamma)
+  gamma = min(gamma_choice.DEFAULT_CALIBRATION_GAMMA, max_gamma)
+  cache_len, position = costs.timing_geometry(max_decode_len, max_gamma)
   probe = None
   runs = {}
   for model_dir in model_dirs:
@@ -157,9 +157,9 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
   temperatures = sorted({t for run in runs.values() for t in run["alphas"]})
   encoded = target.encoder_outputs(target.encode(batches[0]))  # For drafts that read it.
   with contention.quiet("draft ranking") as guard:
-    verify = auto_gamma.verify_times(target, batches[0], max_gamma=max_gamma,
-                                     max_decode_len=max_decode_len, calls=timing_calls,
-                                     repeats=timing_repeats)
+    verify = costs.verify_times(target, batches[0], max_gamma=max_gamma,
+                                max_decode_len=max_decode_len, calls=timing_calls,
+                                repeats=timing_repeats)
     t_chunk = verify.fitted(max_gamma)
     for t in temperatures:
       warp = Warp(temperature=t)
@@ -172,14 +172,14 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
           repetitions=timing_repeats)
       for name in names:
         run = runs[name]
-        loop_costs, _ = auto_gamma.measure_loop_costs(
+        loop_costs, _ = costs.measure_loop_costs(
             target, run["draft"], batches, gamma=gamma, warp=warp,
             max_decode_len=max_decode_len, eos_id=target_cfg.eos_token_id, t_chunk=t_chunk,
             t_draft=t_draft[name], rng=jax.random.PRNGKey(0), repeats=timing_repeats,
-            held_out=True, slope_gamma=auto_gamma.second_gamma(gamma, max_gamma))
-        choice = auto_gamma.make_choice(run["alphas"][t], verify.t_chunk, t_draft[name],
-                                        loop_costs=loop_costs, spread=verify.spread,
-                                        max_gamma=max_gamma)
+            held_out=True, slope_gamma=gamma_choice.second_gamma(gamma, max_gamma))
+        choice = gamma_choice.make_choice(run["alphas"][t], verify.t_chunk, t_draft[name],
+                                          loop_costs=loop_costs, spread=verify.spread,
+                                          max_gamma=max_gamma)
         # Each draft compiles its loops per length bucket and gamma, and XLA:CPU maps every
         # program's kernels apart: seven drafts' programs passed the kernel's 65,530 maps
         # per process (vm.max_map_count) and compilation failed. They are not run again.

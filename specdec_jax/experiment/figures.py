@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_jax import auto_gamma, theory  # noqa: E402
+from specdec_jax import gamma_choice, theory  # noqa: E402
 from specdec_jax.experiment import results_io, tables  # noqa: E402
 from specdec_jax.experiment.results_io import Row  # noqa: E402
 
@@ -192,12 +192,12 @@ def model_calls_speedup(alpha: float, c: float, verify_ratio: Mapping[int, float
     alpha: the draft's acceptance rate.
     c: draft step time / target step time.
     verify_ratio: k -> T_verify(k) / T_step, measured for k = 1..max_gamma + 1; fitted
-      non-decreasing in k as `auto_gamma.make_choice` fits them.
+      non-decreasing in k as `gamma_choice.make_choice` fits them.
 
   Returns:
     `theory.CostModel.optimal_gamma`'s improvement over gamma = 1..max(verify_ratio) - 1.
   """
-  ratios = auto_gamma.fitted_ratios(verify_ratio)
+  ratios = gamma_choice.fitted_ratios(verify_ratio)
   return theory.CostModel.from_ratios(c, ratios).optimal_gamma(alpha).improvement
 
 

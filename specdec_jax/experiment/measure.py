@@ -9,8 +9,8 @@ texts, `_Draws`). The row (`record.PointRow`) holds the measured speedup, alpha 
 estimators, tokens per call and c (`specdec_jax.stats`), the measured step
 costs, and the speedups predicted by Theorem 3.8, by `CostModel` on the model
 calls alone (steps only), and by `CostModel` with the loops' own work and the
-encoders, timed apart on held-out examples (`auto_gamma.measure_loop_costs`).
-The step costs are timed as gamma = 'auto' times them (`auto_gamma`).
+encoders, timed apart on held-out examples (`costs.measure_loop_costs`).
+The step costs are timed as gamma = 'auto' times them (`specdec_jax.costs`).
 
 Any target kind (`experiment.targets`): the target is a `targets.LoadedTarget`
 (its `Scorer`, EOS id and token pieces), decoded by the generic loops
@@ -23,13 +23,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import statistics
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from specdec_jax import auto_gamma, benchmarking, contention, distributed, stats, theory
+from specdec_jax import benchmarking, contention, costs, distributed, gamma_choice, stats, theory
 from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
@@ -42,23 +43,41 @@ Array = jax.Array
 
 
 def measure_target_costs(exp: Experiment, target: Scorer, inputs: Array, max_gamma: int
-                         ) -> auto_gamma.VerifyTimes:
-  """T_step and T_verify(k), k = 1..max_gamma + 1, at the batch size of `inputs`."""
-  return auto_gamma.verify_times(target, inputs, max_gamma=max_gamma,
-                                 max_decode_len=exp.max_decode_len, calls=exp.timing_calls,
-                                 repeats=exp.timing_repeats, rounds=exp.timing_rounds)
+                         ) -> tuple[costs.VerifyTimes, dict[str, Any]]:
+  """T_step and T_verify(k), k = 1..max_gamma + 1, at the batch size of `inputs`
+  (int32 `[batch, input_len]`), timed inside `contention.quiet`.
+
+  Returns:
+    The times, and the guard's record of their timing (a row's
+    `idle_check_target_costs`).
+
+  Raises:
+    contention.ContentionError: another process was busy meanwhile.
+  """
+  with contention.quiet("target step times") as guard:
+    verify = costs.verify_times(target, inputs, max_gamma=max_gamma,
+                                max_decode_len=exp.max_decode_len, calls=exp.timing_calls,
+                                repeats=exp.timing_repeats, rounds=exp.timing_rounds)
+  return verify, guard.record()
 
 
 def calibrate(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
-              batches: Sequence[Array], verify: auto_gamma.VerifyTimes
-              ) -> auto_gamma.GammaChoice:
-  """gamma = 'auto' for `point` (`auto_gamma.calibrate` on held-out `batches`)."""
-  return auto_gamma.calibrate(
-      target.scorer, draft, batches, warp=Warp(point.temperature),
-      max_decode_len=exp.max_decode_len, max_gamma=exp.auto_max_gamma, eos_id=target.eos_id,
-      rng=jax.random.PRNGKey(exp.seed), verify=verify,
-      calibration_gamma=min(auto_gamma.DEFAULT_CALIBRATION_GAMMA, exp.auto_max_gamma),
-      timing_calls=exp.timing_calls, timing_repeats=exp.timing_repeats)
+              batches: Sequence[Array], verify: costs.VerifyTimes
+              ) -> gamma_choice.GammaChoice:
+  """gamma = 'auto' for `point` (`costs.calibrate` on held-out `batches`), timed inside
+  `contention.quiet`, whose record the choice carries (`GammaChoice.idle_check`).
+
+  Raises:
+    contention.ContentionError: another process was busy meanwhile.
+  """
+  with contention.quiet("gamma calibration") as guard:
+    choice = costs.calibrate(
+        target.scorer, draft, batches, warp=Warp(point.temperature),
+        max_decode_len=exp.max_decode_len, max_gamma=exp.auto_max_gamma, eos_id=target.eos_id,
+        rng=jax.random.PRNGKey(exp.seed), verify=verify,
+        calibration_gamma=min(gamma_choice.DEFAULT_CALIBRATION_GAMMA, exp.auto_max_gamma),
+        timing_calls=exp.timing_calls, timing_repeats=exp.timing_repeats)
+  return dataclasses.replace(choice, idle_check=types.MappingProxyType(guard.record()))
 
 
 def _first_difference(base: Any, spec: Any) -> str:
@@ -184,8 +203,8 @@ def _acceptance(pooled: stats.Pooled) -> dict[str, Any]:
       accepted_histogram=pooled["accepted_histogram"].astype(int).tolist())
 
 
-def _costs_and_predictions(point: Point, verify: auto_gamma.VerifyTimes,
-                           draft_cost: benchmarking.StepTimes, loop_costs: auto_gamma.LoopCosts,
+def _costs_and_predictions(point: Point, verify: costs.VerifyTimes,
+                           draft_cost: benchmarking.StepTimes, loop_costs: gamma_choice.LoopCosts,
                            alpha: float, tokens_per_iteration: float) -> dict[str, Any]:
   """The measured step costs and the three predictions from them (alpha = alpha_beta)."""
   t_step, t_draft = verify.t_step, draft_cost.seconds
@@ -214,9 +233,10 @@ def _example(output: Any, pieces: Callable[[list[int]], list[str]]) -> Example:
 
 
 def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
-                  batches: Sequence[Array], verify: auto_gamma.VerifyTimes, max_gamma: int,
+                  batches: Sequence[Array], verify: costs.VerifyTimes,
+                  verify_idle_check: Mapping[str, Any], max_gamma: int,
                   held_out: Sequence[Array] = (),
-                  choice: auto_gamma.GammaChoice | None = None) -> PointRow:
+                  choice: gamma_choice.GammaChoice | None = None) -> PointRow:
   """Measures one (task, draft, temperature, gamma, batch size) point.
 
   Args:
@@ -227,10 +247,11 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
     batches: int32 `[point.batch_size, input_len]` input batches (all examples),
       checked against the vocabulary and cut to their length bucket.
     verify: the target's step costs at this batch size (`measure_target_costs`).
+    verify_idle_check: the guard's record of their timing (`measure_target_costs`).
     max_gamma: the largest gamma of the run (sets the timing cache length).
     held_out: batches of the same shape outside the measured examples, on which
       the loops' overheads and the encoders are timed for the cost model
-      (`auto_gamma.measure_loop_costs`); empty: the first measured batch.
+      (`costs.measure_loop_costs`); empty: the first measured batch.
     choice: gamma = 'auto''s choice that set `point.gamma`, if any (recorded).
 
   Returns:
@@ -242,11 +263,11 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
   """
   with contention.quiet(str(point)) as guard:
     timings, outputs, tokens = _time_decoders(exp, point, target, draft, batches)
-    draft_cost = auto_gamma.draft_time(
+    draft_cost = costs.draft_time(
         draft, batches[0], gamma=point.gamma, warp=Warp(point.temperature),
         max_decode_len=exp.max_decode_len, max_gamma=max_gamma, calls=exp.timing_calls,
         repeats=exp.timing_repeats, seed=exp.seed, target=target.scorer)
-    loop_costs, _ = auto_gamma.measure_loop_costs(
+    loop_costs, _ = costs.measure_loop_costs(
         target.scorer, draft, list(held_out) or list(batches[:1]), gamma=point.gamma,
         warp=Warp(point.temperature), max_decode_len=exp.max_decode_len,
         eos_id=target.eos_id, t_chunk=verify.t_chunk, t_draft=draft_cost.seconds,
@@ -260,7 +281,7 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
       **_costs_and_predictions(point, verify, draft_cost, loop_costs, pooled.alpha_beta(),
                                pooled.tokens_per_call()),
       cost_model_terms=loop_costs, greedy_identical=True if point.temperature == 0 else None,
-      idle_check=guard.record(), idle_check_target_costs=dict(verify.idle_check),
+      idle_check=guard.record(), idle_check_target_costs=dict(verify_idle_check),
       example=_example(outputs["speculative"][0], target.pieces),
       environment=benchmarking.environment(target.scorer.decode_options),
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

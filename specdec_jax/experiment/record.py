@@ -14,8 +14,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from specdec_jax.auto_gamma import LoopCosts
 from specdec_jax.experiment import results_io
+from specdec_jax.gamma_choice import LoopCosts
 
 _INT_KEYED = ("t_verify_s", "verify_ratio")  # {k: ...} with k as a string in JSON.
 
@@ -92,7 +92,7 @@ class PointRow:
     speedup_predicted_cost_model_measured_tokens: the whole model's loops with the
       measured tokens per call in place of E[tokens].
     cost_model_terms: the loops' own work and the encoders, timed apart
-      (`auto_gamma.measure_loop_costs`), with the measured examples' loop tokens.
+      (`costs.measure_loop_costs`), with the measured examples' loop tokens.
     greedy_identical: at T = 0, True (the speculative tokens equal the
       baseline's, checked); None at T > 0.
     idle_check: the `contention.Guard` record of the decoders' timing.
@@ -101,7 +101,7 @@ class PointRow:
     environment: `benchmarking.environment()`: the machine and versions.
     date: when the point was measured (UTC, ISO 8601).
     gamma_auto: whether gamma was chosen by gamma = 'auto'.
-    gamma_choice: `auto_gamma.GammaChoice.to_json()` of that choice (the gamma
+    gamma_choice: `gamma_choice.GammaChoice.to_json()` of that choice (the gamma
       and why), None for a fixed gamma. Rows measured before the whole cost
       model decided hold that older record's fields.
     speedup_spread: the 10th, 50th and 90th percentiles over batches of each

@@ -8,12 +8,12 @@ the path a user's checkpoint takes, and measures our shipped family (`assets/mod
 same way in the same run. Two kinds of row:
 
   model  one per shape and for our target: T_step and T_verify(k), k = 1..max_gamma + 1
-         (`auto_gamma.verify_times`: rounds, T_step's median, each k's fastest round), the
+         (`costs.verify_times`: rounds, T_step's median, each k's fastest round), the
          encoder at a `prompt_len`-token prompt, the decoder's bytes per call.
   pair   one per (draft, target, temperature): the draft's seconds per proposed token
-         (`auto_gamma.draft_time`, c = T_draft / T_step); for our family's pairs also both
-         loops' own work and both encoders (`auto_gamma.measure_loop_costs`, the
-         speculative loop at `draft_gamma` and at `auto_gamma.second_gamma`'s;
+         (`costs.draft_time`, c = T_draft / T_step); for our family's pairs also both
+         loops' own work and both encoders (`costs.measure_loop_costs`, the
+         speculative loop at `draft_gamma` and at `gamma_choice.second_gamma`'s;
          `measure_pair` says why a shape's pair borrows them).
 
 Alpha is the one term that needs trained weights; `regime_predictions` takes it from the
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
 
-from specdec_jax import auto_gamma, benchmarking, contention, validation
+from specdec_jax import benchmarking, contention, costs, gamma_choice, validation
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model, save_hf_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.decoding import buckets
@@ -98,7 +98,7 @@ class MapSettings:
     temperatures: sampling temperatures the pairs are timed at (0 = greedy).
     prompt_len: tokens of the prompt every model encodes (EOS included).
     max_decode_len: tokens the loops decode at most; with `max_gamma`, the cache the step
-      timings score into (`auto_gamma.timing_geometry`, as `experiments.run` times them).
+      timings score into (`costs.timing_geometry`, as `experiments.run` times them).
     max_gamma: gamma = 1..max_gamma are priced, so T_verify(k) is timed for k = 1..max_gamma + 1.
     draft_gamma: the gamma the draft and the loops are timed at.
     loop_batches: prompts (batch 1) our family's loops are timed on (`prompt_batches`); the
@@ -357,7 +357,7 @@ def config_fields(model: T5Model | SharedEncoderModel) -> dict[str, Any]:
 def encoder_time(scorer: T5Scorer, inputs: Array, cache_len: int, repeats: int
                  ) -> tuple[float, float]:
   """(median seconds, compile seconds) of the target's work once per sequence: its encoder
-  (`encode`) and its empty cache (`init_state`), as `auto_gamma.measure_loop_costs` times it.
+  (`encode`) and its empty cache (`init_state`), as `costs.measure_loop_costs` times it.
 
   Args:
     scorer: the target's scorer.
@@ -388,11 +388,12 @@ def measure_model(settings: MapSettings, name: str, loaded: Loaded, inputs: Arra
     inputs: int32 `[1, prompt_len]`, cut to its length bucket.
   """
   scorer = T5Scorer(loaded.model, loaded.params)
-  verify = auto_gamma.verify_times(
-      scorer, inputs, max_gamma=settings.max_gamma, max_decode_len=settings.max_decode_len,
-      calls=settings.timing_calls, repeats=settings.timing_repeats,
-      rounds=settings.timing_rounds)
-  cache_len, _ = auto_gamma.timing_geometry(settings.max_decode_len, settings.max_gamma)
+  with contention.quiet(f"{name}: target step times") as verify_guard:
+    verify = costs.verify_times(
+        scorer, inputs, max_gamma=settings.max_gamma, max_decode_len=settings.max_decode_len,
+        calls=settings.timing_calls, repeats=settings.timing_repeats,
+        rounds=settings.timing_rounds)
+  cache_len, _ = costs.timing_geometry(settings.max_decode_len, settings.max_gamma)
   with contention.quiet(f"{name}: encoder") as guard:
     encoder_s, encoder_compile_s = encoder_time(scorer, inputs, cache_len,
                                                 settings.timing_repeats)
@@ -405,7 +406,7 @@ def measure_model(settings: MapSettings, name: str, loaded: Loaded, inputs: Arra
       "verify_spread": {str(k): s for k, s in verify.spread.items()},
       "verify_compile_s": verify.compile_s, "encoder_s": encoder_s,
       "encoder_compile_s": encoder_compile_s, "prompt_len": int(inputs.shape[1]),
-      "idle_check_verify": dict(verify.idle_check), "idle_check": guard.record(),
+      "idle_check_verify": verify_guard.record(), "idle_check": guard.record(),
       "settings": settings_record(settings), **_stamp()}
 
 
@@ -439,7 +440,7 @@ def measure_pair(settings: MapSettings, job: Job, target: Loaded, draft: Loaded,
   warp = Warp(job.temperature)
   began = time.perf_counter()
   with contention.quiet(f"{job.draft} for {job.target} at T={job.temperature:g}") as guard:
-    cost = auto_gamma.draft_time(
+    cost = costs.draft_time(
         spec, batches[0], gamma=settings.draft_gamma, warp=warp,
         max_decode_len=settings.max_decode_len, max_gamma=settings.max_gamma,
         calls=settings.timing_calls, repeats=settings.timing_repeats, seed=settings.seed,
@@ -461,19 +462,19 @@ def measure_pair(settings: MapSettings, job: Job, target: Loaded, draft: Loaded,
 
 def measure_loops(settings: MapSettings, scorer: T5Scorer, draft: Draft, warp: Warp,
                   target_row: dict, t_draft: float, batches: list[Array]
-                  ) -> tuple[auto_gamma.LoopCosts, auto_gamma.AlphaEstimate]:
-  """Both loops' own work and both encoders on `batches` (`auto_gamma.measure_loop_costs`,
-  the speculative loop at `draft_gamma` and at `auto_gamma.second_gamma`'s), with the
-  target's T_verify(k) fitted non-decreasing as `auto_gamma.calibrate` passes them."""
+                  ) -> tuple[gamma_choice.LoopCosts, gamma_choice.AlphaEstimate]:
+  """Both loops' own work and both encoders on `batches` (`costs.measure_loop_costs`,
+  the speculative loop at `draft_gamma` and at `gamma_choice.second_gamma`'s), with the
+  target's T_verify(k) fitted non-decreasing as `costs.calibrate` passes them."""
   t_chunk = t_chunk_of(target_row)
-  fitted = {k: t_chunk[1] * r for k, r in auto_gamma.fitted_ratios(
+  fitted = {k: t_chunk[1] * r for k, r in gamma_choice.fitted_ratios(
       {k: t / t_chunk[1] for k, t in t_chunk.items()}).items()}
-  return auto_gamma.measure_loop_costs(
+  return costs.measure_loop_costs(
       scorer, draft, batches, gamma=settings.draft_gamma, warp=warp,
       max_decode_len=settings.max_decode_len, eos_id=scorer.model.config.eos_token_id,
       t_chunk=fitted, t_draft=t_draft, rng=jax.random.PRNGKey(settings.seed),
       repeats=settings.timing_repeats, held_out=False,
-      slope_gamma=auto_gamma.second_gamma(settings.draft_gamma, settings.max_gamma))
+      slope_gamma=gamma_choice.second_gamma(settings.draft_gamma, settings.max_gamma))
 
 
 def settings_record(settings: MapSettings) -> dict[str, Any]:

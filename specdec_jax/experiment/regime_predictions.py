@@ -11,7 +11,7 @@ weights. It comes from two places:
          temperature), for the draft `MapPredictions.alpha_draft` names.
 
 For each pair, alpha and temperature, `predict` prices gamma = 1..max_gamma with the whole
-cost model (`auto_gamma.make_choice`: T_verify(k) fitted non-decreasing, the draft's cost,
+cost model (`gamma_choice.make_choice`: T_verify(k) fitted non-decreasing, the draft's cost,
 both loops' own work and both encoders over a sequence of `tokens` output tokens) and
 records its best gamma beside the model calls alone and Theorem 3.8.
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec_jax import atomic_io, auto_gamma
+from specdec_jax import atomic_io, gamma_choice
 from specdec_jax.data import layout
 from specdec_jax.experiment import regime_map, results_io
 
@@ -144,7 +144,7 @@ def paper_alphas(draft: str, settings: MapPredictions, temperatures: Sequence[fl
 
 
 def loop_costs(pair_row: dict, models: Mapping[str, dict], pair_rows: Mapping[tuple, dict],
-               settings: regime_map.MapSettings, tokens: float) -> auto_gamma.LoopCosts:
+               settings: regime_map.MapSettings, tokens: float) -> gamma_choice.LoopCosts:
   """The loops' own work and the encoders that price a pair over `tokens` output tokens.
 
   Our family's pairs: their own (`regime_map.measure_loops`). A shape's pair: the work per
@@ -161,11 +161,11 @@ def loop_costs(pair_row: dict, models: Mapping[str, dict], pair_rows: Mapping[tu
     own = {**pair_rows[key]["loop_costs"], "held_out": False,
            "encode_target_s": models[pair_row["target"]]["encoder_s"],
            "encode_draft_s": models[pair_row["draft"]]["encoder_s"]}
-  return auto_gamma.LoopCosts(**{**own, "loop_tokens": float(tokens)})
+  return gamma_choice.LoopCosts(**{**own, "loop_tokens": float(tokens)})
 
 
-def predict(target_row: dict, pair_row: dict, loops: auto_gamma.LoopCosts, alpha: float,
-            max_gamma: int) -> auto_gamma.GammaChoice:
+def predict(target_row: dict, pair_row: dict, loops: gamma_choice.LoopCosts, alpha: float,
+            max_gamma: int) -> gamma_choice.GammaChoice:
   """The whole cost model's speedup at gamma = 1..max_gamma, and its best gamma.
 
   Args:
@@ -176,12 +176,12 @@ def predict(target_row: dict, pair_row: dict, loops: auto_gamma.LoopCosts, alpha
     max_gamma: the largest gamma priced.
 
   Returns:
-    `auto_gamma.make_choice`'s record: `speedup_cost_model` per gamma (encoders
+    `gamma_choice.make_choice`'s record: `speedup_cost_model` per gamma (encoders
     included, over `loops.loop_tokens` tokens), `gamma` its best, `speedup_steps_only`
     and `speedup_thm38` beside it.
   """
-  return auto_gamma.make_choice(alpha, regime_map.t_chunk_of(target_row), pair_row["t_draft_s"],
-                                loop_costs=loops, max_gamma=max_gamma)
+  return gamma_choice.make_choice(alpha, regime_map.t_chunk_of(target_row), pair_row["t_draft_s"],
+                                  loop_costs=loops, max_gamma=max_gamma)
 
 
 def _index(rows: Sequence[dict]) -> tuple[dict[str, dict], dict[tuple, dict]]:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from specdec_jax import atomic_io
 
 RESULTS_FILE = "results.jsonl"
-AUTO = "auto"  # In Experiment.gammas: chosen per point by `auto_gamma` after a calibration.
+AUTO = "auto"  # In Experiment.gammas: chosen per point by `gamma_choice` after a calibration.
 
 Row = dict
 

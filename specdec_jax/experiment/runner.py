@@ -27,7 +27,7 @@ import jax
 import numpy as np
 import tqdm
 
-from specdec_jax import auto_gamma, contention, distributed, partitioning, validation
+from specdec_jax import contention, costs, distributed, gamma_choice, partitioning, validation
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.experiment import measure, prompts, registry, results_io, settings, targets
@@ -152,16 +152,17 @@ class _Bench:
     draft_kind = self.kind.draft_kind(point.draft)
     draft = self._once(("draft", *targets.draft_key(draft_kind, point.draft, point.task)),
                        lambda: self._draft(draft_kind, point, examples.measured[0]))
-    verify = self._once(("verify", point.task, point.batch_size), lambda: (
-        measure.measure_target_costs(exp, target.scorer, examples.measured[0],
-                                     self.max_gamma)))
+    verify, verify_idle_check = self._once(
+        ("verify", point.task, point.batch_size), lambda: measure.measure_target_costs(
+            exp, target.scorer, examples.measured[0], self.max_gamma))
     choice = None
     if point.gamma == settings.AUTO:
       choice = self._once(("choice", point.key), lambda: self._choose(point, draft, examples,
                                                                      verify, say))
       point = dataclasses.replace(point, gamma=choice.gamma)
     return measure.measure_point(exp, point, target, draft, examples.measured, verify,
-                                 self.max_gamma, examples.held_out[:HELD_OUT_BATCHES], choice)
+                                 verify_idle_check, self.max_gamma,
+                                 examples.held_out[:HELD_OUT_BATCHES], choice)
 
   def _draft(self, kind: targets.DraftKind, point: settings.Point, inputs: jax.Array) -> Draft:
     """The draft of `point`, checked against the target on a batch of its inputs."""
@@ -171,8 +172,8 @@ class _Bench:
     return draft
 
   def _choose(self, point: settings.Point, draft: Draft, examples: _Examples,
-              verify: auto_gamma.VerifyTimes, say: Callable[[str], Any]
-              ) -> auto_gamma.GammaChoice:
+              verify: costs.VerifyTimes, say: Callable[[str], Any]
+              ) -> gamma_choice.GammaChoice:
     """gamma = 'auto' for `point`, calibrated on its held-out examples."""
     if not examples.held_out:
       raise ValueError(

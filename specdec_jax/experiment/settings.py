@@ -153,10 +153,10 @@ class Experiment(Settings):
     batch_sizes: decoder batch sizes.
     temperatures: sampling temperatures (0 = greedy).
     gammas: draft proposals per iteration, each an int >= 1 or 'auto': the
-      gamma in 1..auto_max_gamma that `specdec_jax.auto_gamma`
+      gamma in 1..auto_max_gamma that `specdec_jax.gamma_choice`
       predicts to be fastest, chosen per (task, batch size, draft,
       temperature) before that point is measured, from the whole cost model
-      (`auto_gamma.calibrate`; its row says which and why).
+      (`costs.calibrate`; its row says which and why).
       None (the default): `[gamma]`.
     best_gamma_from: a results.jsonl of an earlier run (e.g. the gamma sweep);
       when it exists, each (task, draft, temperature) runs only at its gamma of
@@ -169,13 +169,13 @@ class Experiment(Settings):
       size: alpha, the loops' own work and the encoders (4 examples gave
       alphas up to 0.15 off the measured examples' in the gamma sweep); every
       point also times its loops' own work and the encoders on up to 4 batches
-      of them for its row's cost model (`auto_gamma.measure_loop_costs`).
+      of them for its row's cost model (`costs.measure_loop_costs`).
     repetitions: timed passes over the examples per decoder.
     timing_calls: calls per jitted loop when timing step costs.
     timing_repeats: timed runs of each such loop (median used).
     timing_rounds: rounds over every k of the target's T_verify(k) (k ascending,
       then descending, ...; T_step's median and each k's fastest round are used:
-      `auto_gamma.VerifyTimes`), so that noise and drift cannot make one k look
+      `costs.VerifyTimes`), so that noise and drift cannot make one k look
       cheaper than its neighbours.
     stand_ins_when_missing: if the target is missing from `models_dir` (the
       trained family is not shipped yet), measure random-init stand-ins of the

@@ -1,0 +1,220 @@
+"""Cost measurement (`specdec_jax.costs`) and the T5 conveniences on tiny T5s, and the gin run
+with gamma = 'auto', which applies the timing guard and records its check."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import pytest
+from conftest import make_model
+
+from specdec_jax import benchmarking, costs, gamma_choice
+from specdec_jax.checkpoints import save_hf_checkpoint
+from specdec_jax.decoding.sampling import Warp
+from specdec_jax.experiment import measure, results_io, runner, settings
+from specdec_jax.experiment.record import PointRow
+from specdec_jax.models.t5 import T5Draft, T5Scorer, choose_gamma
+
+# The module-scoped fixtures run once: every test of this file on one worker.
+pytestmark = pytest.mark.xdist_group("costs")
+
+VOCAB = 8192  # The committed SentencePiece model's size (the gin run tokenises with it).
+
+
+@pytest.fixture(scope="module")
+def pair():
+  target, params = make_model("test-v1_1", seed=0, num_decoder_layers=2)
+  inputs = np.random.RandomState(0).randint(2, 97, size=(2, 9)).astype(np.int32)
+  return target, params, inputs
+
+
+def test_choose_gamma_calibrates(pair):
+  """The target as its own draft: every proposal accepted, alpha = 1 by both estimators."""
+  target, params, inputs = pair
+  choice = choose_gamma(target, params, T5Draft(target, params), inputs, max_decode_len=6,
+                        temperature=1.0, max_gamma=2, calibration_gamma=2, timing_calls=2,
+                        timing_repeats=1, timing_rounds=2)
+  measured = choice.alpha_measured
+  np.testing.assert_allclose([measured.beta, measured.empirical], 1.0, atol=1e-5)
+  assert (measured.examples, measured.gamma) == (2, 2) and measured.tokens > 0
+  assert choice.gamma in (1, 2) and list(choice.verify_ratio) == [1, 2, 3]
+  assert list(choice.verify_spread) == [1, 2, 3]
+  assert choice.gamma == max(choice.speedup_cost_model, key=choice.speedup_cost_model.get)
+  loops = choice.loop_costs
+  assert loops.batches == 1 and loops.encode_target_s > 0 and loops.loop_tokens > 0
+  assert choice.calibration_s > 0 and choice.idle_check is None  # The guard is the caller's.
+
+
+def test_verify_times_reads_the_level_from_medians_and_the_shape_from_fastest_rounds(
+    pair, monkeypatch):
+  """Rounds alternate the order of k. Each call of k costs 1 + 0.1 k slowed by its
+  moment's factor: T_step is its median over rounds, and T_verify(k) / T_step
+  the ratio of the fastest rounds, which per-k medians would get wrong."""
+  target, params, inputs = pair
+  orders = []
+  slowed = [{1: 3.0, 2: 1.0, 3: 1.0}, {1: 1.5, 2: 1.0, 3: 1.5}, {1: 1.0, 2: 1.2, 3: 1.2}]
+
+  def fake(*a, chunk_lengths, **k):
+    orders.append(list(chunk_lengths))
+    factor = slowed[len(orders) - 1]
+    return {c: benchmarking.StepTimes(seconds=factor[c] * (1 + 0.1 * c), compile_s=0.5)
+            for c in chunk_lengths}
+
+  monkeypatch.setattr(costs.benchmarking, "target_step_times", fake)
+  got = costs.verify_times(T5Scorer(target, params), inputs, max_gamma=2,
+                           max_decode_len=6, calls=2, repeats=1, rounds=3)
+  assert orders == [[1, 2, 3], [3, 2, 1], [1, 2, 3]]
+  t_step = 1.65  # The median of 3.3, 1.65 and 1.1.
+  np.testing.assert_allclose([got.t_chunk[k] for k in (1, 2, 3)],
+                             [t_step, t_step * 1.2 / 1.1, t_step * 1.3 / 1.1])
+  np.testing.assert_allclose([got.fastest[k] for k in (1, 2, 3)], [1.1, 1.2, 1.3])
+  assert np.median([1.2, 1.2, 1.44]) / t_step < 1  # Medians: 2 tokens cheaper than 1.
+  np.testing.assert_allclose(got.spread[1], (3.3 - 1.1) / t_step) and got.rounds == 3
+  assert got.compile_s == 1.5
+
+
+@pytest.mark.parametrize("fixed, per_proposal, want_fixed, want_per_proposal", [
+    (0.5, 0.2, 0.5, 0.2),  # The line through gamma = 1 and 3.
+    (0.5, -0.1, 0.5 - 0.2, 0.0),  # A falling line: flat at the two overheads' mean.
+])
+def test_measure_loop_costs_prices_the_loop_per_iteration_and_per_proposal(
+    pair, monkeypatch, fixed, per_proposal, want_fixed, want_per_proposal):
+  """Each speculative decoding's time is its model calls, encoders and loop work
+  fixed + gamma * per_proposal per iteration; two gammas recover both terms."""
+  target, params, inputs = pair
+  batches = [inputs[:1], inputs[1:]]
+  t_chunk, t_draft, encoders = {k: 1.0 + 0.1 * k for k in range(1, 5)}, 0.05, 0.003
+  monkeypatch.setattr(costs.benchmarking, "time_calls",
+                      lambda fn, repeats: benchmarking.Timing(first_s=0.0, times_s=(0.001,)))
+  real = benchmarking.time_interleaved
+
+  def timed(decoders, *a, **k):
+    timings, outputs = real(decoders, *a, **k)
+    for name, outs in outputs.items():
+      if name != "baseline":
+        g = int(name.removeprefix("gamma="))
+        loop = g * t_draft + t_chunk[g + 1] + fixed + g * per_proposal
+        total = len(batches) * encoders + sum(int(o.stats.loop_iterations) for o in outs) * loop
+        timings[name] = benchmarking.DecoderTiming(first_s=(0.0,), calls_s=((total,),),
+                                                   warmup=(0,))
+    return timings, outputs
+
+  monkeypatch.setattr(costs.benchmarking, "time_interleaved", timed)
+  loops, estimate = costs.measure_loop_costs(
+      T5Scorer(target, params), T5Draft(target, params), batches, gamma=3, warp=Warp(0.0),
+      max_decode_len=6, eos_id=1, t_chunk=t_chunk, t_draft=t_draft,
+      rng=jax.random.PRNGKey(0), repeats=1, held_out=True, slope_gamma=1)
+  assert loops.encode_target_s + loops.encode_draft_s == pytest.approx(encoders)
+  assert loops.proposal_overhead_s == pytest.approx(want_per_proposal)
+  assert loops.iteration_overhead_s == pytest.approx(want_fixed)
+  assert estimate.gamma == 3
+  model = loops.cost_model(t_chunk, t_draft)
+  assert model.iteration_time(2) == pytest.approx(
+      2 * (t_draft + want_per_proposal) + t_chunk[3] + want_fixed)
+
+
+def test_choose_gamma_with_given_alpha_decides_with_it(pair, monkeypatch):
+  target, params, inputs = pair
+  steps = benchmarking.StepTimes(seconds=1.0, compile_s=0.0)
+  monkeypatch.setattr(costs.benchmarking, "target_step_times",
+                      lambda *a, chunk_lengths, **k: dict.fromkeys(chunk_lengths, steps))
+  monkeypatch.setattr(costs.benchmarking, "draft_token_time",
+                      lambda *a, **k: benchmarking.StepTimes(seconds=0.01, compile_s=0.0))
+  measured = gamma_choice.AlphaEstimate(0.1, 0.1, 2, 3, 12, 1.1)
+  loops = gamma_choice.LoopCosts(encode_target_s=0.0, encode_draft_s=0.0, step_overhead_s=0.0,
+                                 iteration_overhead_s=0.1, batches=2, held_out=True,
+                                 loop_tokens=30.0)
+  monkeypatch.setattr(costs, "measure_loop_costs", lambda *a, **k: (loops, measured))
+  choice = choose_gamma(target, params, T5Draft(target, params), inputs, max_decode_len=6,
+                        alpha=0.95, max_gamma=5)
+  assert choice.alpha_measured is None and choice.alpha == 0.95
+  assert choice.gamma == 5 and choice.c == 0.01  # Free verification, cheap draft.
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_gamma=0), r"max_gamma must be an int >= 1"),
+    (dict(calibration_gamma=4, max_gamma=3), r"calibration_gamma=4 must lie in 1..max_gamma=3"),
+    (dict(alpha=2.0), r"alpha must be an acceptance rate in \[0, 1\]"),
+    (dict(timing_calls=0), r"timing_calls must be an int >= 1"),
+    (dict(timing_repeats=1.5), r"timing_repeats must be an int"),
+    (dict(timing_rounds=0), r"timing_rounds must be an int >= 1"),
+    (dict(temperature=-1.0), r"temperature must be a finite float >= 0"),
+    (dict(max_decode_len=0), r"max_decode_len must be an int >= 1"),
+    (dict(draft="draft"), r"draft must be a specdec_jax.decoding.drafts.Draft"),
+])
+def test_choose_gamma_rejects_bad_arguments_before_work(pair, monkeypatch, kwargs, match):
+  target, params, inputs = pair
+  monkeypatch.setattr(costs.speculative, "speculative_decode",
+                      lambda *a, **k: pytest.fail("decoded"))
+  monkeypatch.setattr(costs.benchmarking, "target_step_times",
+                      lambda *a, **k: pytest.fail("timed"))
+  args = dict(draft=T5Draft(target, params), max_decode_len=6) | kwargs
+  with pytest.raises(ValueError, match=match):
+    choose_gamma(target, params, args.pop("draft"), inputs, **args)
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory) -> str:
+  """A tiny random target and a perturbed copy as its draft, in HF format."""
+  root = str(tmp_path_factory.mktemp("models"))
+  model, params = make_model("test-v1_1", seed=0, vocab_size=VOCAB)
+  params = jax.device_get(params)
+  save_hf_checkpoint(os.path.join(root, "target"), model.config, params)
+  save_hf_checkpoint(os.path.join(root, "draft"), model.config,
+                     jax.tree.map(lambda x: x * 1.05, params))
+  return root
+
+
+def _gin(tmp_path, models_dir: str, gammas: str) -> str:
+  bindings = {
+      "name": "'tiny_auto'", "models_dir": repr(models_dir), "drafts": "['draft']",
+      "tasks": "['ende']", "num_examples": "2", "temperatures": "[0.0]", "gammas": gammas,
+      "auto_max_gamma": "2", "auto_calibration_examples": "2", "max_decode_len": "8",
+      "input_len": "16", "repetitions": "1", "timing_calls": "2", "timing_repeats": "1",
+      "timing_rounds": "2"}
+  path = tmp_path / "tiny.gin"
+  path.write_text("".join(f"Experiment.{k} = {v}\n" for k, v in bindings.items()))
+  return str(path)
+
+
+def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, models_dir):
+  exp = runner.load_experiment([_gin(tmp_path, models_dir, "['auto', 3]")], [])
+  points = settings.plan(exp)
+  assert [p.gamma for p in points] == ["auto", 3]
+  assert points[0].key == ("ende", "draft", 0.0, "auto", 1)
+  assert settings.largest_gamma(exp, points) == 3
+  assert settings.largest_gamma(exp, points[:1]) == exp.auto_max_gamma == 2
+  for bad in ("'Auto'", "'best'", "'3'"):
+    with pytest.raises(ValueError, match=r"Experiment\.gammas\[0\]=.* is not a gamma: use an "
+                                         r"int >= 1 .* or 'auto'"):
+      runner.load_experiment([_gin(tmp_path, models_dir, f"[{bad}]")], [])
+  for field in ("auto_max_gamma", "auto_calibration_examples"):
+    with pytest.raises(ValueError, match=rf"Experiment\.{field} must be an int >= 1"):
+      runner.load_experiment([_gin(tmp_path, models_dir, "['auto']")],
+                             [f"Experiment.{field} = 0"])
+
+
+def test_run_with_gamma_auto_records_the_choice(tmp_path, models_dir, monkeypatch):
+  exp = runner.load_experiment([_gin(tmp_path, models_dir, "['auto']")], [])
+  path = runner.run(exp, str(tmp_path / "out"))
+  (row,) = results_io.read_rows(path)
+  choice = row["gamma_choice"]
+  assert row["gamma_auto"] is True and row["gamma"] == choice["gamma"] in (1, 2)
+  assert set(choice["speedup_cost_model"]) == {"1", "2"}
+  assert set(choice["verify_ratio"]) == {"1", "2", "3"}
+  assert choice["alpha_measured"]["examples"] == 2 and 0 <= choice["alpha"] <= 1
+  assert choice["reason"].startswith(f"gamma={row['gamma']}: cost model predicts")
+  assert row["greedy_identical"] is True
+  assert choice["loop_costs"]["batches"] == 2 and set(choice["speedup_steps_only"]) == {"1", "2"}
+  assert "enforced" in choice["idle_check"] and "enforced" in row["idle_check_target_costs"]
+  record = PointRow.from_json(row)
+  assert record.gamma_choice == choice and record.key == ("ende", "draft", 0.0, "auto", 1)
+  assert f"| {row['gamma']} (auto) |" in runner.summary_table([record], [])
+
+  # A restart finds the 'auto' point done without calibrating again.
+  monkeypatch.setattr(measure, "measure_point", lambda *a: pytest.fail("measured again"))
+  monkeypatch.setattr(measure, "calibrate", lambda *a, **k: pytest.fail("calibrated again"))
+  runner.run(exp, str(tmp_path / "out"))
+  assert results_io.read_rows(path) == [row]
