@@ -43,8 +43,10 @@ def test_cutting_the_padding_leaves_the_encoder_and_the_tokens_unchanged():
   assert cut.shape == (2, 16)
   prepared = model.prepare(params)
   full, short = model.encode(prepared, jnp.asarray(x)), model.encode(prepared, jnp.asarray(cut))
+  # Equal up to float32 rounding: XLA may sum in another order at another length (a
+  # 2e-6 difference on one of 1,024 values on an AVX-512 Xeon).
   for a, b in zip(full.cross_keys, short.cross_keys, strict=True):
-    np.testing.assert_allclose(a[..., :16], b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a[..., :16], b, rtol=1e-5, atol=1e-5)
   # The loop on the whole padding (no cut) and temperature_sample (cut): the same tokens.
   padded = baseline.decode(T5Scorer(model, prepared), jnp.asarray(x), jax.random.PRNGKey(0),
                            max_decode_len=12, warp=Warp(), eos_id=model.config.eos_token_id)
