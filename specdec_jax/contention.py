@@ -42,8 +42,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +52,7 @@ from specdec_jax import atomic_io
 from specdec_jax.data import layout
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 GUARD_ENV = "SPECDEC_TIMING_GUARD"
 
 
@@ -359,3 +360,26 @@ def main() -> int:
 
 if __name__ == "__main__":
   sys.exit(main())
+
+
+QUIET_ATTEMPTS = 3  # A timing refused by the guard is taken at most this often.
+QUIET_WAIT_S = 600.0
+
+
+def when_quiet(measure: Callable[[], T], say: Callable[[str], Any]) -> T:
+  """`measure()`; when the guard refused its timing (`ContentionError`), waits for a quiet
+  machine (`wait_until_quiet`, up to `QUIET_WAIT_S`) and measures again, `QUIET_ATTEMPTS`
+  calls at most (the last one's refusal is raised).
+
+  Args:
+    measure: the timed work, run under the guard.
+    say: reports each wait.
+  """
+  for attempt in range(1, QUIET_ATTEMPTS):
+    try:
+      return measure()
+    except ContentionError as e:
+      say(f"{e}\nWaiting up to {QUIET_WAIT_S:.0f} s for a quiet machine (attempt {attempt} "
+          f"of {QUIET_ATTEMPTS}).")
+      wait_until_quiet(QUIET_WAIT_S)
+  return measure()

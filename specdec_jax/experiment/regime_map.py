@@ -76,8 +76,6 @@ SHAPES: dict[str, int] = {
     "t5-v1_1-base": 247_577_856,
     "t5-v1_1-large": 783_150_080,
 }
-_GUARD_ATTEMPTS = 3  # A row refused by the guard is measured at most this often.
-_QUIET_WAIT_S = 600.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -502,19 +500,6 @@ class _Models:
     self.loaded = {n: m for n, m in self.loaded.items() if n in names}
 
 
-def when_quiet(measure: Callable[[], dict], say: Callable[[str], Any]) -> dict:
-  """`measure()`; when the guard refused its timing, waits for a quiet machine and measures
-  again (`_GUARD_ATTEMPTS` calls at most, the last one's refusal raised)."""
-  for attempt in range(1, _GUARD_ATTEMPTS):
-    try:
-      return measure()
-    except contention.ContentionError as e:
-      say(f"{e}\nWaiting up to {_QUIET_WAIT_S:.0f} s for a quiet machine (attempt {attempt} "
-          f"of {_GUARD_ATTEMPTS}).")
-      contention.wait_until_quiet(_QUIET_WAIT_S)
-  return measure()
-
-
 def _say(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
@@ -536,10 +521,10 @@ def run(settings: MapSettings, output_dir: str, say: Callable[[str], Any] = _say
     models.keep({job.target, job.draft})
     began = time.perf_counter()
     if job.draft is None:
-      row = when_quiet(lambda job=job: measure_model(settings, job.target,
+      row = contention.when_quiet(lambda job=job: measure_model(settings, job.target,
                                                      models.get(job.target), batches[0]), say)
     else:
-      row = when_quiet(lambda job=job: measure_pair(
+      row = contention.when_quiet(lambda job=job: measure_pair(
           settings, job, models.get(job.target), models.get(job.draft),
           rows[("model", job.target)], batches), say)
     row["wall_s"] = time.perf_counter() - began

@@ -35,10 +35,6 @@ from specdec_jax.experiment.record import PointRow
 
 RESULTS_ROOT = "results"  # Committed reference measurements (experiments/reproduce_results.sh).
 RUNS_ROOT = "runs"  # A user's own runs (not committed).
-# A point timed beside another busy process is refused and measured again once
-# the machine is quiet (`specdec_jax.contention`), at most this often.
-QUIET_ATTEMPTS = 3
-QUIET_WAIT_S = 600
 HELD_OUT_BATCHES = 4  # Most held-out batches a row's loop costs are timed on.
 
 
@@ -82,7 +78,7 @@ def run(exp: settings.Experiment, output_dir: str) -> str:
     for point in pending:
       bar.set_description(f"{point.task} b{point.batch_size} {settings.draft_name(point.draft)} "
                           f"T={point.temperature:g} g={point.gamma}")
-      row = _when_quiet(lambda p=point: bench.measure(p, bar.write), bar.write)
+      row = contention.when_quiet(lambda p=point: bench.measure(p, bar.write), bar.write)
       if distributed.is_primary():  # Every process measures; process 0 writes.
         results_io.append_row(path, row.to_json())
       bar.write(f"{row.task} {row.draft} T={row.temperature:g} gamma={row.gamma_label} "
@@ -97,19 +93,6 @@ def run(exp: settings.Experiment, output_dir: str) -> str:
       jax.clear_caches()
   bar.close()
   return path
-
-
-def _when_quiet(measure_fn: Callable[[], PointRow], say: Callable[[str], Any]) -> PointRow:
-  """`measure_fn()`; when it was timed beside another busy process, waits for a quiet
-  machine and calls it again (`QUIET_ATTEMPTS` calls at most)."""
-  for attempt in range(1, QUIET_ATTEMPTS):
-    try:
-      return measure_fn()
-    except contention.ContentionError as e:
-      say(f"{e}\nWaiting up to {QUIET_WAIT_S} s for a quiet machine (attempt {attempt} of "
-          f"{QUIET_ATTEMPTS}).")
-      contention.wait_until_quiet(QUIET_WAIT_S)
-  return measure_fn()
 
 
 @dataclasses.dataclass(frozen=True)
