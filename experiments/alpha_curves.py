@@ -5,7 +5,7 @@
 
 Reads each run's `alpha_curve.json` (`python -m experiments.train` with
 `train.alpha_every_steps`) and writes `<output_dir>/curves.json` (recipes already in it
-and not named now are kept) and `<output_dir>/curves.png` (`specdec_jax.experiment.
+and not named now are kept) and `<output_dir>/curves.png` (`specdec_jax.harness.
 alpha_curves`).
 """
 
@@ -18,7 +18,7 @@ from absl import app, flags
 
 from specdec_jax import atomic_io
 from specdec_jax.data import layout
-from specdec_jax.experiment import alpha_curves
+from specdec_jax.harness import alpha_curves
 
 _MODEL_DIRS = flags.DEFINE_list("model_dirs", None, "Training run directories, comma-separated.")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", os.path.join(layout.REPO_ROOT, "results", "alpha"),

@@ -16,7 +16,7 @@ through each test split (`specdec_jax.data.chat_prompts`, which
   * unigram / bigram: fit on the target's own greedy outputs for the
     validation splits' prompts of both tasks (the paper's trivial drafts fit
     on target outputs; counts include the start token -> first token pair;
-    `experiment.llama_target.fit_ngram_drafts`);
+    `harness.llama_target.fit_ngram_drafts`);
   * prompt_lookup: the continuation of the longest n-gram found in the prompt.
 
 For each draft, task and temperature this runs the speculative loop
@@ -49,7 +49,7 @@ from specdec_jax.data.chat_prompts import TASKS, build_prompts  # noqa: E402
 from specdec_jax.decoding import speculative  # noqa: E402
 from specdec_jax.decoding.drafts import Draft, PromptLookupDraft  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
-from specdec_jax.experiment.llama_target import fit_ngram_drafts  # noqa: E402
+from specdec_jax.harness.llama_target import fit_ngram_drafts  # noqa: E402
 from specdec_jax.models.llama import (  # noqa: E402
   LayerSkipDraft,
   LlamaModel,

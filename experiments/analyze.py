@@ -7,7 +7,7 @@ For each results directory (default: every `<results_root>/*/results.jsonl` of
 `experiments.run` points)
 writes `tables.md` and PNG figures next to it, the theory figures to
 `<results_root>/theory/`, and `<results_root>/analysis_section.md` for
-results/README.md (`specdec_jax.experiment.report`); with --output_dir, all of it
+results/README.md (`specdec_jax.harness.report`); with --output_dir, all of it
 goes there instead (one folder per results directory), and results/ is only read.
 """
 
@@ -18,7 +18,7 @@ import os
 
 from absl import app, flags
 
-from specdec_jax.experiment import report, results_io
+from specdec_jax.harness import report, results_io
 
 _RESULTS_DIR = flags.DEFINE_multi_string(
     "results_dir", [], "Directories holding results.jsonl (default: all under --results_root).")

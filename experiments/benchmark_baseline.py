@@ -30,7 +30,7 @@ from absl import app, flags, logging
 
 from specdec_jax import benchmarking, contention
 from specdec_jax.checkpoints import save_hf_checkpoint
-from specdec_jax.experiment import results_io
+from specdec_jax.harness import results_io
 from specdec_jax.models.t5 import T5Model, get_config, temperature_sample
 
 _CONFIG = flags.DEFINE_enum("config", "t5-v1_1-small", ["t5-v1_1-small", "t5-small"],

@@ -34,8 +34,8 @@ from absl import app, flags
 
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_model
+from specdec_jax.data import prompts
 from specdec_jax.decoding.buckets import to_bucket
-from specdec_jax.experiment import prompts
 from specdec_jax.models.t5 import make_draft, speculative_sample, temperature_sample
 
 _OPTIONS = flags.DEFINE_string("options", None, "JSON object of XLA options to lay over "
@@ -133,7 +133,7 @@ def main(argv: Sequence[str]) -> None:
       "shipped_options": dict(target.options.compiler_options), "options": options,
       "target_dir": _TARGET_DIR.value, "draft_dir": _DRAFT_DIR.value, "batch": 1,
       "summary": summary, "idle_check": guard.record(),
-      "environment": benchmarking.environment(target.options)})
+      "environment": benchmarking.environment(target.options.provenance())})
   print(f"wrote {_OUTPUT.value}")
 
 

@@ -55,7 +55,7 @@ from absl import app, flags
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import layout
-from specdec_jax.experiment import family, gin_flags, settings
+from specdec_jax.harness import family, gin_flags, settings
 from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import T5Context, T5Model, T5Scorer
 
@@ -192,7 +192,8 @@ def measure(shared: settings.Settings) -> tuple[list[dict], dict]:
     pin_to_cores(max(CORES))
   record = guard.record()
   date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-  environment = benchmarking.environment(DecodeOptions.for_backend())  # The `new` path's.
+  # The `new` path's options.
+  environment = benchmarking.environment(DecodeOptions.for_backend().provenance())
   rows = []
   for (name, path, k, cores), ts in times.items():
     per_call = statistics.median(ts) / _CALLS.value

@@ -85,7 +85,7 @@ def main(argv: Sequence[str]) -> None:
   atomic_io.write_json(_OUTPUT.value, {
       "command": "python -m experiments.benchmark_vocab_ops", "vocab": _VOCAB.value,
       "calls": _CALLS.value, "repetitions": _REPETITIONS.value, "results": results,
-      "idle_check": guard.record(), "environment": benchmarking.environment(options)})
+      "idle_check": guard.record(), "environment": benchmarking.environment(options.provenance())})
   print(f"wrote {_OUTPUT.value}")
 
 

@@ -10,7 +10,7 @@ flax imports): no gin, seqio, TensorFlow or torch, no network, no install
   PYTHONPATH=. python -m experiments.device_check --output_dir=OUT_DIR [--smoke]
   bash experiments/device_check.sh OUT_DIR --regime_map   # the T5 regime map's sweep instead
 
-Inputs are the first En-De test prompts (`specdec_jax.experiment.prompts`: the committed
+Inputs are the first En-De test prompts (`specdec_jax.data.prompts`: the committed
 `assets/prompts/ende_test.jsonl` when `data_cache/` is absent), tokenized with
 the committed SentencePiece model; the models are the shipped family
 (`assets/models/`). Sections, in order, each a kind of row (`section`):
@@ -49,7 +49,7 @@ greedy at batch 2 and T=1 at batch 1) in well under a minute on a CPU: the test
 suite runs it.
 
 `--regime_map` runs, instead of those sections, the T5 regime map's sweep
-(`specdec_jax.experiment.regime_map` with `REGIME_MAP`'s settings: the public T5 shapes
+(`specdec_jax.harness.regime_map` with `REGIME_MAP`'s settings: the public T5 shapes
 to t5-3b in bfloat16 and our family, T_verify(k), c, the loops' own work and the encoders)
 into OUT_DIR/regime_map, then its predictions and tables (`regime_predictions`), and its
 figure where matplotlib is installed (elsewhere: `python -m experiments.regime_map
@@ -79,24 +79,24 @@ import numpy as np
 import sentencepiece as spm
 
 from specdec_jax import atomic_io, benchmarking, checkpoints, contention, stats, theory
-from specdec_jax.data import layout
+from specdec_jax.data import layout, prompts
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.experiment import prompts, regime_map, regime_predictions
+from specdec_jax.harness import regime_map, regime_predictions
 from specdec_jax.models.t5 import (
-    PreparedParams,
-    SharedEncoderModel,
-    T5Config,
-    T5Model,
-    T5Scorer,
-    make_draft,
-    speculative_sample,
-    temperature_sample,
+  PreparedParams,
+  SharedEncoderModel,
+  T5Config,
+  T5Model,
+  T5Scorer,
+  make_draft,
+  speculative_sample,
+  temperature_sample,
 )
 
 Array = jax.Array
 
-# The shipped drafts (`specdec_jax.experiment.family.DRAFTS`), in the order measured:
+# The shipped drafts (`specdec_jax.harness.family.DRAFTS`), in the order measured:
 # the smallest independent draft first (the CPU smoke test's), the drafts that agree with
 # the target best next (the shared-encoder ones, the one distilled on the target's outputs).
 DRAFTS = ("draft_small", "draft_shared_enc_d192", "draft_shared_enc_signals",
@@ -633,7 +633,7 @@ def run_regime_map(output_dir: str, settings: regime_map.MapSettings = REGIME_MA
   report = regime_predictions.write_report(rows, settings, regime_predictions.MapPredictions(),
                                            out, " ".join(sys.argv))
   try:
-    from specdec_jax.experiment import regime_figure  # noqa: PLC0415  (needs matplotlib)
+    from specdec_jax.harness import regime_figure  # noqa: PLC0415  (needs matplotlib)
   except ImportError:
     print(f"No matplotlib here: draw the figure with python -m experiments.regime_map "
           f"--nomeasure --output_dir={out}", file=sys.stderr)

@@ -31,14 +31,14 @@ from absl import app, flags
 
 from specdec_jax import atomic_io, benchmarking
 from specdec_jax.checkpoints import (
-    load_hf_checkpoint,
-    load_hf_config,
-    load_model,
-    load_model_config,
+  load_hf_checkpoint,
+  load_hf_config,
+  load_model,
+  load_model_config,
 )
-from specdec_jax.data import layout
+from specdec_jax.data import layout, prompts
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.experiment import family, gin_flags, prompts, settings
+from specdec_jax.harness import family, gin_flags, settings
 from specdec_jax.models.t5 import T5Model, make_draft, measure_alpha
 
 _DRAFTS = flags.DEFINE_list("drafts", list(family.DRAFTS), "The drafts' sub-folders.")

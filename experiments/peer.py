@@ -46,10 +46,10 @@ from absl import app, flags
 
 from specdec_jax import atomic_io, benchmarking, contention, partitioning
 from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
-from specdec_jax.data import chat_prompts, layout
+from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.experiment import gin_flags, llama_target, prompts, settings, targets
+from specdec_jax.harness import gin_flags, llama_target, settings, targets
 from specdec_jax.models.llama import student_io
 from specdec_jax.models.llama.student_hf import to_transformers
 from specdec_jax.models.t5 import T5Model, make_draft, speculative_sample, temperature_sample

@@ -42,7 +42,7 @@ from absl import app, flags  # noqa: E402
 from specdec_jax import atomic_io, benchmarking, contention  # noqa: E402
 from specdec_jax.checkpoints import load_hf_checkpoint  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
-from specdec_jax.experiment import gin_flags, settings  # noqa: E402
+from specdec_jax.harness import gin_flags, settings  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
     T5Model,
     T5Scorer,

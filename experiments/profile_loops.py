@@ -30,12 +30,13 @@ from absl import app, flags  # noqa: E402
 
 from specdec_jax import atomic_io, benchmarking, contention  # noqa: E402
 from specdec_jax.checkpoints import load_model  # noqa: E402
+from specdec_jax.data import prompts  # noqa: E402
 from specdec_jax.decoding import acceptance, baseline, speculative  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
-from specdec_jax.experiment import gin_flags, prompts, settings  # noqa: E402
+from specdec_jax.harness import gin_flags, settings  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
-    T5Scorer,
-    make_draft,
+  T5Scorer,
+  make_draft,
 )
 
 _DRAFTS = flags.DEFINE_list("drafts", ["draft_small"], "Drafts whose loops are profiled.")

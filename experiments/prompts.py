@@ -3,14 +3,14 @@
   python -m experiments.prompts
 
 The first test examples of each corpus, so a fresh checkout (and the device
-check) runs without the prepared data (`specdec_jax.experiment.prompts`).
+check) runs without the prepared data (`specdec_jax.data.prompts`).
 """
 
 from __future__ import annotations
 
 from absl import app
 
-from specdec_jax.experiment import prompts
+from specdec_jax.data import prompts
 
 
 def main(argv: list[str]) -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from specdec_jax.experiment.family import FAMILY
-from specdec_jax.experiment.stand_ins import write_stand_ins
+from specdec_jax.harness.family import FAMILY
+from specdec_jax.harness.stand_ins import write_stand_ins
 
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Directory of the stand-in checkpoints.",
                                   required=True)

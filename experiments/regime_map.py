@@ -3,7 +3,7 @@
   python -m experiments.regime_map --gin_file=gin_configs/regime_map.gin \
       [--output_dir=results/regime_map] [--gin.RegimeMap.shapes="['t5-small']"] [--nomeasure]
 
-Measures (`specdec_jax.experiment.regime_map`) every cost of the cost model on random-weight
+Measures (`specdec_jax.harness.regime_map`) every cost of the cost model on random-weight
 models of the public T5 shapes, each saved in float16 and loaded back as a user's checkpoint
 is, and on our shipped family, in one run; then prices every (draft, target) pair at every
 gamma with the paper's alpha and with ours (`regime_predictions`), after stating the cost
@@ -34,7 +34,7 @@ import sys
 import gin
 from absl import app, flags
 
-from specdec_jax.experiment import (
+from specdec_jax.harness import (
     gin_flags,
     regime_figure,
     regime_map,

@@ -33,8 +33,6 @@ from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.programs import loop_jit
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Context, EncoderOutputs, Scorer
-from specdec_jax.models import panel_dot
-from specdec_jax.models.options import DecodeOptions
 
 Array = jax.Array
 
@@ -503,13 +501,13 @@ def _git_commit() -> str | None:
   return head + ("+changes" if changed.strip() else "")
 
 
-def environment(options: DecodeOptions | None = None) -> dict[str, Any]:
+def environment(model: Mapping[str, Any] | None = None) -> dict[str, Any]:
   """Where a measurement ran: versions, devices, CPU, load, and the code's git commit.
 
   Args:
-    options: the measured model's `DecodeOptions` (`Scorer.decode_options`):
-      recorded as `weight_dots` (its weight kernel) and `decode_options`; the
-      `panel_dot` kernel's status is recorded either way.
+    model: what the measured model records of how it runs, merged in
+      (`DecodeOptions.provenance()`: its weight kernel, options and the
+      `panel_dot` kernel's status).
   """
   devices = jax.devices()
   env = {
@@ -523,11 +521,8 @@ def environment(options: DecodeOptions | None = None) -> dict[str, Any]:
       "python": platform.python_version(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "load_average": list(os.getloadavg()),
-      "panel_dot": panel_dot.status(),
+      **(model or {}),
   }
-  if options is not None:
-    env["weight_dots"] = options.weight_kernel
-    env["decode_options"] = options.describe()
   commit = _git_commit()
   if commit:
     env["git_commit"] = commit

@@ -3,7 +3,7 @@
 The decoders (`models.t5.temperature_sample` / `speculative_sample`, data
 parallel or not; `baseline.decode` / `speculative.speculative_decode`
 through `check_scorer_decode_args`), the drafts' constructors, `checkpoints`,
-`specdec_jax.experiment.settings.validate` and the experiment commands check their
+`specdec_jax.harness.settings.validate` and the experiment commands check their
 arguments with these functions before anything is loaded or compiled. Every
 failure is a `ValueError` whose message names the argument, what it got and
 what to pass instead.
@@ -45,8 +45,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from specdec_jax.models.config import ModelConfig
 
 Array = jax.Array
 
@@ -236,14 +234,14 @@ def _raise_if_bad(name: str, vocab_size: int, width: int, dtype: np.dtype, any_b
   return np.zeros((), dtype)
 
 
-def check_model(model: Any, name: str, config_type: type[ModelConfig] = ModelConfig) -> Any:
+def check_model(model: Any, name: str, config_type: type | None = None) -> Any:
   """Checks that `model` is a model of any architecture: its `config` a `config_type`.
 
   Args:
     model: the model (`T5Model`, `models.llama.LlamaModel`, ...).
     name: the argument's name, for the message ("model", "target").
-    config_type: the config class the caller needs (default: any model's,
-      `ModelConfig`; the T5 entry points ask for `T5Config`:
+    config_type: the config class the caller needs (None: any config that
+      `check_model_config` accepts; the T5 entry points ask for `T5Config`:
       `models.t5.scorer.check_t5_model`).
 
   Returns:
@@ -253,8 +251,10 @@ def check_model(model: Any, name: str, config_type: type[ModelConfig] = ModelCon
     ValueError: `model` is no model (e.g. its params), one of another
       architecture than `config_type`'s, or its config is bad.
   """
-  if not isinstance(getattr(model, "config", None), config_type):
-    raise ValueError(f"{name} must be a model whose config is a {config_type.__name__} (e.g. "
+  config = getattr(model, "config", None)
+  if config is None or (config_type is not None and not isinstance(config, config_type)):
+    wanted = "a model config" if config_type is None else f"a {config_type.__name__}"
+    raise ValueError(f"{name} must be a model whose config is {wanted} (e.g. "
                      "specdec_jax.models.t5.T5Model, whose config is a T5Config; its params are a "
                      f"separate argument), got {type(model).__name__}.")
   return check_model_config(model.config, f"{name}.config")
@@ -322,7 +322,7 @@ class DecodeArgs:
 def check_decode_args(model: Any, inputs: Any, *, max_decode_len: Any, eos_id: Any,
                       temperature: Any, top_k: Any, top_p: Any, rng: Any,
                       model_name: str = "model",
-                      config_type: type[ModelConfig] = ModelConfig) -> DecodeArgs:
+                      config_type: type | None = None) -> DecodeArgs:
   """Checks the arguments every decoder of a model takes.
 
   Args:
@@ -405,7 +405,7 @@ class SpeculativeArgs(DecodeArgs):
 def check_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma: Any,
                            draft_inputs: Any, max_decode_len: Any, eos_id: Any,
                            temperature: Any, top_k: Any, top_p: Any, rng: Any,
-                           config_type: type[ModelConfig] = ModelConfig) -> SpeculativeArgs:
+                           config_type: type | None = None) -> SpeculativeArgs:
   """Checks the arguments every speculative decoder takes.
 
   Args:

@@ -13,7 +13,7 @@ import pytest
 
 from experiments import device_check
 from specdec_jax.data import layout
-from specdec_jax.experiment import family
+from specdec_jax.harness import family
 
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("device_check")

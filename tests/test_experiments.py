@@ -19,12 +19,11 @@ from conftest import make_model
 
 from experiments import analyze, measure_alpha
 from specdec_jax.checkpoints import save_hf_checkpoint
-from specdec_jax.data import chat_prompts, layout
+from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.experiment import (
+from specdec_jax.harness import (
     gin_flags,
     measure,
-    prompts,
     report,
     results_io,
     runner,
@@ -32,7 +31,7 @@ from specdec_jax.experiment import (
     t5_target,
     tables,
 )
-from specdec_jax.experiment.record import PointRow
+from specdec_jax.harness.record import PointRow
 from specdec_jax.models import t5
 from specdec_jax.models.t5 import T5Draft
 

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 
 from specdec_jax import theory
 from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
-from specdec_jax.experiment import regime_map, regime_predictions, results_io
+from specdec_jax.harness import regime_map, regime_predictions, results_io
 from specdec_jax.models.t5 import T5Model, get_config
 
 TINY = "test-v1_1"  # conftest's small T5.1.1 config, standing in for a shape.
@@ -237,7 +237,7 @@ def test_report_and_figure_from_rows(tmp_path):
   assert paper["speedup"] == max(paper["speedup_by_gamma"].values())
   tables = (tmp_path / regime_predictions.TABLES_FILE).read_text()
   assert "not decodes of trained models" in tables and "t5-small" in tables
-  from specdec_jax.experiment import regime_figure  # noqa: PLC0415  (matplotlib)
+  from specdec_jax.harness import regime_figure  # noqa: PLC0415  (matplotlib)
 
   cache = {"level": 3, "bytes": 32 << 20, "shared_cpu_list": "0-1"}
   path = regime_figure.fig_regime_map(report["predictions"], report["family_errors"], cache,

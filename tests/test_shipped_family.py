@@ -17,15 +17,14 @@ from transformers import T5ForConditionalGeneration
 
 from experiments import export_family
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model
-from specdec_jax.data import layout, vocab
-from specdec_jax.experiment import prompts
-from specdec_jax.experiment.family import FAMILY, SHARED_ENCODER
+from specdec_jax.data import layout, prompts, vocab
+from specdec_jax.harness.family import FAMILY, SHARED_ENCODER
 from specdec_jax.models.t5 import (
-    T5Model,
-    cached_decoder,
-    make_draft,
-    speculative_sample,
-    temperature_sample,
+  T5Model,
+  cached_decoder,
+  make_draft,
+  speculative_sample,
+  temperature_sample,
 )
 
 MODELS_DIR = os.path.join(layout.ASSETS_DIR, "models")

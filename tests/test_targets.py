@@ -18,7 +18,7 @@ import pytest
 
 from specdec_jax import partitioning
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
-from specdec_jax.experiment import (
+from specdec_jax.harness import (
     llama_target,
     registry,
     results_io,

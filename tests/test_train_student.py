@@ -18,7 +18,7 @@ import pytest
 
 from specdec_jax.data import layout
 from specdec_jax.distillation import decode, signals, teacher
-from specdec_jax.experiment import train_student
+from specdec_jax.harness import train_student
 from specdec_jax.models.llama import TEST_CONFIG, LlamaModel, LlamaScorer
 from specdec_jax.models.llama.student import Student
 from specdec_jax.models.llama.student_io import TargetId, check_target, load_student

@@ -143,6 +143,11 @@ class DecodeOptions:
     """Whether a call on `rows` (batch * k) rows multiplies unpacked weights row by row."""
     return 1 < rows <= self.row_dots_max_rows
 
+  def provenance(self) -> dict[str, str]:
+    """What a results file records of how the model ran (`benchmarking.environment`)."""
+    return {"weight_dots": self.weight_kernel, "decode_options": self.describe(),
+            "panel_dot": panel_dot.status()}
+
   def describe(self) -> str:
     """One line for a results file: the kernel, the panels' dtype, the layout."""
     kernel = ("panel_dot (float16 panels where exact)" if self.half_panels

@@ -2,7 +2,7 @@
 
 `experiments.run` measures any target behind a `decoding.scorer.Scorer`. A
 target kind (`TargetKind`, named by `Settings.target_kind` in gin and listed in
-`experiment.registry`) says how a run uses one family of targets:
+`harness.registry`) says how a run uses one family of targets:
 
   * `check(exp)`: the run's target (and tokenizer) are there and sound, before
     any weights load; returns the target's vocabulary size;
@@ -12,8 +12,8 @@ target kind (`TargetKind`, named by `Settings.target_kind` in gin and listed in
     (`Experiment.drafts` entries) that name it, checked without weights and
     built from the loaded target.
 
-The T5 family is `experiment.t5_target`, the decoder-only GGUF Llama
-`experiment.llama_target`. A new model enters with its own files (a model, its
+The T5 family is `harness.t5_target`, the decoder-only GGUF Llama
+`harness.llama_target`. A new model enters with its own files (a model, its
 scorer, its loader, its kind) and one entry in `registry.TARGET_KINDS`; the
 runner, the settings' checks, the timing harness and the decoding loops stay
 as they are.
@@ -33,7 +33,7 @@ from specdec_jax.decoding.drafts import Draft, PromptLookupDraft
 from specdec_jax.decoding.scorer import Scorer
 
 if TYPE_CHECKING:
-  from specdec_jax.experiment.settings import Experiment, Settings
+  from specdec_jax.harness.settings import Experiment, Settings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,10 +6,10 @@ gin: `--gin.Settings.FIELD=VALUE` (or a `--gin_file`) sets it for any command.
 `Experiment`, the run of `python -m experiments.run`, is a `Settings` plus the
 grid it measures; `Experiment.FIELD` bindings (`gin_configs/*.gin`) set a run's
 own values, and a shared field it leaves unbound takes the `Settings` binding.
-`validate` checks everything that can be checked without loading weights, so a
-bad run fails in seconds, before any measurement. What depends on the kind of
-target (`target_kind`: its checkpoint, tokenizer and drafts) is checked by its
-entry in `experiment.registry`.
+`validate` checks the fields; what depends on the kind of target
+(`target_kind`: its checkpoint, tokenizer and drafts) is checked by
+`harness.registry.check`. Together they read no weights, so a bad run fails in
+seconds, before any measurement.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import gin
 
 from specdec_jax import validation
-from specdec_jax.data import chat_prompts, layout
-from specdec_jax.experiment import prompts, registry, results_io
+from specdec_jax.data import chat_prompts, layout, prompts
+from specdec_jax.harness import results_io
 from specdec_jax.models.config import check_dtype
 
 AUTO = results_io.AUTO
@@ -47,14 +47,14 @@ class Settings:
   """What every command shares (bound as `Settings.FIELD` in gin).
 
   Attributes:
-    target_kind: the kind of target model (`experiment.registry`): "t5" (an
+    target_kind: the kind of target model (`harness.registry`): "t5" (an
       HF T5 checkpoint, the default) or "llama_gguf" (a decoder-only Llama
       read from a GGUF file); it decides what `target` and the draft specs
       name, and how examples become inputs.
     models_dir: directory that checkpoint names (`target`, drafts) are resolved
       in (absolute paths are used as they are).
     target: the target: for "t5" an HF-format checkpoint directory; for
-      "llama_gguf" a .gguf file or "smollm2" (`experiment.llama_target`).
+      "llama_gguf" a .gguf file or "smollm2" (`harness.llama_target`).
     vocab_path: SentencePiece model the prompts are tokenised with (a T5
       target's; a GGUF file holds its own tokenizer).
     input_len: every input is cut / 0-padded to this many tokens (EOS
@@ -94,7 +94,6 @@ def validate_settings(settings: Settings, owner: str = "Settings") -> None:
   for field in ("target_kind", "models_dir", "target", "vocab_path", "dtype", "param_dtype"):
     _require(isinstance(getattr(settings, field), str),
              f"{owner}.{field} must be a string, got {getattr(settings, field)!r}.")
-  registry.target_kind(settings.target_kind, f"{owner}.target_kind")
   for field in ("dtype", "param_dtype"):
     check_dtype(f"{owner}.{field}", getattr(settings, field))
   validation.as_int(f"{owner}.max_decode_len", settings.max_decode_len, minimum=1)
@@ -119,7 +118,7 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     gin.parse_config_files_and_bindings(gin_files, bindings, finalize_config=False)
   except (ValueError, KeyError, SyntaxError) as e:
     raise ValueError(f"Bad gin configuration ({e}). Check the names against "
-                     "specdec_jax/experiment/settings.py (Settings, Experiment) and the files "
+                     "specdec_jax/harness/settings.py (Settings, Experiment) and the files "
                      "in gin_configs/.") from e
 
 
@@ -234,14 +233,11 @@ def _require(ok: bool, message: str) -> None:
 
 
 def validate(exp: Experiment) -> None:
-  """Raises ValueError / FileNotFoundError, naming the field and the fix, for a bad run.
+  """Raises ValueError, naming the field and the fix, for a bad run's fields.
 
   Checks the type of every field (integers are never truncated: see
-  `specdec_jax.validation`), numbers and lists; then, through the target
-  kind (`registry`), that the target exists and is sound, that every draft
-  spec names a draft kind of it, and that every draft (and the tokenizer)
-  shares the target's vocabulary. Reads configs, file headers and n-gram
-  statistics only, no weights.
+  `specdec_jax.validation`), numbers and lists. What depends on the kind of
+  target is checked by `registry.check`.
   """
   validate_settings(exp, "Experiment")
   for field in ("name", "split"):
@@ -288,12 +284,6 @@ def validate(exp: Experiment) -> None:
   _require(len(set(map(draft_name, exp.drafts))) == len(exp.drafts),
            f"Experiment.drafts {list(exp.drafts)} has two drafts of one name; results are "
            "keyed by the checkpoint's directory name.")
-
-  kind = registry.target_kind(exp.target_kind, "Experiment.target_kind")
-  draft_kinds = [kind.draft_kind(spec) for spec in exp.drafts]  # Unknown specs first.
-  target_vocab = kind.check(exp)
-  for spec, draft_kind in zip(exp.drafts, draft_kinds, strict=True):
-    draft_kind.check(exp, spec, target_vocab)
 
 
 def best_gammas(path: str) -> dict[tuple[str, str, float], int]:

@@ -22,22 +22,22 @@ from absl import logging
 
 from specdec_jax import partitioning
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model, load_model_config
-from specdec_jax.data import layout
+from specdec_jax.data import layout, prompts
 from specdec_jax.data.ngram_stats import load_ngram_stats
 from specdec_jax.decoding.drafts import Draft, NgramDraft
-from specdec_jax.experiment import prompts, stand_ins
-from specdec_jax.experiment.targets import (
-    PROMPT_LOOKUP,
-    DraftKind,
-    LoadedTarget,
-    TargetKind,
-    require,
+from specdec_jax.harness import stand_ins
+from specdec_jax.harness.targets import (
+  PROMPT_LOOKUP,
+  DraftKind,
+  LoadedTarget,
+  TargetKind,
+  require,
 )
 from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import T5Model, T5Scorer, check_t5_model, make_draft
 
 if TYPE_CHECKING:
-  from specdec_jax.experiment.settings import Experiment, Settings
+  from specdec_jax.harness.settings import Experiment, Settings
 
 NGRAM_ORDER = {"unigram": 1, "bigram": 2}
 

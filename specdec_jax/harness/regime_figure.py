@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-from specdec_jax.experiment import results_io  # noqa: E402
+from specdec_jax.harness import results_io  # noqa: E402
 
 MIB = 2**20
 

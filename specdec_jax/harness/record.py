@@ -14,8 +14,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from specdec_jax.experiment import results_io
 from specdec_jax.gamma_choice import LoopCosts
+from specdec_jax.harness import results_io
 
 _INT_KEYED = ("t_verify_s", "verify_ratio")  # {k: ...} with k as a string in JSON.
 

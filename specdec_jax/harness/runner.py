@@ -11,7 +11,7 @@ skipped, so an interrupted run resumes where it stopped. `summary_table` is
 the table the command prints.
 
 The target and drafts are whatever kind `Experiment.target_kind` names
-(`experiment.registry`): the kind loads the target (its `Scorer`) and builds
+(`harness.registry`): the kind loads the target (its `Scorer`) and builds
 each draft from its spec; everything else here is the same for every kind.
 """
 
@@ -28,10 +28,11 @@ import numpy as np
 import tqdm
 
 from specdec_jax import contention, costs, distributed, gamma_choice, partitioning, validation
+from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft
-from specdec_jax.experiment import measure, prompts, registry, results_io, settings, targets
-from specdec_jax.experiment.record import PointRow
+from specdec_jax.harness import measure, registry, results_io, settings, targets
+from specdec_jax.harness.record import PointRow
 
 RESULTS_ROOT = "results"  # Committed reference measurements (experiments/reproduce_results.sh).
 RUNS_ROOT = "runs"  # A user's own runs (not committed).
@@ -52,7 +53,7 @@ def load_experiment(gin_files: list[str], bindings: list[str]) -> settings.Exper
       raise ValueError(f"Experiment.stand_ins_when_missing: a {kind.name!r} target has no "
                        "random-init stand-ins; set it to False.")
     exp = kind.stand_ins(exp)
-  settings.validate(exp)
+  registry.check(exp)
   return exp
 
 

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from specdec_jax import stats, theory
-from specdec_jax.experiment import results_io
-from specdec_jax.experiment.results_io import Row
+from specdec_jax.harness import results_io
+from specdec_jax.harness.results_io import Row
 
 FLAG_TOLERANCE = 0.15  # |measured / predicted - 1| above this is flagged.
 AUTO_TOLERANCE = 0.05  # gamma = 'auto' should be within this of the sweep's best.

@@ -43,21 +43,21 @@ import sentencepiece as spm
 
 from specdec_jax import benchmarking, contention, costs, gamma_choice, validation
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model, save_hf_checkpoint
-from specdec_jax.data import layout
+from specdec_jax.data import layout, prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.experiment import prompts, results_io
+from specdec_jax.harness import results_io
 from specdec_jax.models.layers import ParamInfo
 from specdec_jax.models.t5 import (
-    DecodeWeights,
-    PreparedParams,
-    SharedEncoderModel,
-    T5Config,
-    T5Model,
-    T5Scorer,
-    get_config,
-    make_draft,
+  DecodeWeights,
+  PreparedParams,
+  SharedEncoderModel,
+  T5Config,
+  T5Model,
+  T5Scorer,
+  get_config,
+  make_draft,
 )
 
 Array = jax.Array

@@ -12,7 +12,7 @@ calls alone (steps only), and by `CostModel` with the loops' own work and the
 encoders, timed apart on held-out examples (`costs.measure_loop_costs`).
 The step costs are timed as gamma = 'auto' times them (`specdec_jax.costs`).
 
-Any target kind (`experiment.targets`): the target is a `targets.LoadedTarget`
+Any target kind (`harness.targets`): the target is a `targets.LoadedTarget`
 (its `Scorer`, EOS id and token pieces), decoded by the generic loops
 (`baseline.decode`, `speculative.speculative_decode`) on batches the runner
 checked once against the vocabulary and cut to their length bucket.
@@ -35,9 +35,9 @@ from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer
-from specdec_jax.experiment.record import Example, PointRow
-from specdec_jax.experiment.settings import Experiment, Point, draft_name
-from specdec_jax.experiment.targets import LoadedTarget
+from specdec_jax.harness.record import Example, PointRow
+from specdec_jax.harness.settings import Experiment, Point, draft_name
+from specdec_jax.harness.targets import LoadedTarget
 
 Array = jax.Array
 
@@ -283,6 +283,6 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
       cost_model_terms=loop_costs, greedy_identical=True if point.temperature == 0 else None,
       idle_check=guard.record(), idle_check_target_costs=dict(verify_idle_check),
       example=_example(outputs["speculative"][0], target.pieces),
-      environment=benchmarking.environment(target.scorer.decode_options),
+      environment=benchmarking.environment(target.scorer.decode_options.provenance()),
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       gamma_auto=choice is not None, gamma_choice=None if choice is None else choice.to_json())

@@ -36,15 +36,15 @@ import numpy as np
 import sentencepiece as spm
 
 from specdec_jax import atomic_io, gamma_choice
+from specdec_jax.data import prompts
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.experiment import prompts
 from specdec_jax.models.t5 import (
-    PreparedParams,
-    SharedEncoderModel,
-    T5Model,
-    make_draft,
-    measure_alpha,
+  PreparedParams,
+  SharedEncoderModel,
+  T5Model,
+  make_draft,
+  measure_alpha,
 )
 
 CURVE_FILE = "alpha_curve.json"

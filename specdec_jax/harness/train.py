@@ -14,7 +14,7 @@ student alone, `training.sparse_distill`), or their inputs with the student's ow
 scored by the target in the step (`"on_policy"`, `training.on_policy`). With
 `train.alpha_every_steps` the draft's acceptance rate against the target is measured
 during training
-(`experiment.alpha_tracking`: `alpha_curve.json`, `best/`), and the best parameters by
+(`harness.alpha_tracking`: `alpha_curve.json`, `best/`), and the best parameters by
 alpha, not the last ones, are exported to `hf/`.
 """
 
@@ -48,7 +48,7 @@ from specdec_jax.checkpoints import (  # noqa: E402
 )
 from specdec_jax.data import corpora, layout, pipeline, teacher_signals, vocab  # noqa: E402
 from specdec_jax.distillation.teacher import teacher_sha256  # noqa: E402
-from specdec_jax.experiment.alpha_tracking import (  # noqa: E402
+from specdec_jax.harness.alpha_tracking import (  # noqa: E402
     AlphaProbe,
     AlphaTracker,
     held_out_inputs,
@@ -160,7 +160,7 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int | None = 
     test_examples: cap on test examples per task decoded (None: all).
     eval_batch_size: rows per validation / test-decoding batch.
     alpha_every_steps: measure the student's alpha against the teacher every this many
-      steps, and at the first and last step (`experiment.alpha_tracking`); the export is
+      steps, and at the first and last step (`harness.alpha_tracking`); the export is
       then the best parameters by alpha. 0: off (the last parameters are exported).
     alpha_examples: held-out inputs per task, evenly spaced through its validation split.
     alpha_tasks: corpora alpha is measured on.

@@ -33,7 +33,7 @@ import numpy as np
 
 from specdec_jax import atomic_io, gamma_choice
 from specdec_jax.data import layout
-from specdec_jax.experiment import regime_map, results_io
+from specdec_jax.harness import regime_map, results_io
 
 # alpha of the paper's Table 2 (T5-XXL target): (draft size, task, temperature) -> alpha.
 PAPER_ALPHA: dict[tuple[str, str, float], float] = {
