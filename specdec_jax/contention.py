@@ -24,7 +24,7 @@ both sides alike. Timings whose check is not ok are refused (`experiments.run`
 retries the point once the machine is quiet, then stops and names the process).
 
 `python -m specdec_jax.contention` prints what runs now and exits non-zero if the
-machine is busy (used by `experiments/reproduce_results.sh` before it starts).
+machine is busy (check before a long measurement).
 `SPECDEC_TIMING_GUARD=off` turns the refusal off (the test suite, whose own
 workers keep the CPU busy): the check is still made and recorded, with
 `"enforced": false`, so such rows can never pass for quiet ones. No TensorFlow.

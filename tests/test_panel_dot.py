@@ -72,17 +72,6 @@ def test_concurrent_products_share_the_helper_threads():
         np.testing.assert_allclose(out, 20 * want, rtol=1e-4, atol=1e-2)
 
 
-def test_a_variant_built_beside_this_library_gives_its_products():
-  rng = np.random.RandomState(4)
-  x = jnp.asarray(rng.standard_normal((3, 64)), jnp.float32)
-  panels = panel_dot.pack(jnp.asarray(rng.standard_normal((64, 64)), jnp.float32))
-  panel_dot.register_variant(panel_dot.SOURCE.read_bytes(), "same")
-  np.testing.assert_array_equal(panel_dot.dot(x, panels, variant="same"),
-                                panel_dot.dot(x, panels))
-  with pytest.raises(RuntimeError, match="variant 'broken' is off"):
-    panel_dot.register_variant(b"not C++", "broken")
-
-
 def test_leading_dimensions_packing_and_its_inverse():
   rng = np.random.RandomState(0)
   x = jnp.asarray(rng.standard_normal((2, 3, 48)), jnp.float32)  # [batch, k, d_in]

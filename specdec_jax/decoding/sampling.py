@@ -235,7 +235,7 @@ def first_argmax(logits: jax.Array) -> jax.Array:
   `jnp.argmax`, with a NaN counted as +inf, as two vectorised reductions (the
   maximum, then the least index holding it): XLA:CPU runs argmax's (value,
   index) reduction one element at a time, 1.5-3X the time over an 8k
-  vocabulary (`experiments.benchmark_vocab_ops`).
+  vocabulary (`python -m benchmarks vocab_ops`).
   """
   vocab = logits.shape[-1]
   nan = jnp.isnan(logits)  # [..., vocab]
@@ -272,7 +272,7 @@ def sample_from_probs(rng: jax.Array, probs: jax.Array) -> jax.Array:
   where the blocks' cumulative masses pass it, then the token where the block's
   own cumulative masses pass what is left. Two short cumulative sums replace
   one over the vocabulary, which XLA:CPU runs in ~35 us per 8k row, more than
-  the rest of a sampled token's bookkeeping (`experiments.benchmark_vocab_ops`).
+  the rest of a sampled token's bookkeeping (`python -m benchmarks vocab_ops`).
   A token with probability 0 is never drawn, and the row need not sum to
   exactly 1.
 

@@ -10,7 +10,7 @@ the real speculative loop (`alpha_tracking.AlphaProbe`, the training curves' set
 and c timed in turn with every other variant inside the guard, then the model calls'
 predicted speedup (alpha, c, T_verify(k)). Every draft is measured with its weights
 rounded to float16, as the shipped family stores them (`checkpoints.rounded_to_half`).
-`experiments.draft_heads` is its command.
+`python -m benchmarks draft_heads` is its command.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def head_sweep(draft_dirs: list[str], head_sizes: list[int], *, target_dir: str,
   return {
       "what": "drafts whose output layer scores the target's most frequent tokens: held-out "
               "En-De alpha, c and the model calls' predicted speedup against the head's size",
-      "command": "python -m experiments.draft_heads", "target": target_dir, "task": TASK,
+      "command": "python -m benchmarks draft_heads", "target": target_dir, "task": TASK,
       "examples": examples, "gamma": gamma, "timing_calls": timing_calls,
       "timing_repeats": timing_repeats, "t_step_s": verify.t_step,
       "verify_ratio": {str(k): t / verify.t_step for k, t in verify.t_chunk.items()},

@@ -1,7 +1,7 @@
 """Trained drafts ranked by the speedup the whole cost model predicts from their alpha and c.
 
 Alpha alone does not choose a draft: a wider or deeper one agrees more and costs more per
-proposed token. For each training run (`harness.train` with `train.alpha_every_steps`)
+proposed token. For each training run (`harness.train` with `TrainConfig.alpha_every_steps`)
 `rank_drafts` takes the held-out En-De alpha of its best entry (`alpha_curve.json`:
 validation inputs, gamma 3, at the curve's temperatures) and that entry's parameters
 (`<run>/best`, kept beside the curve, so a run still training can be ranked); for an
@@ -12,7 +12,7 @@ in turn with the other drafts' and, like theirs, with its weights rounded to flo
 the shipped family stores them; both loops' own work and both encoders; the target's
 T_verify(k) timed once for all), and records gamma* and the predicted speedup. Timings
 run inside the guard (`contention.quiet`: our registered jobs paused).
-`experiments.draft_speedups` is its command.
+`python -m benchmarks draft_speedups` is its command.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
       "what": "trained drafts ranked by the model calls' predicted speedup (alpha, c, "
               "T_verify(k)), the whole cost model's beside it, from held-out alpha (a run's "
               "best curve entry, an exported draft's measured alike) and c timed in turn",
-      "command": "python -m experiments.draft_speedups", "target": target_dir,
+      "command": "python -m benchmarks draft_speedups", "target": target_dir,
       "task": TASK, "calibration_examples": examples, "batch_size": 1,
       "timing_calls": timing_calls, "timing_repeats": timing_repeats, "draft_gamma": gamma,
       "verify_ratio": {str(k): t / verify.t_step for k, t in verify.t_chunk.items()},

@@ -103,14 +103,14 @@ def _compile(source: bytes) -> pathlib.Path | str:
   return path
 
 
-def _register(path: pathlib.Path, suffix: str = "") -> int:
-  """Registers the library's two products as `TARGET + suffix`, `TARGET_F16 + suffix`;
-  returns its panel width."""
+def _register(path: pathlib.Path) -> int:
+  """Registers the library's two products as `TARGET`, `TARGET_F16`; returns its panel
+  width."""
   library = ctypes.cdll.LoadLibrary(str(path))
-  jax.ffi.register_ffi_target(TARGET + suffix, jax.ffi.pycapsule(library.SpecdecPanelDot),
+  jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.SpecdecPanelDot),
                               platform="cpu")
-  jax.ffi.register_ffi_target(TARGET_F16 + suffix,
-                              jax.ffi.pycapsule(library.SpecdecPanelDotF16), platform="cpu")
+  jax.ffi.register_ffi_target(TARGET_F16, jax.ffi.pycapsule(library.SpecdecPanelDotF16),
+                              platform="cpu")
   library.SpecdecPanelWidth.restype = ctypes.c_int64
   return int(library.SpecdecPanelWidth())
 
@@ -122,29 +122,6 @@ def _build() -> str:
     return path
   _width.append(_register(path))
   return f"ready: {path}"
-
-
-def register_variant(source: bytes, name: str) -> None:
-  """Builds another version of `panel_dot.cc` and registers it beside this one.
-
-  `dot(..., variant=name)` then multiplies with it, so that a benchmark can
-  time two versions of the kernel side by side in one process.
-
-  Args:
-    source: the other version's C++ source (e.g. from `git show`).
-    name: what `dot`'s `variant` calls it.
-
-  Raises:
-    RuntimeError: if this library is not available, the other one does not
-      build, or its panel width differs from this one's.
-  """
-  width = panel_width()
-  path = _compile(source)
-  if isinstance(path, str):
-    raise RuntimeError(f"panel_dot variant {name!r} is {path}")
-  if (other := _register(path, f"_{name}")) != width:
-    raise RuntimeError(f"panel_dot variant {name!r} packs panels {other} wide, this "
-                       f"library {width}: they cannot share the panels.")
 
 
 def status() -> str:
@@ -216,13 +193,11 @@ def unpack(panels: Array) -> Array:
   return panels.transpose(1, 0, 2).reshape(k, p * width).astype(jnp.float32)
 
 
-def dot(x: Array, panels: Array, *, variant: str | None = None) -> Array:
-  """`x [..., K] @ unpack(panels)` -> float32 `[..., N]` (needs `available()`; a
-  `variant` needs `register_variant`)."""
+def dot(x: Array, panels: Array) -> Array:
+  """`x [..., K] @ unpack(panels)` -> float32 `[..., N]` (needs `available()`)."""
   p, k, width = panels.shape
   if x.shape[-1] != k:
     raise ValueError(f"panel_dot.dot: x has {x.shape[-1]} features, the panels {k}.")
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (p * width,), jnp.float32)
-  target = (TARGET_F16 if panels.dtype == jnp.float16 else TARGET) + (
-      f"_{variant}" if variant else "")
+  target = TARGET_F16 if panels.dtype == jnp.float16 else TARGET
   return jax.ffi.ffi_call(target, out, vmap_method="sequential")(x.astype(jnp.float32), panels)

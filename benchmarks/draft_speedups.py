@@ -1,6 +1,6 @@
 """Trained drafts ranked by the speedup the whole cost model predicts from their alpha and c.
 
-  python -m experiments.draft_speedups --model_dirs=checkpoints/shapes/d128_l1,... \
+  python -m benchmarks draft_speedups --model_dirs=checkpoints/shapes/d128_l1,... \
       [--examples=8] [--output=results/alpha/draft_speedups.json]
 
 `specdec_jax.harness.draft_ranking.rank_drafts` over the drafts (training runs' held-out
@@ -52,7 +52,3 @@ def main(argv: list[str]) -> None:
         f"{v['gamma']})" for t, v in run["by_temperature"].items())
     print(f"{name:32s} {run['params'] / 1e6:.2f}M  {row}")
   print(f"Wrote {_OUTPUT.value} and {figure}.")
-
-
-if __name__ == "__main__":
-  app.run(main)

@@ -1,6 +1,6 @@
 """Prices candidate shapes of a decoder-only draft for a GGUF target, before training any.
 
-  python -m experiments.student_shapes [--target=smollm2] [--repetitions=5]
+  python -m benchmarks student_shapes [--target=smollm2] [--repetitions=5]
 
 Only alpha needs training; a draft's cost does not. For each shape (layers x width x
 shortlist size) a random-weight `models.llama.student` draft is built on the target's
@@ -97,7 +97,7 @@ def main(argv: list[str]) -> None:
       gamma, speedup = _best(alpha, c, verify)
       row[f"alpha_{alpha}"] = {"gamma": gamma, "speedup": round(speedup, 3)}
     rows.append(row)
-  out = {"command": "python -m experiments.student_shapes", "target": os.path.basename(path),
+  out = {"command": "python -m benchmarks student_shapes", "target": os.path.basename(path),
          "environment": benchmarking.environment(), "guard": guard.explain(),
          "t_step_ms": t_step * 1e3, "t_verify_over_t_step": verify,
          "compile_s": {k: s.compile_s for k, s in steps.items()},
@@ -112,7 +112,3 @@ def main(argv: list[str]) -> None:
           f"{r['c']:6.3f}  " + "  ".join(f"{r[f'alpha_{a}']['gamma']}/"
                                          f"{r[f'alpha_{a}']['speedup']:.2f}X" for a in ALPHAS))
   print(json.dumps({"written": _OUTPUT.value}))
-
-
-if __name__ == "__main__":
-  app.run(main)

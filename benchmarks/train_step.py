@@ -1,6 +1,6 @@
 """A draft's distillation step with the target in it, on stored signals, and on-policy.
 
-  python -m experiments.benchmark_train_step [--draft=assets/models/draft_shared_enc_long]
+  python -m benchmarks train_step [--draft=assets/models/draft_shared_enc_long]
       [--batch_size=64] [--batches=8] [--rounds=3] [--output=results/alpha/train_step.json]
 
 Round 2 trained the shared-encoder drafts with the frozen target in every step
@@ -114,7 +114,7 @@ def measure() -> dict:
       "what": "one optimizer step of the shared-encoder draft: the target in the step "
               "(round 2), the target's stored signals, and on-policy (the draft's samples "
               "scored by the target's decoder in the step)",
-      "command": "python -m experiments.benchmark_train_step",
+      "command": "python -m benchmarks train_step",
       "draft": _DRAFT.value, "target": _TARGET.value, "batch_size": _BATCH_SIZE.value,
       "batches": _BATCHES.value, "rounds": _ROUNDS.value, "target_tokens": tokens,
       "batch_shapes": [[list(b["encoder_input_tokens"].shape),
@@ -139,7 +139,3 @@ def main(argv: list[str]) -> None:
     print(f"{name}: {s['steps_per_s']:.2f} steps/s ({1e3 * s['seconds_per_step']:.0f} ms a "
           f"step of {record['batch_size']}), {s['target_tokens_per_s']:.0f} target tokens/s")
   print(f"stored signals: {record['speedup']:.1f}X the steps per second. Wrote {_OUTPUT.value}.")
-
-
-if __name__ == "__main__":
-  app.run(main)

@@ -10,7 +10,7 @@ called once per repetition in a rotated order (`benchmarking.time_rotated`),
 and the medians are printed per call, with a plain softmax of the same rows as
 a yardstick.
 
-  python -m experiments.benchmark_vocab_ops --output=results/decode_step/vocab_ops.json
+  python -m benchmarks vocab_ops --output=results/decode_step/vocab_ops.json
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 
 from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.decoding import sampling
@@ -83,11 +83,8 @@ def main(argv: Sequence[str]) -> None:
   for row in results:
     print(f"rows {row['rows']}  {row['operation']:>18}  {row['us_per_call']:8.2f} us")
   atomic_io.write_json(_OUTPUT.value, {
-      "command": "python -m experiments.benchmark_vocab_ops", "vocab": _VOCAB.value,
+      "command": "python -m benchmarks vocab_ops", "vocab": _VOCAB.value,
       "calls": _CALLS.value, "repetitions": _REPETITIONS.value, "results": results,
       "idle_check": guard.record(), "environment": benchmarking.environment(options.provenance())})
   print(f"wrote {_OUTPUT.value}")
 
-
-if __name__ == "__main__":
-  app.run(main)

@@ -7,7 +7,7 @@ with XLA:CPU's per-op events (`specdec_jax.profiling.account`), and reports per
 iteration (per token for the baseline): the untraced wall time, the op count
 and traced time of each (phase, kind), and the traced time between ops.
 
-  python -m experiments.profile_loops [--drafts=draft_small] [--gammas=1,3,5] \
+  python -m benchmarks profile_loops [--drafts=draft_small] [--gammas=1,3,5] \
       [--temperatures=0,1] [--num_examples=4] [--output_dir=results/profile]
 
 The models directory and the lengths are the shared `Settings` (gin). Writes
@@ -38,6 +38,8 @@ from specdec_jax.models.t5 import (  # noqa: E402
   T5Scorer,
   make_draft,
 )
+
+parse_flags = gin_flags.parse_flags  # `python -m benchmarks` parses with it.
 
 _DRAFTS = flags.DEFINE_list("drafts", ["draft_small"], "Drafts whose loops are profiled.")
 _GAMMAS = flags.DEFINE_list("gammas", ["1", "3", "5"], "Proposals per iteration.")
@@ -141,14 +143,14 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
   shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   loops = _loops(shared)
-  command = ("python -m experiments.profile_loops "
+  command = ("python -m benchmarks profile_loops "
              f"--drafts={','.join(_DRAFTS.value)} --gammas={','.join(_GAMMAS.value)} "
              f"--temperatures={','.join(_TEMPERATURES.value)} "
              f"--num_examples={_NUM_EXAMPLES.value}")
   result = {"command": command, "input_len": shared.input_len,
             "max_decode_len": shared.max_decode_len, "num_examples": _NUM_EXAMPLES.value,
             "loops": {}}
-  with contention.quiet("experiments.profile_loops") as guard:
+  with contention.quiet("profile_loops") as guard:
     for name, (fn, hlo, units) in loops.items():
       result["loops"][name] = profiling.account(fn, hlo, units).to_json()
       print(f"{name}: {result['loops'][name]['wall_us']:.0f} us per iteration")
@@ -160,7 +162,3 @@ def main(argv: list[str]) -> None:
   atomic_io.atomic_write_text(os.path.join(out, "loops.md"), _markdown(result))
   _plot(result, os.path.join(out, "loops.png"))
   print(_markdown(result))
-
-
-if __name__ == "__main__":
-  app.run(main, flags_parser=gin_flags.parse_flags)

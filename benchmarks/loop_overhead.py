@@ -10,14 +10,8 @@ The remainder is the loop's overhead. The baseline's is the same account per
 token: `temperature_sample`'s time per token (less the target's encoder) minus
 the one-token step T_step. Calls are interleaved and medians taken.
 
-  python -m experiments.benchmark_loop_overhead --gammas=3,5 --gin.Settings.input_len=32 \
+  python -m benchmarks loop_overhead --gammas=3,5 --gin.Settings.input_len=32 \
       --output=results/loop_overhead/results.json
-
-`--compare_with=REV` measures the same beside another commit of this
-repository, in one run: a git worktree of REV, then `--rounds` rounds that
-each run this file's measurement once against each tree's library (a
-subprocess per tree and round, alternating), so both see the same machine;
-the output holds both trees' rounds and their medians.
 
 The generation and input lengths are the shared `Settings` (gin).
 
@@ -28,14 +22,9 @@ assets/models/draft_small).
 
 from __future__ import annotations
 
-import inspect
-import json
 import math
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 from collections.abc import Sequence
 
 import jax
@@ -77,14 +66,7 @@ flags.register_validator("temperature", lambda t: math.isfinite(t) and t >= 0,
                          "--temperature must be a finite number >= 0 (0 = greedy).")
 _OUTPUT = flags.DEFINE_string("output", "results/loop_overhead/results.json",
                               "JSON file written atomically.")
-_COMPARE_WITH = flags.DEFINE_string(
-    "compare_with", None, "A git revision to measure beside this tree, round by round.")
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Alternating rounds with --compare_with.",
-                               lower_bound=1)
-_LIBRARY = flags.DEFINE_string(
-    "library", None, "Internal (--compare_with's workers): the tree whose specdec_jax is "
-    "measured; set by the parent through PYTHONPATH, recorded in the output.")
-_MEASURED = ("iteration_ms", "draft_propose_ms", "target_verify_ms", "overhead_ms")
+parse_flags = gin_flags.parse_flags  # `python -m benchmarks` parses with it.
 
 
 def _models() -> tuple[T5Model, dict, Draft]:
@@ -137,24 +119,19 @@ def measure_gamma(target: T5Model, params: dict, draft: Draft, inputs: jax.Array
   for _ in range(_REPEATS.value):
     spec_s.append(benchmarking.timed(spec)[0])
     encode_s.append(benchmarking.timed(encode)[0])
-    verify_s.append(_target_step_times(
-        target, params, inputs, chunk_lengths=[gamma + 1], cache_len=cache_len,
-        position=position, calls=16, repeats=1)[gamma + 1].seconds)
+    verify_s.append(benchmarking.target_step_times(
+        scorer, inputs, chunk_lengths=[gamma + 1], cache_len=cache_len, position=position,
+        calls=16, repeats=1)[gamma + 1].seconds)
     draft_s.append(gamma * benchmarking.draft_token_time(
         draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len, position=position,
         calls=16, repeats=1, target_encoded=target_encoded).seconds)
-    if hasattr(benchmarking, "propose_verify_time"):  # Trees before it (--compare_with) lack it.
-      pair_s.append(benchmarking.propose_verify_time(
-          scorer, draft, inputs, gamma=gamma, warp=warp,
-          cache_len=cache_len, position=position, calls=16, repeats=1).seconds)
+    pair_s.append(benchmarking.propose_verify_time(
+        scorer, draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len, position=position,
+        calls=16, repeats=1).seconds)
   iteration = (statistics.median(spec_s) - statistics.median(encode_s)) / iterations
   verify, propose = statistics.median(verify_s), statistics.median(draft_s)
   overhead = iteration - verify - propose
-  split = {}
-  if pair_s:
-    pair = statistics.median(pair_s)
-    split = {"pair_ms": 1e3 * pair, "interference_ms": 1e3 * (pair - verify - propose),
-             "bookkeeping_ms": 1e3 * (iteration - pair)}
+  pair = statistics.median(pair_s)
   return {
       "gamma": gamma,
       "loop_iterations": iterations,
@@ -164,34 +141,27 @@ def measure_gamma(target: T5Model, params: dict, draft: Draft, inputs: jax.Array
       "target_verify_ms": 1e3 * verify,
       "overhead_ms": 1e3 * overhead,
       "overhead_share": overhead / iteration,
-      **split,
+      "pair_ms": 1e3 * pair,
+      "interference_ms": 1e3 * (pair - verify - propose),
+      "bookkeeping_ms": 1e3 * (iteration - pair),
       "speculative_call_ms": [1e3 * s for s in spec_s],
       "encode_ms": [1e3 * s for s in encode_s],
   }
-
-
-def _target_step_times(target: T5Model, params: dict, inputs: jax.Array, **kwargs
-                       ) -> dict[int, benchmarking.StepTimes]:
-  """`benchmarking.target_step_times` of the library measured: it takes the target's
-  `Scorer`; trees before the scorer layer was made generic (--compare_with) took the
-  model and its params."""
-  if "params" in inspect.signature(benchmarking.target_step_times).parameters:
-    return benchmarking.target_step_times(target, params, inputs, **kwargs)
-  return benchmarking.target_step_times(T5Scorer(target, params), inputs, **kwargs)
 
 
 def measure_baseline(target: T5Model, params: dict, inputs: jax.Array, max_len: int) -> dict:
   """Times the baseline per token: its total less the encoder, and the one-token step."""
   base = lambda: temperature_sample(target, params, inputs, max_decode_len=max_len, eos_id=0)
   encode = lambda: target.encode(params, inputs)
+  scorer = T5Scorer(target, target.prepare(params))
   tokens = int(np.asarray(base().lengths)[0])
   base_s, encode_s, step_s = [], [], []
   for _ in range(_REPEATS.value):
     base_s.append(benchmarking.timed(base)[0])
     encode_s.append(benchmarking.timed(encode)[0])
-    step_s.append(_target_step_times(
-        target, params, inputs, chunk_lengths=[1], cache_len=max_len + 1,
-        position=max_len // 2, calls=16, repeats=1)[1].seconds)
+    step_s.append(benchmarking.target_step_times(
+        scorer, inputs, chunk_lengths=[1], cache_len=max_len + 1, position=max_len // 2,
+        calls=16, repeats=1)[1].seconds)
   per_token = (statistics.median(base_s) - statistics.median(encode_s)) / tokens
   step = statistics.median(step_s)
   return {"tokens": tokens, "token_ms": 1e3 * per_token, "step_ms": 1e3 * step,
@@ -204,7 +174,7 @@ def _measure(shared: settings.Settings) -> dict:
   target, params, draft = _models()
   inputs = jnp.asarray(np.random.RandomState(0).randint(
       2, target.config.vocab_size, size=(1, shared.input_len)), jnp.int32)
-  with contention.quiet("benchmark_loop_overhead baseline") as guard:
+  with contention.quiet("loop_overhead baseline") as guard:
     baseline = measure_baseline(target, params, inputs, shared.max_decode_len)
   baseline["idle_check"] = guard.record()
   print(f"baseline: {baseline['token_ms']:.2f} ms per token = step {baseline['step_ms']:.2f} "
@@ -218,12 +188,10 @@ def _measure(shared: settings.Settings) -> dict:
           f"{row['draft_propose_ms']:.2f} + verify {row['target_verify_ms']:.2f} + loop "
           f"{row['overhead_ms']:.2f} ms ({100 * row['overhead_share']:.1f}% overhead; "
           f"{row['loop_iterations']} iterations, {row['tokens']} tokens)")
-    if "pair_ms" in row:
-      print(f"  draft + verify back to back {row['pair_ms']:.2f} ms: the two together "
-            f"{row['interference_ms']:+.2f} ms over their sum, the loop's bookkeeping "
-            f"{row['bookkeeping_ms']:.2f} ms")
+    print(f"  draft + verify back to back {row['pair_ms']:.2f} ms: the two together "
+          f"{row['interference_ms']:+.2f} ms over their sum, the loop's bookkeeping "
+          f"{row['bookkeeping_ms']:.2f} ms")
   return {
-      "library": _LIBRARY.value or os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
       "target_config": _TARGET_DIR.value or _TARGET.value,
       "draft": _DRAFT_DIR.value or {"d_model": _DRAFT_D_MODEL.value,
                                     "layers": _DRAFT_LAYERS.value},
@@ -234,48 +202,10 @@ def _measure(shared: settings.Settings) -> dict:
   }
 
 
-def _compare(revision: str) -> dict:
-  """`--rounds` alternating runs of `_measure` on this tree's library and on `revision`'s."""
-  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  work = tempfile.mkdtemp(prefix="specdec_compare_")
-  other = os.path.join(work, "tree")
-  subprocess.run(["git", "-C", here, "worktree", "add", "--detach", other, revision],
-                 check=True, capture_output=True)
-  passed = [a for a in sys.argv[1:] if not a.startswith(("--compare_with", "--rounds",
-                                                          "--output"))]
-  runs: dict[str, list[dict]] = {"this": [], revision: []}
-  try:
-    for _ in range(_ROUNDS.value):
-      for name, tree in (("this", here), (revision, other)):
-        out = os.path.join(work, "round.json")
-        subprocess.run([sys.executable, os.path.abspath(__file__), *passed, f"--output={out}",
-                        f"--library={tree}"], check=True, env={**os.environ, "PYTHONPATH": tree})
-        with open(out) as f:
-          runs[name].append(json.load(f))
-  finally:
-    subprocess.run(["git", "-C", here, "worktree", "remove", "--force", other], check=False)
-  medians = {}
-  for name, results in runs.items():
-    medians[name] = {
-        "baseline_overhead_ms": statistics.median(r["baseline"]["overhead_ms"] for r in results),
-        "baseline_step_ms": statistics.median(r["baseline"]["step_ms"] for r in results),
-        **{f"gamma={row['gamma']}": {k: statistics.median(
-            r["rows"][i][k] for r in results) for k in _MEASURED}
-           for i, row in enumerate(results[0]["rows"])}}
-  return {"revisions": {"this": benchmarking.environment().get("git_commit"),
-                        "other": revision}, "rounds": runs, "medians": medians}
-
-
 def main(argv: Sequence[str]) -> None:
   del argv
   shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
-  result = _compare(_COMPARE_WITH.value) if _COMPARE_WITH.value else _measure(shared)
-  if _COMPARE_WITH.value:
-    print(json.dumps(result["medians"], indent=1))
+  result = _measure(shared)
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
   atomic_io.write_json(_OUTPUT.value, result)
   print(f"wrote {_OUTPUT.value}")
-
-
-if __name__ == "__main__":
-  app.run(main, flags_parser=gin_flags.parse_flags)

@@ -1,6 +1,6 @@
 """Drafts with a shortlist output layer: alpha and c against the shortlist's size.
 
-  python -m experiments.draft_heads --draft_dirs=assets/models/draft_shared_enc_signals \
+  python -m benchmarks draft_heads --draft_dirs=assets/models/draft_shared_enc_signals \
       [--head_sizes=4096,3072,2048] [--output=results/alpha/draft_heads.json]
 
 `specdec_jax.harness.draft_heads.head_sweep` (held-out En-De alpha with the real loop;
@@ -52,7 +52,3 @@ def main(argv: list[str]) -> None:
                        for t, a in v["alpha"].items())
       print(f"{name:28s} {head:>5s} covers {v['coverage']:.3f}  {row}")
   print(f"Wrote {_OUTPUT.value}.")
-
-
-if __name__ == "__main__":
-  app.run(main)
