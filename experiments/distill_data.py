@@ -51,12 +51,12 @@ _NUM_SAMPLES = flags.DEFINE_integer(
     "a larger value later adds samples to a finished run).", flag_values=_FLAGS)
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Temperature of the samples.",
                                   flag_values=_FLAGS)
-# gin_configs/train/base.gin: train.inputs_length = 128, train.targets_length = 64.
+# gin_configs/train/base.gin: TrainConfig.inputs_length = 128, TrainConfig.targets_length = 64.
 _INPUTS_LENGTH = flags.DEFINE_integer(
-    "inputs_length", 128, "Encoder length of training (train.inputs_length).",
+    "inputs_length", 128, "Encoder length of training (TrainConfig.inputs_length).",
     flag_values=_FLAGS)
 _MAX_DECODE_LEN = flags.DEFINE_integer(
-    "max_decode_len", 64, "Most tokens per output, EOS included (train.targets_length); "
+    "max_decode_len", 64, "Most tokens per output, EOS included (TrainConfig.targets_length); "
     "outputs that reach it without EOS are marked truncated.", flag_values=_FLAGS)
 _BUCKETS = flags.DEFINE_list(
     "buckets", ["16", "32", "64", "128"], "Encoder lengths compiled for (ascending; the "

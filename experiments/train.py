@@ -4,7 +4,7 @@ A gin file that binds `train_student.config` trains a decoder-only draft for a G
 target on its stored signals instead (`specdec_jax.harness.train_student`).
 
   python -m experiments.train --gin_file=gin_configs/train/target.gin \
-      --model_dir=checkpoints/target [--gin.train.total_steps=100] [--eval_only]
+      --model_dir=checkpoints/target [--gin.TrainConfig.total_steps=100] [--eval_only]
   python -m experiments.train --gin_file=gin_configs/train/draft_smollm2.gin \
       --model_dir=checkpoints/draft_smollm2
 
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> None:
     if _trains_a_student():
       print(train_student(model_dir), flush=True)
     else:
-      train(model_dir, _EVAL_ONLY.value)
+      train(model_dir, eval_only=_EVAL_ONLY.value)
 
 
 def _trains_a_student() -> bool:

@@ -20,7 +20,7 @@ from specdec_jax.data import corpora, distill, layout
 from specdec_jax.distillation import signals
 from specdec_jax.distillation.teacher import teacher_sha256
 from specdec_jax.harness import alpha_curves, alpha_tracking, draft_ranking, figures
-from specdec_jax.harness.train import train
+from specdec_jax.harness.train import TrainConfig, train
 from specdec_jax.models.layers import ParamInfo
 from specdec_jax.models.t5 import T5Model, get_config
 from specdec_jax.training import trainer
@@ -109,7 +109,7 @@ def data(tmp_path_factory):
 
 @pytest.fixture
 def run(data, monkeypatch):
-  """`run(model_dir, **train_kwargs)`: the driver on the tiny data with a tiny draft."""
+  """`run(model_dir, **config_fields)`: the driver on the tiny data with a tiny draft."""
   teacher, data_dir = data
   monkeypatch.setenv(layout.DATA_DIR_ENV, data_dir)
   gin.clear_config()
@@ -124,7 +124,7 @@ def run(data, monkeypatch):
                     targets_length=MAX_DECODE_LEN, log_every=2, val_tasks=(),
                     alpha_every_steps=3, alpha_examples=4, alpha_batch_size=4,
                     alpha_tasks=("ende",), alpha_temperatures=(1.0,))
-    return train(model_dir, **{**settings, **kwargs})
+    return train(model_dir, TrainConfig(**{**settings, **kwargs}))
 
   call.teacher = teacher
   yield call
@@ -224,13 +224,13 @@ def test_on_policy_training_runs_from_the_stored_inputs(run, tmp_path):
 
 def test_bad_settings_fail_before_any_work(run, tmp_path):
   model_dir = str(tmp_path / "bad")
-  with pytest.raises(ValueError, match="train.source"):
+  with pytest.raises(ValueError, match="TrainConfig.source"):
     run(model_dir, source="disk", total_steps=2)
-  with pytest.raises(ValueError, match="train.passes"):
+  with pytest.raises(ValueError, match="TrainConfig.passes"):
     run(model_dir, source="pipeline", passes=2.0)
-  with pytest.raises(ValueError, match="train.student='shared_encoder'"):
+  with pytest.raises(ValueError, match="TrainConfig.student='shared_encoder'"):
     run(model_dir, source="on_policy", student="t5", total_steps=2)
-  with pytest.raises(ValueError, match="train.total_steps"):
+  with pytest.raises(ValueError, match="TrainConfig.total_steps"):
     run(model_dir)
   with pytest.raises(ValueError, match="alpha_select_task"):
     run(model_dir, total_steps=2, alpha_select_task="mansum")

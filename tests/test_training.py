@@ -221,7 +221,7 @@ def test_gin_configs_parse():
         continue
       cfg = train_mod.model_config()
       assert cfg.vocab_size == 8192 and cfg.gated and not cfg.tie_word_embeddings, path
-      assert gin.query_parameter("train.total_steps") > 0, path
+      assert gin.query_parameter("TrainConfig.total_steps") > 0, path
   finally:
     gin.clear_config()
     os.chdir(cwd)

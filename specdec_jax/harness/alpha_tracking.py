@@ -139,12 +139,12 @@ def read_curve(model_dir: str) -> dict:
   """A run's `alpha_curve.json`.
 
   Raises:
-    FileNotFoundError: the run has none (it was trained without `train.alpha_every_steps`).
+    FileNotFoundError: the run has none (it was trained without `TrainConfig.alpha_every_steps`).
     ValueError: the file is not of this format.
   """
   path = os.path.join(model_dir, CURVE_FILE)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} does not exist: train with train.alpha_every_steps > 0 "
+    raise FileNotFoundError(f"{path} does not exist: train with TrainConfig.alpha_every_steps > 0 "
                             "to measure alpha during training.")
   with open(path, encoding="utf-8") as f:
     curve = json.load(f)
@@ -176,10 +176,10 @@ class AlphaTracker:
                select_task: str, export: Callable[[str, dict], None],
                passes: Callable[[int], float] | None, recipe: dict):
     if every_steps < 1:
-      raise ValueError(f"train.alpha_every_steps must be >= 1, got {every_steps}.")
+      raise ValueError(f"TrainConfig.alpha_every_steps must be >= 1, got {every_steps}.")
     if select_task not in probe.inputs:
-      raise ValueError(f"train.alpha_select_task={select_task!r} is not measured: use one of "
-                       f"train.alpha_tasks {sorted(probe.inputs)}.")
+      raise ValueError(f"TrainConfig.alpha_select_task={select_task!r} is not measured: use one of "
+                       f"TrainConfig.alpha_tasks {sorted(probe.inputs)}.")
     self.model_dir = model_dir
     self.probe = probe
     self.model = model

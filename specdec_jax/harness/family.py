@@ -4,7 +4,7 @@ FAMILY = ("target", "draft_small", "draft_base", "draft_large", "draft_distilled
           "draft_small_kd", "draft_shared_enc", "draft_shared_enc_long",
           "draft_shared_enc_signals", "draft_shared_enc_d192")
 DRAFTS = FAMILY[1:]
-# Members that read the target's encoder (`models.shared_encoder`; train.student =
+# Members that read the target's encoder (`models.shared_encoder`; TrainConfig.student =
 # "shared_encoder" in their training config).
 SHARED_ENCODER = ("draft_shared_enc", "draft_shared_enc_long", "draft_shared_enc_signals",
                   "draft_shared_enc_d192")

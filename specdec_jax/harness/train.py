@@ -2,20 +2,20 @@
 resumably; evaluates; exports (HuggingFace format; a shared-encoder draft in our format,
 `checkpoints.load_model`). `python -m experiments.train` is its command.
 
-`train` (gin-configurable) writes into its `model_dir`: `checkpoints/` (Orbax, the last
-few), `hf/` (HF T5 format with the vocabulary as `spiece.model`) and `train_summary.json`.
-Rerunning resumes from the latest checkpoint (SIGTERM / Ctrl-C save one first); a
-finished run is not retrained. The steps, losses and optimizer are `specdec_jax.training`.
+`train(model_dir, config)` (gin: `train.config = @TrainConfig()`, `TrainConfig.X = ...`)
+writes into `model_dir`: `checkpoints/` (Orbax, the last few), `hf/` (HF T5 format with
+the vocabulary as `spiece.model`) and `train_summary.json`. Rerunning resumes from the
+latest checkpoint (SIGTERM / Ctrl-C save one first); a finished run is not retrained.
+The steps, losses and optimizer are `specdec_jax.training`.
 
-Three sources of batches: the seqio mixture (`train.source = "pipeline"`; a teacher term
-runs the target in every step), the target's stored signals (`"signals"`:
+Three sources of batches: the seqio mixture (`TrainConfig.source = "pipeline"`; a teacher
+term runs the target in every step), the target's stored signals (`"signals"`:
 `data.teacher_signals`, held in memory by `training.signals_source`; the step runs the
 student alone, `training.sparse_distill`), or their inputs with the student's own samples
 scored by the target in the step (`"on_policy"`, `training.on_policy`). With
-`train.alpha_every_steps` the draft's acceptance rate against the target is measured
-during training
-(`harness.alpha_tracking`: `alpha_curve.json`, `best/`), and the best parameters by
-alpha, not the last ones, are exported to `hf/`.
+`TrainConfig.alpha_every_steps` the draft's acceptance rate against the target is
+measured during training (`harness.alpha_tracking`: `alpha_curve.json`, `best/`), and the
+best parameters by alpha, not the last ones, are exported to `hf/`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import os
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 
+import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import functools  # noqa: E402
 import hashlib  # noqa: E402
@@ -101,27 +102,16 @@ def _run_validation(eval_step, params: dict, val: dict[str, list[dict]]) -> dict
   return losses
 
 
-@gin.configurable(denylist=["model_dir", "eval_only"])
-def train(model_dir: str, eval_only: bool = False, *, total_steps: int | None = None,
-          passes: float | None = None, source: str = "pipeline", mixture: str = "specdec_mix",
-          signals_tasks: tuple[str, ...] = ("ende", "mansum"), batch_size: int = 64,
-          inputs_length: int = 128, targets_length: int = 64, seed: int = 0,
-          bucket_window: int = 32, log_every: int = 50, eval_every: int = 1000,
-          save_every_minutes: float = 10.0, save_every_steps: int = 0,
-          keep_checkpoints: int = 2, teacher_dir: str | None = None, student: str = "t5",
-          init_from: str | None = None,
-          val_tasks: tuple[str, ...] = ("specdec_ende", "specdec_mansum"),
-          test_examples: int | None = None, eval_batch_size: int = 64,
-          alpha_every_steps: int = 0, alpha_examples: int = 128,
-          alpha_tasks: tuple[str, ...] = ("ende", "mansum"),
-          alpha_temperatures: tuple[float, ...] = (0.0, 1.0), alpha_gamma: int = 3,
-          alpha_batch_size: int = 32, alpha_select_task: str = "ende") -> dict:
-  """Trains (resuming), then evaluates and exports; returns the summary.
+@gin.configurable
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+  """What a T5 run trains, on what, and how long (gin: `TrainConfig.X`).
 
-  Args:
-    model_dir: run directory.
-    eval_only: skip training; evaluate and export the latest checkpoint (the best one by
-      alpha, if alpha was measured).
+  The model's shape is `model_config` and the loss `trainer.LossConfig`, each its own
+  configurable. Checked when made: a bad value raises ValueError naming the field and
+  the fix, before anything loads.
+
+  Attributes:
     total_steps: optimizer steps (one batch each).
     passes: with source "signals" or "on_policy", the length of the run in passes over
       the data instead: total_steps = ceil(passes * steps per pass), replacing
@@ -170,36 +160,79 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int | None = 
     alpha_select_task: the task whose alpha, averaged over the temperatures, picks the
       best parameters.
   """
+
+  total_steps: int | None = None
+  passes: float | None = None
+  source: str = "pipeline"
+  mixture: str = "specdec_mix"
+  signals_tasks: tuple[str, ...] = ("ende", "mansum")
+  batch_size: int = 64
+  inputs_length: int = 128
+  targets_length: int = 64
+  seed: int = 0
+  bucket_window: int = 32
+  log_every: int = 50
+  eval_every: int = 1000
+  save_every_minutes: float = 10.0
+  save_every_steps: int = 0
+  keep_checkpoints: int = 2
+  teacher_dir: str | None = None
+  student: str = "t5"
+  init_from: str | None = None
+  val_tasks: tuple[str, ...] = ("specdec_ende", "specdec_mansum")
+  test_examples: int | None = None
+  eval_batch_size: int = 64
+  alpha_every_steps: int = 0
+  alpha_examples: int = 128
+  alpha_tasks: tuple[str, ...] = ("ende", "mansum")
+  alpha_temperatures: tuple[float, ...] = (0.0, 1.0)
+  alpha_gamma: int = 3
+  alpha_batch_size: int = 32
+  alpha_select_task: str = "ende"
+
+  def __post_init__(self) -> None:
+    _check_config(self)
+
+
+@gin.configurable(denylist=["model_dir", "eval_only"])
+def train(model_dir: str, config: TrainConfig = gin.REQUIRED, eval_only: bool = False) -> dict:
+  """Trains (resuming), then evaluates and exports; returns the summary.
+
+  Args:
+    model_dir: run directory.
+    config: what to train and how (gin: `train.config = @TrainConfig()`).
+    eval_only: skip training; evaluate and export the latest checkpoint (the best one by
+      alpha, if alpha was measured).
+  """
   os.makedirs(model_dir, exist_ok=True)
-  _check_settings(student=student, source=source, teacher_dir=teacher_dir,
-                  total_steps=total_steps, passes=passes, alpha_every_steps=alpha_every_steps,
-                  alpha_tasks=alpha_tasks, alpha_select_task=alpha_select_task)
+  total_steps = config.total_steps
   cfg = model_config()
   loss_cfg = trainer.LossConfig()
-  if source == "signals":
+  if config.source == "signals":
     sparse_distill.check_loss_config(loss_cfg)
   teacher_model, teacher_params = None, None
-  if teacher_dir:
-    teacher_cfg, teacher_params = load_hf_checkpoint(teacher_dir, dropout_rate=0.0)
+  if config.teacher_dir:
+    teacher_cfg, teacher_params = load_hf_checkpoint(config.teacher_dir, dropout_rate=0.0)
     teacher_model = T5Model(teacher_cfg)
     teacher_params = jax.device_put(teacher_params)
-  model = (SharedEncoderModel(cfg, teacher_model.config.d_model) if student == "shared_encoder"
-           else T5Model(cfg))
+  shared = config.student == "shared_encoder"
+  model = SharedEncoderModel(cfg, teacher_model.config.d_model) if shared else T5Model(cfg)
   signals = None
-  if source in ("signals", "on_policy"):
-    signals = _signals_batches(model, signals_tasks, teacher_dir, batch_size=batch_size,
-                               seed=seed, window=bucket_window)
-    if passes is not None:
-      total_steps = math.ceil(passes * signals.steps_per_pass)
-      print(f"{passes:g} passes of {signals.steps_per_pass} steps: {total_steps} steps.",
+  if config.source in ("signals", "on_policy"):
+    signals = _signals_batches(model, config.signals_tasks, config.teacher_dir,
+                               batch_size=config.batch_size, seed=config.seed,
+                               window=config.bucket_window)
+    if config.passes is not None:
+      total_steps = math.ceil(config.passes * signals.steps_per_pass)
+      print(f"{config.passes:g} passes of {signals.steps_per_pass} steps: {total_steps} steps.",
             flush=True)
   schedule = optimizer.learning_rate_schedule(total_steps)
   tx = optimizer.make_optimizer(schedule)
-  init_params = _initial_params(model, init_from, seed)
+  init_params = _initial_params(model, config.init_from, config.seed)
 
   state = trainer.TrainState.create(init_params, tx)
   counters = {"wall_time_s": 0.0, "input_tokens": 0, "target_tokens": 0}
-  ckpt = Checkpointer(model_dir, keep=keep_checkpoints)
+  ckpt = Checkpointer(model_dir, keep=config.keep_checkpoints)
   restored = ckpt.restore({"state": state, "counters": _counter_arrays(counters)})
   if restored is not None:
     state = restored["state"]
@@ -211,47 +244,53 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int | None = 
   print(f"Model {cfg}\n{n_params / 1e6:.2f}M parameters.", flush=True)
 
   eval_step = trainer.make_eval_step(
-      model, teacher_model if student == "shared_encoder" else None)
-  if student == "shared_encoder":
+      model, teacher_model if shared else None)
+  if shared:
     eval_step = functools.partial(eval_step, teacher_params=teacher_params)
-  val = _validation_batches(val_tasks, eval_batch_size, inputs_length, targets_length)
-  export = _exporter(model, teacher_dir)
+  val = _validation_batches(config.val_tasks, config.eval_batch_size, config.inputs_length,
+                            config.targets_length)
+  export = _exporter(model, config.teacher_dir)
   tracker = None
-  if alpha_every_steps:
+  if config.alpha_every_steps:
     probe = AlphaProbe(teacher_model, teacher_params,
-                       held_out_inputs(alpha_tasks, alpha_examples, inputs_length),
-                       tuple(alpha_temperatures), alpha_gamma, targets_length,
-                       alpha_batch_size, seed)
+                       held_out_inputs(config.alpha_tasks, config.alpha_examples,
+                                       config.inputs_length),
+                       tuple(config.alpha_temperatures), config.alpha_gamma,
+                       config.targets_length, config.alpha_batch_size, config.seed)
     tracker = AlphaTracker(
-        model_dir, probe, model=model, every_steps=alpha_every_steps, total_steps=total_steps,
-        select_task=alpha_select_task, export=export,
+        model_dir, probe, model=model, every_steps=config.alpha_every_steps,
+        total_steps=total_steps,
+        select_task=config.alpha_select_task, export=export,
         passes=signals.passes if signals else None,
-        recipe=_recipe(model_dir, model, source=source, init_from=init_from,
-                       batch_size=batch_size, loss_cfg=loss_cfg))
+        recipe=_recipe(model_dir, model, source=config.source, init_from=config.init_from,
+                       batch_size=config.batch_size, loss_cfg=loss_cfg))
   if not eval_only and int(state.step) < total_steps:
-    if source == "on_policy":
+    if config.source == "on_policy":
       train_step = functools.partial(
           on_policy.make_on_policy_train_step(model, teacher_model, tx, loss_cfg),
           teacher_params=teacher_params)
       batches = signals.batches(int(state.step))
-    elif source == "signals":
+    elif config.source == "signals":
       train_step = sparse_distill.make_signals_train_step(model, tx, loss_cfg)
       batches = signals.batches(int(state.step))
     else:
       # The teacher joins the step for its logits, or as a shared-encoder student's encoder.
       step_teacher = teacher_model if (loss_cfg.distill_weight > 0
-                                       or student == "shared_encoder") else None
+                                       or shared) else None
       train_step = functools.partial(trainer.make_train_step(model, tx, loss_cfg, step_teacher),
                                      teacher_params=step_teacher and teacher_params)
-      source_batches = pipeline.get_batches(mixture, "train", batch_size, inputs_length,
-                                            targets_length, shuffle=True, seed=seed)
-      batches = batching.bucketed_batches(source_batches, window=bucket_window, seed=seed,
+      source_batches = pipeline.get_batches(config.mixture, "train", config.batch_size,
+                                            config.inputs_length, config.targets_length,
+                                            shuffle=True, seed=config.seed)
+      batches = batching.bucketed_batches(source_batches, window=config.bucket_window,
+                                          seed=config.seed,
                                           start_batch=int(state.step))
     state, counters = _train_loop(state, counters, batches, train_step, eval_step, val,
                                   ckpt, schedule, tracker, total_steps=total_steps,
-                                  seed=seed, log_every=log_every, eval_every=eval_every,
-                                  save_every_minutes=save_every_minutes,
-                                  save_every_steps=save_every_steps)
+                                  seed=config.seed, log_every=config.log_every,
+                                  eval_every=config.eval_every,
+                                  save_every_minutes=config.save_every_minutes,
+                                  save_every_steps=config.save_every_steps)
     if int(state.step) < total_steps:
       ckpt.close()
       return {}
@@ -263,44 +302,45 @@ def train(model_dir: str, eval_only: bool = False, *, total_steps: int | None = 
           f"{tracker.best['score']:.4f}).", flush=True)
   return _finish(model_dir, model, params, exported_step, state, counters, eval_step, val,
                  n_params, export=export, alpha_best=tracker and tracker.best,
-                 targets_length=targets_length, inputs_length=inputs_length,
-                 total_steps=total_steps, test_examples=test_examples,
-                 eval_batch_size=eval_batch_size, teacher_dir=teacher_dir, loss_cfg=loss_cfg,
-                 data={"source": source, "mixture": mixture, "signals_tasks": signals_tasks,
+                 targets_length=config.targets_length, inputs_length=config.inputs_length,
+                 total_steps=total_steps, test_examples=config.test_examples,
+                 eval_batch_size=config.eval_batch_size, teacher_dir=config.teacher_dir,
+                 loss_cfg=loss_cfg,
+                 data={"source": config.source, "mixture": config.mixture,
+                       "signals_tasks": config.signals_tasks,
                        "data_dir": layout.default_data_dir()},
-                 init_from=init_from)
+                 init_from=config.init_from)
 
 
-def _check_settings(*, student: str, source: str, teacher_dir: str | None,
-                    total_steps: int | None, passes: float | None,
-                    alpha_every_steps: int, alpha_tasks: tuple[str, ...],
-                    alpha_select_task: str) -> None:
+def _check_config(config: TrainConfig) -> None:
   """Raises ValueError, naming the setting and the fix, before anything loads."""
-  if student not in STUDENTS:
-    raise ValueError(f"train.student={student!r} is unknown; use one of {STUDENTS}.")
-  if source not in SOURCES:
-    raise ValueError(f"train.source={source!r} is unknown; use one of {SOURCES}.")
-  if source == "on_policy" and student != "shared_encoder":
-    raise ValueError("train.source='on_policy' trains a shared-encoder draft on the stored "
-                     "encoder outputs: set train.student='shared_encoder'.")
-  if student == "shared_encoder" and not teacher_dir:
-    raise ValueError("train.student='shared_encoder' reads the target's encoder: set "
-                     "train.teacher_dir to the target's checkpoint directory.")
-  if alpha_every_steps and not teacher_dir:
-    raise ValueError("train.alpha_every_steps measures alpha against the target: set "
-                     "train.teacher_dir to the target's checkpoint directory.")
-  if alpha_every_steps < 0:
-    raise ValueError(f"train.alpha_every_steps must be >= 0 (0: off), got {alpha_every_steps}.")
-  if alpha_every_steps and alpha_select_task not in alpha_tasks:
-    raise ValueError(f"train.alpha_select_task={alpha_select_task!r} is not measured: use one "
-                     f"of train.alpha_tasks {tuple(alpha_tasks)}.")
-  if passes is not None and (source == "pipeline" or passes <= 0):
-    raise ValueError(f"train.passes={passes} counts passes over the stored signals: use it "
-                     "with train.source='signals' or 'on_policy' and a value > 0, or set "
-                     "train.total_steps.")
-  if passes is None and (not isinstance(total_steps, int) or total_steps < 1):
-    raise ValueError(f"train.total_steps={total_steps!r}: set it to the steps to train (>= 1)"
-                     ", or train.passes with train.source='signals'.")
+  c = config
+  if c.student not in STUDENTS:
+    raise ValueError(f"TrainConfig.student={c.student!r} is unknown; use one of {STUDENTS}.")
+  if c.source not in SOURCES:
+    raise ValueError(f"TrainConfig.source={c.source!r} is unknown; use one of {SOURCES}.")
+  if c.source == "on_policy" and c.student != "shared_encoder":
+    raise ValueError("TrainConfig.source='on_policy' trains a shared-encoder draft on the "
+                     "stored encoder outputs: set TrainConfig.student='shared_encoder'.")
+  if c.student == "shared_encoder" and not c.teacher_dir:
+    raise ValueError("TrainConfig.student='shared_encoder' reads the target's encoder: set "
+                     "TrainConfig.teacher_dir to the target's checkpoint directory.")
+  if c.alpha_every_steps and not c.teacher_dir:
+    raise ValueError("TrainConfig.alpha_every_steps measures alpha against the target: set "
+                     "TrainConfig.teacher_dir to the target's checkpoint directory.")
+  if c.alpha_every_steps < 0:
+    raise ValueError(f"TrainConfig.alpha_every_steps must be >= 0 (0: off), got "
+                     f"{c.alpha_every_steps}.")
+  if c.alpha_every_steps and c.alpha_select_task not in c.alpha_tasks:
+    raise ValueError(f"TrainConfig.alpha_select_task={c.alpha_select_task!r} is not measured: "
+                     f"use one of TrainConfig.alpha_tasks {tuple(c.alpha_tasks)}.")
+  if c.passes is not None and (c.source == "pipeline" or c.passes <= 0):
+    raise ValueError(f"TrainConfig.passes={c.passes} counts passes over the stored signals: "
+                     "use it with TrainConfig.source='signals' or 'on_policy' and a value > 0, "
+                     "or set TrainConfig.total_steps.")
+  if c.passes is None and (not isinstance(c.total_steps, int) or c.total_steps < 1):
+    raise ValueError(f"TrainConfig.total_steps={c.total_steps!r}: set it to the steps to train "
+                     "(>= 1), or TrainConfig.passes with TrainConfig.source='signals'.")
 
 
 def _signals_batches(model: T5Model | SharedEncoderModel, tasks: tuple[str, ...],
@@ -315,14 +355,14 @@ def _signals_batches(model: T5Model | SharedEncoderModel, tasks: tuple[str, ...]
       directory = teacher_signals.corpus_signals_dir(task)
       if teacher_signals.read_manifest(directory)["settings"]["teacher_sha256"] != sha:
         raise ValueError(f"{directory} holds the signals of another target than "
-                         f"train.teacher_dir={teacher_dir!r}: set train.teacher_dir to the "
-                         "target that made them, or recompute them with it (`python -m "
+                         f"TrainConfig.teacher_dir={teacher_dir!r}: set TrainConfig.teacher_dir "
+                         "to the target that made them, or recompute them with it (`python -m "
                          "experiments.teacher_signals`).")
   shared = isinstance(model, SharedEncoderModel)
   data = signals_source.read_packed(tasks, with_hidden=shared)
   if shared and data.hidden_width != model.encoder_d_model:
     raise ValueError(f"The stored encoder outputs are {data.hidden_width} wide, the student "
-                     f"reads {model.encoder_d_model} (train.teacher_dir's d_model): train "
+                     f"reads {model.encoder_d_model} (TrainConfig.teacher_dir's d_model): train "
                      "against the target that made the signals.")
   print(f"Read the stored signals of {', '.join(tasks)}: {data.num_examples} inputs, "
         f"{data.num_pairs} pairs, top-{data.top_k}, {data.nbytes / 2**30:.2f} GiB in memory "
@@ -371,12 +411,12 @@ def _initial_params(model: T5Model | SharedEncoderModel, init_from: str | None,
   want = jax.tree.map(lambda x: x.shape, params)
   if type(source) is type(model):
     if jax.tree.map(lambda x: x.shape, loaded) != want:
-      raise ValueError(f"train.init_from={init_from!r} holds a {type(source).__name__} of "
+      raise ValueError(f"TrainConfig.init_from={init_from!r} holds a {type(source).__name__} of "
                        f"other shapes than the configured one ({model.config}); use a "
                        "checkpoint of the same architecture, or no init_from.")
     return jax.device_put(loaded)
   if not (isinstance(model, SharedEncoderModel) and isinstance(source, T5Model)):
-    raise ValueError(f"train.init_from={init_from!r} holds a {type(source).__name__}; a "
+    raise ValueError(f"TrainConfig.init_from={init_from!r} holds a {type(source).__name__}; a "
                      f"{type(model).__name__} starts only from its own kind"
                      + (" or a T5" if isinstance(model, SharedEncoderModel) else "") + ".")
   flat = {path: value for path, value in jax.tree_util.tree_flatten_with_path(loaded)[0]}

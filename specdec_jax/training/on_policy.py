@@ -86,7 +86,7 @@ def make_on_policy_train_step(model: SharedEncoderModel, teacher: T5Model,
   """
   if not isinstance(model, SharedEncoderModel):
     raise ValueError("On-policy distillation trains a shared-encoder draft (it reads the "
-                     "stored encoder outputs): set train.student='shared_encoder'.")
+                     "stored encoder outputs): set TrainConfig.student='shared_encoder'.")
   if model.encoder_d_model != teacher.config.d_model:
     raise ValueError(f"The student reads encoder outputs {model.encoder_d_model} wide, the "
                      f"teacher's d_model is {teacher.config.d_model}: train against the "

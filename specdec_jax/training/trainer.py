@@ -224,7 +224,7 @@ def _check_teacher(model: T5Model | SharedEncoderModel, loss_cfg: LossConfig,
   shared = isinstance(model, SharedEncoderModel)
   if shared and teacher_model is None:
     raise ValueError("A SharedEncoderModel student reads the teacher's encoder: pass the "
-                     "teacher_model (train.teacher_dir).")
+                     "teacher_model (TrainConfig.teacher_dir).")
   if not shared and (loss_cfg.distill_weight > 0) != (teacher_model is not None):
     raise ValueError("Pass a teacher_model exactly when LossConfig.distill_weight > 0 "
                      f"(distill_weight={loss_cfg.distill_weight}, teacher given: "
