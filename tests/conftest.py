@@ -1,4 +1,4 @@
-"""Shared fixtures: small random T5 models of both families."""
+"""Shared fixtures: small random T5 models of both families, and a hand-made results row."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ os.environ.setdefault("SPECDEC_TIMING_GUARD", "off")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from specdec_jax.gamma_choice import LoopCosts  # noqa: E402
+from specdec_jax.harness.record import Example, PointRow  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
     SharedEncoderModel,  # noqa: E402
     T5Model,
@@ -91,6 +93,34 @@ def _random_params(name: str, seed: int, model: T5Model) -> dict:
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: x * scale if "kernel" in jax.tree_util.keystr(path) else x, params)
   return params
+
+
+def make_point_row(**fields) -> PointRow:
+  """A measured point with every field set (En-De, batch 1, T = 0, gamma 2, 2X measured and
+  predicted), `fields` replacing any of them: what the readers of results rows are tested on."""
+  values = dict(
+      experiment="test", task="ende", split="test", draft="draft", draft_spec="draft",
+      target="target", temperature=0.0, gamma=2, batch_size=1, num_examples=2, input_len=16,
+      max_decode_len=8, repetitions=1, seed=0, baseline_s=[0.2], speculative_s=[0.1],
+      baseline_median_s=0.2, speculative_median_s=0.1, baseline_compile_s=1.0,
+      speculative_compile_s=1.0, baseline_tokens=16, speculative_tokens=16,
+      baseline_ms_per_token=12.5, speculative_ms_per_token=6.25, speedup_measured=2.0,
+      speedup_walltime_ratio=2.0, alpha_empirical=0.7, alpha_beta=0.7, accepted=7, rejections=3,
+      beta_sum=7.0, beta_count=10, iterations=8, loop_iterations=8, draft_forward_passes=16,
+      tokens_per_iteration=2.0, accepted_histogram=[3, 2, 3], t_target_step_s=0.01,
+      t_verify_s={1: 0.01, 2: 0.011, 3: 0.012}, verify_ratio={1: 1.0, 2: 1.1, 3: 1.2},
+      t_draft_token_s=0.0005, c=0.05, step_timing_compile_s=1.0, speedup_predicted_thm38=2.0,
+      speedup_predicted_cost_model=2.0, speedup_predicted_steps_only=2.0,
+      speedup_predicted_cost_model_measured_tokens=2.0,
+      cost_model_terms=LoopCosts(encode_target_s=0.0, encode_draft_s=0.0, step_overhead_s=0.0,
+                                 iteration_overhead_s=0.0, batches=1, held_out=False,
+                                 loop_tokens=8.0),
+      greedy_identical=True, idle_check={}, idle_check_target_costs={},
+      example=Example(tokens=[5, 6, 1], pieces=["\u2581Hallo", "\u2581Welt", "</s>"],
+                      accepted_mask=[True, False, False]),
+      environment={"cpu_model": "Test CPU", "cpu_vectors": "avx2"},
+      date="2026-01-01T00:00:00+00:00", gamma_auto=False, gamma_choice=None)
+  return PointRow(**{**values, **fields})
 
 
 @pytest.fixture(params=["test-v1_0", "test-v1_1"])

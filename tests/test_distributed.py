@@ -99,7 +99,7 @@ def test_coordinator_needs_process_counts():
 @pytest.mark.xdist_group("two_processes")
 def test_two_processes_run_an_experiment(two_processes):
   """experiments.run across two processes: rows split over them, process 0 writes."""
-  rows = results_io.read_rows(str(two_processes[1] / results_io.RESULTS_FILE))
+  rows = results_io.read_points(str(two_processes[1] / results_io.RESULTS_FILE))
   assert len(rows) == 1  # Written once, by process 0.
-  assert rows[0]["batch_size"] == 2 and rows[0]["greedy_identical"] is True
-  assert rows[0]["baseline_tokens"] == rows[0]["speculative_tokens"] > 0
+  assert rows[0].batch_size == 2 and rows[0].greedy_identical is True
+  assert rows[0].baseline_tokens == rows[0].speculative_tokens > 0

@@ -3,6 +3,7 @@ tables and figures."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 from absl import flags
 from absl.testing import flagsaver
-from conftest import make_model
+from conftest import make_model, make_point_row
 
 from experiments import analyze, measure_alpha
 from specdec_jax.checkpoints import save_hf_checkpoint
@@ -24,6 +25,7 @@ from specdec_jax.decoding.sampling import Warp
 from specdec_jax.harness import (
     gin_flags,
     measure,
+    regime_map,
     report,
     results_io,
     runner,
@@ -36,13 +38,6 @@ from specdec_jax.models import t5
 from specdec_jax.models.t5 import T5Draft
 
 VOCAB = 8192  # The committed SentencePiece model's size.
-ROW_FIELDS = (
-    "task", "draft", "temperature", "gamma", "batch_size", "baseline_s", "speculative_s",
-    "baseline_median_s", "speculative_median_s", "baseline_compile_s", "speculative_compile_s",
-    "speedup_measured", "alpha_empirical", "alpha_beta", "tokens_per_iteration",
-    "accepted_histogram", "t_target_step_s", "t_verify_s", "verify_ratio", "t_draft_token_s", "c",
-    "speedup_predicted_thm38", "speedup_predicted_cost_model", "speedup_predicted_steps_only",
-    "cost_model_terms", "greedy_identical", "example", "environment")
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +84,7 @@ def test_split_gin_args():
 def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   out = tmp_path / "out"
   out.mkdir()
-  earlier = dict(task="mansum", draft="draft", temperature=1.0, gamma=4, batch_size=1)
+  earlier = make_point_row(task="mansum", temperature=1.0, gamma=4).to_json()
   (out / results_io.RESULTS_FILE).write_text(json.dumps(earlier) + "\n")
   exp = runner.load_experiment([_gin(tmp_path, models_dir)], [])
   cleared = []
@@ -99,19 +94,17 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   rows = results_io.read_rows(path)
   assert len(rows) == 2 and rows[0] == earlier  # Appending kept the earlier row.
   assert len(cleared) == 1  # Compiled programs dropped after the one measured point.
-  row = rows[1]
-  assert set(ROW_FIELDS) <= set(row)
-  assert row["greedy_identical"] is True and row["draft"] == "draft"
-  assert len(row["accepted_histogram"]) == 3 and row["speedup_measured"] > 0
-  assert 0 <= row["alpha_beta"] <= 1 and set(row["t_verify_s"]) == {"1", "2", "3"}
-  assert len(row["example"]["tokens"]) == len(row["example"]["accepted_mask"])
-  terms = row["cost_model_terms"]  # Timed apart for the cost model.
-  assert terms["batches"] >= 1 and terms["encode_target_s"] > 0 and terms["loop_tokens"] > 0
-  assert row["speedup_predicted_cost_model"] > 0 and row["speedup_predicted_steps_only"] > 0
+  row = results_io.read_points(path)[1]  # Every field of the record, no other.
+  assert row.greedy_identical is True and row.draft == "draft"
+  assert len(row.accepted_histogram) == 3 and row.speedup_measured > 0
+  assert 0 <= row.alpha_beta <= 1 and set(row.t_verify_s) == {1, 2, 3}
+  assert len(row.example.tokens) == len(row.example.accepted_mask)
+  terms = row.cost_model_terms  # Timed apart for the cost model.
+  assert terms.batches >= 1 and terms.encode_target_s > 0 and terms.loop_tokens > 0
+  assert row.speedup_predicted_cost_model > 0 and row.speedup_predicted_steps_only > 0
 
-  table = runner.summary_table([PointRow.from_json(row)],
-                               [PointRow.from_json(dict(row, speedup_measured=9.25))])
-  assert "draft" in table and f"**{row['speedup_measured']:.2f}X**" in table
+  table = runner.summary_table([row], [dataclasses.replace(row, speedup_measured=9.25)])
+  assert "draft" in table and f"**{row.speedup_measured:.2f}X**" in table
   assert "9.25X" in table  # The committed reference speedup beside the measured one.
 
   # A restart measures nothing that is already in the file.
@@ -146,9 +139,8 @@ def test_bad_config_fails_before_work(tmp_path, models_dir, monkeypatch, binding
 
 def test_plan_uses_best_gamma(tmp_path, models_dir):
   sweep = tmp_path / "sweep.jsonl"
-  rows = [dict(task="ende", draft="draft", temperature=0.0, gamma=g, batch_size=1,
-               speedup_measured=s) for g, s in ((1, 1.1), (2, 1.5), (3, 1.2))]
-  sweep.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  rows = [make_point_row(gamma=g, speedup_measured=s) for g, s in ((1, 1.1), (2, 1.5), (3, 1.2))]
+  sweep.write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
   exp = runner.load_experiment([_gin(tmp_path, models_dir, gammas="[5]",
                                      temperatures="[0.0, 1.0]",
                                      best_gamma_from=repr(str(sweep)))], [])
@@ -183,16 +175,16 @@ def test_a_chat_task_reads_its_corpus_long_sources(tmp_path, monkeypatch):
 
 
 def _synthetic_row(draft: str, temperature: float, gamma: int, batch_size: int,
-                   measured: float, predicted: float) -> dict:
-  alpha = 0.7
-  return dict(
-      task="ende", draft=draft, temperature=temperature, gamma=gamma, batch_size=batch_size,
-      alpha_beta=alpha, alpha_empirical=alpha, beta_sum=7.0, beta_count=10, c=0.05,
-      tokens_per_iteration=2.0, speedup_measured=measured, speedup_predicted_cost_model=predicted,
-      speedup_predicted_thm38=predicted * 1.2, t_target_step_s=0.01 * batch_size,
-      verify_ratio={"1": 1.0, "2": 1.0 + gamma / 10},
-      example=dict(tokens=[5, 6, 1], pieces=["\u2581Hallo", "\u2581Welt", "</s>"],
-                   accepted_mask=[True, False, False]))
+                   measured: float, predicted: float) -> PointRow:
+  return make_point_row(
+      draft=draft, temperature=temperature, gamma=gamma, batch_size=batch_size,
+      speedup_measured=measured, speedup_predicted_cost_model=predicted,
+      speedup_predicted_steps_only=predicted, speedup_predicted_thm38=predicted * 1.2,
+      t_target_step_s=0.01 * batch_size, verify_ratio={1: 1.0, 2: 1.0 + gamma / 10})
+
+
+def _write_rows(path, rows: list[PointRow]) -> None:
+  path.write_text("".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in rows))
 
 
 def test_analyze_writes_tables_figures_and_flags(tmp_path):
@@ -203,7 +195,7 @@ def test_analyze_writes_tables_figures_and_flags(tmp_path):
   rows.append(off)
   exp_dir = tmp_path / "sweep"
   exp_dir.mkdir()
-  (exp_dir / results_io.RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+  _write_rows(exp_dir / results_io.RESULTS_FILE, rows)
 
   section = report.analyze([str(exp_dir)], str(tmp_path))
   text = (exp_dir / report.TABLES_FILE).read_text()
@@ -227,7 +219,7 @@ def test_analyze_writes_tables_figures_and_flags(tmp_path):
 
 def test_analyze_by_default_reads_only_run_points(tmp_path):
   """A benchmark's rows (e.g. results/decode_step) beside run points are left alone."""
-  rows = [_synthetic_row("small", 0.0, g, 1, 1 + g / 10, 1 + g / 10) for g in (1, 2)]
+  rows = [_synthetic_row("small", 0.0, g, 1, 1 + g / 10, 1 + g / 10).to_json() for g in (1, 2)]
   for name, lines in (("sweep", rows), ("decode_step", [{"model": "target", "k": 2}])):
     (tmp_path / name).mkdir()
     (tmp_path / name / results_io.RESULTS_FILE).write_text(
@@ -244,14 +236,14 @@ def test_analyze_by_default_reads_only_run_points(tmp_path):
 
 def test_auto_table_compares_the_choice_with_the_sweep():
   sweep = [_synthetic_row("small", 0.0, g, 1, s, s) for g, s in ((1, 1.0), (2, 1.2), (3, 1.1))]
-  good = dict(_synthetic_row("small", 0.0, 2, 1, 1.19, 1.2), gamma_auto=True)
-  bad = dict(_synthetic_row("small", 1.0, 1, 1, 0.9, 1.0), gamma_auto=True)
+  good = dataclasses.replace(_synthetic_row("small", 0.0, 2, 1, 1.19, 1.2), gamma_auto=True)
+  bad = dataclasses.replace(_synthetic_row("small", 1.0, 1, 1, 0.9, 1.0), gamma_auto=True)
   sweep += [_synthetic_row("small", 1.0, g, 1, s, s) for g, s in ((1, 1.0), (3, 1.3))]
   table = tables.auto_table(sweep + [good, bad])
   assert "| ende | small | 0 | 1 | 2 | 1.19X | 2 | 1.20X | 0.992 | 1.000 | yes |" in table
   assert "| ende | small | 1 | 1 | 1 | 0.90X | 3 | 1.30X | 0.692 | 0.769 | **no** (>5%) |" in table
   # Auto rows are not sweep points: the best fixed gamma stays the sweep's.
-  assert [r["gamma"] for r in results_io.best_rows(sweep + [good, bad])] == [2, 3]
+  assert [r.gamma for r in results_io.best_rows(sweep + [good, bad])] == [2, 3]
   assert tables.auto_table(sweep) is None
 
 
@@ -349,20 +341,29 @@ def test_measure_alpha_is_one_for_the_target_as_its_own_draft():
   assert worse.beta < 0.99
 
 
-def _committed_point_rows() -> list[str]:
-  lines = []
-  for path in sorted(glob.glob(os.path.join(layout.REPO_ROOT, "results", "*",
-                                            results_io.RESULTS_FILE))):
+def _committed_lines(pattern: str) -> dict[str, list[str]]:
+  """{path: its lines} of every file under results/ matching `pattern` (recursively)."""
+  files = {}
+  for path in sorted(glob.glob(os.path.join(layout.REPO_ROOT, "results", "**", pattern),
+                               recursive=True)):
     with open(path, encoding="utf-8") as f:
-      rows = [line.rstrip("\n") for line in f if line.strip()]
-    if all(results_io.is_point_row(json.loads(line)) for line in rows):
-      lines += rows
-  return lines
+      files[path] = [line.rstrip("\n") for line in f if line.strip()]
+  return files
 
 
 def test_every_committed_row_loads_and_writes_back_the_same_json():
-  lines = _committed_point_rows()
-  assert len(lines) > 100
+  """Every row of experiments.run under results/ (results.jsonl and the runs beside them, at
+  any depth) is a PointRow; a file of another kind (a benchmark's rows) holds none of them."""
+  lines = []
+  for path, rows in _committed_lines("*.jsonl").items():
+    if os.path.basename(path) == regime_map.ROWS_FILE:
+      continue  # The regime map's own rows (test_regime_map).
+    points = [results_io.is_point_row(json.loads(line)) for line in rows]
+    assert all(points) or not any(points), f"{path} mixes points with other rows"
+    if all(points):
+      lines += rows
+      assert len(results_io.read_points(path)) == len(rows)
+  assert len(lines) > 300
   for line in lines:
     row = PointRow.from_json(json.loads(line))
     assert json.dumps(row.to_json(), sort_keys=True) == line
@@ -406,8 +407,8 @@ def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
       cwd=layout.REPO_ROOT, capture_output=True, text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
   assert "quickstart: 1 points, 0 already in" in done.stdout + done.stderr
-  rows = results_io.read_rows(str(out / results_io.RESULTS_FILE))
-  assert len(rows) == 1 and rows[0]["speedup_measured"] > 0 and rows[0]["greedy_identical"]
+  rows = results_io.read_points(str(out / results_io.RESULTS_FILE))
+  assert len(rows) == 1 and rows[0].speedup_measured > 0 and rows[0].greedy_identical
   head = ("| task | draft | T | gamma | batch | base ms/tok | spec ms/tok | speedup | "
           "per example (p10-p90) | alpha (beta) | alpha (S/(S+R)) | c | tokens/call | "
           "Thm 3.8 | efficiency | cost model | reference |")
@@ -415,15 +416,15 @@ def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
   line = next(x for x in done.stdout.splitlines()
               if x.startswith("| ende | draft_shared_enc_d192 | 0 |"))
   row = rows[0]
-  assert f"| {row['gamma']} (auto) |" in line  # The command chooses gamma itself.
-  assert f"**{row['speedup_measured']:.2f}X**" in line
-  low, mid, high = row["speedup_spread"]  # One example: its speedup is every percentile.
+  assert f"| {row.gamma} (auto) |" in line  # The command chooses gamma itself.
+  assert f"**{row.speedup_measured:.2f}X**" in line
+  low, mid, high = row.speedup_spread  # One example: its speedup is every percentile.
   assert low == mid == high and f"| {low:.2f}-{high:.2f}X |" in line
-  assert f"| {row['speedup_measured'] / row['speedup_predicted_thm38']:.2f} |" in line
-  reference = results_io.read_rows(os.path.join(layout.REPO_ROOT, "results", "quickstart",
-                                                results_io.RESULTS_FILE))
-  committed = next(r for r in reference if r["temperature"] == 0)
-  assert line.endswith(f"| {committed['speedup_measured']:.2f}X |")
+  assert f"| {row.efficiency:.2f} |" in line
+  reference = results_io.read_points(os.path.join(layout.REPO_ROOT, "results", "quickstart",
+                                                  results_io.RESULTS_FILE))
+  committed = next(r for r in reference if r.temperature == 0)
+  assert line.endswith(f"| {committed.speedup_measured:.2f}X |")
 
 
 def test_a_suite_measures_each_experiment_and_skips_a_missing_model(tmp_path, models_dir):
@@ -441,6 +442,6 @@ def test_a_suite_measures_each_experiment_and_skips_a_missing_model(tmp_path, mo
   assert done.returncode == 0, done.stderr[-3000:]
   assert f"{llama}: not measured, its model is missing: " in done.stdout
   assert "no GGUF file at '/no/such.gguf'" in done.stdout
-  rows = results_io.read_rows(str(tmp_path / "runs" / "suite_t5" / results_io.RESULTS_FILE))
-  assert len(rows) == 1 and rows[0]["draft"] == "draft"
+  rows = results_io.read_points(str(tmp_path / "runs" / "suite_t5" / results_io.RESULTS_FILE))
+  assert len(rows) == 1 and rows[0].draft == "draft"
   assert "suite_t5: 1 points" in done.stdout and "| ende | draft | 0 |" in done.stdout

@@ -12,10 +12,12 @@ import os
 import jax
 import numpy as np
 import pytest
+from conftest import make_point_row
 from safetensors.numpy import load_file
 
 from specdec_jax import theory
 from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
+from specdec_jax.gamma_choice import LoopCosts
 from specdec_jax.harness import regime_map, regime_predictions, results_io
 from specdec_jax.models.t5 import T5Model, get_config
 
@@ -192,10 +194,9 @@ def test_a_shapes_pair_borrows_the_reference_loop_work_and_the_model_rows_encode
 
 
 def _measured(draft, gamma, alpha, speedup, cpu="Test CPU"):
-  return {"task": "ende", "draft": draft, "target": "target", "temperature": 0.0,
-          "gamma": gamma, "batch_size": 1, "alpha_beta": alpha, "speedup_measured": speedup,
-          "cost_model_terms": {"loop_tokens": 20.0}, "source": "rows.jsonl",
-          "environment": {"cpu_model": cpu, "cpu_vectors": "avx2"}}
+  return make_point_row(draft=draft, gamma=gamma, alpha_beta=alpha, speedup_measured=speedup,
+                        cost_model_terms=LoopCosts(**_loops(loop_tokens=20.0)),
+                        environment={"cpu_model": cpu, "cpu_vectors": "avx2"})
 
 
 def test_family_errors_and_their_verdict():
@@ -205,9 +206,10 @@ def test_family_errors_and_their_verdict():
   measured = [_measured("draft_small", 2, 0.5, exact), _measured("draft_small", 2, 0.5, exact / 1.2,
                                                                   cpu="Other CPU"),
               _measured("draft_small", 9, 0.5, 1.0), _measured("other_draft", 1, 0.5, 1.0)]
-  errors = regime_predictions.family_errors(rows, measured, _settings())
-  assert [round(e["error"], 6) for e in errors] == [0.0, 0.2]  # gamma 9 and other_draft skipped.
-  assert [e["same_cpu"] for e in errors] == [True, False]
+  errors = regime_predictions.family_errors(rows, {"rows.jsonl": measured}, _settings())
+  assert [round(e.error, 6) for e in errors] == [0.0, 0.2]  # gamma 9 and other_draft skipped.
+  assert [e.same_cpu for e in errors] == [True, False]
+  assert {e.source for e in errors} == {"rows.jsonl"}
   summary = regime_predictions.error_summary(errors)
   assert not summary["within_limit"] and summary["inside_limit"] == 1
   assert "NOT within" in summary["verdict"] and summary["same_cpu_points"] == 1
@@ -223,18 +225,20 @@ def test_report_and_figure_from_rows(tmp_path):
           _model_row("t5-base", 0.012, encoder_s=0.05, nbytes=300 << 20),
           _pair_row("t5-small", "t5-base", 0.004)]
   measured_path = tmp_path / "measured.jsonl"
-  measured_path.write_text(json.dumps({
-      **_measured("draft_small", 2, 0.5, 0.9), "temperature": 0.0, "speedup_predicted_thm38": 1,
-      "experiment": "x"}) + "\n")
+  measured_path.write_text(json.dumps(_measured("draft_small", 2, 0.5, 0.9).to_json()) + "\n")
   predictions = regime_predictions.MapPredictions(measured_rows=(str(measured_path),),
                                                   alpha_draft="draft_small")
   report = regime_predictions.write_report(rows, settings, predictions, str(tmp_path), "cmd")
-  sources = {(r["draft"], r["source"], r["task"]) for r in report["predictions"]}
+  sources = {(r.draft, r.source, r.task) for r in report["predictions"]}
   assert sources == {("draft_small", "ours", "ende"), ("t5-small", "ours", "ende"),
                      ("t5-small", "paper", "ende"), ("t5-small", "paper", "cnndm")}
-  paper = next(r for r in report["predictions"] if r["source"] == "paper" and r["task"] == "ende")
-  assert paper["alpha"] == regime_predictions.PAPER_ALPHA[("small", "ende", 0.0)]
-  assert paper["speedup"] == max(paper["speedup_by_gamma"].values())
+  paper = next(r for r in report["predictions"] if r.source == "paper" and r.task == "ende")
+  assert paper.alpha == regime_predictions.PAPER_ALPHA[("small", "ende", 0.0)]
+  assert paper.speedup == max(paper.speedup_by_gamma.values())
+  written = json.loads((tmp_path / regime_predictions.PREDICTIONS_FILE).read_text())
+  assert [r.to_json() for r in report["predictions"]] == written["predictions"]
+  assert [e.source for e in report["family_errors"]] == [
+      e["source"] for e in written["family_errors"]] == [str(measured_path)]
   tables = (tmp_path / regime_predictions.TABLES_FILE).read_text()
   assert "not decodes of trained models" in tables and "t5-small" in tables
   from specdec_jax.harness import regime_figure  # noqa: PLC0415  (matplotlib)

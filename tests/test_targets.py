@@ -185,14 +185,13 @@ def test_runner_measures_a_decoder_only_target(tmp_path, tiny_gguf, shared_prefi
   exp = runner.load_experiment([_gin(tmp_path, tiny_gguf[0])],
                                [f"PromptCache.shared_prefix = {shared_prefix}"])
   path = runner.run(exp, str(tmp_path / "out"))
-  (row,) = results_io.read_rows(path)
-  assert row["draft"] == "layer_skip_1" and row["target"] == tiny_gguf[0]
-  assert row["greedy_identical"] is True and row["speedup_measured"] > 0
-  assert set(row["t_verify_s"]) == {"1", "2"} and row["c"] > 0
-  terms = row["cost_model_terms"]  # The prefill is the target's once-per-sequence work.
-  assert terms["encode_target_s"] > 0 and terms["encode_draft_s"] > 0
-  assert row["example"]["pieces"] and len(row["example"]["pieces"]) == len(
-      row["example"]["tokens"])
+  (row,) = results_io.read_points(path)
+  assert row.draft == "layer_skip_1" and row.target == tiny_gguf[0]
+  assert row.greedy_identical is True and row.speedup_measured > 0
+  assert set(row.t_verify_s) == {1, 2} and row.c > 0
+  terms = row.cost_model_terms  # The prefill is the target's once-per-sequence work.
+  assert terms.encode_target_s > 0 and terms.encode_draft_s > 0
+  assert row.example.pieces and len(row.example.pieces) == len(row.example.tokens)
 
 
 def test_llama_target_builds_its_drafts_and_prompts(tmp_path, tiny_gguf, monkeypatch):

@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 
 from specdec_jax import gamma_choice, theory  # noqa: E402
 from specdec_jax.harness import results_io, tables  # noqa: E402
-from specdec_jax.harness.results_io import Row  # noqa: E402
+from specdec_jax.harness.record import PointRow  # noqa: E402
 
 THEORY_GAMMAS = (1, 2, 3, 5, 7, 10)  # Fig. 2 curves.
 THEORY_CS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # Fig. 3 curves (the paper's c = .02-.11 inside).
@@ -38,25 +38,25 @@ def _panels(keys: Sequence[tuple]) -> tuple[plt.Figure, list[plt.Axes]]:
   return fig, list(axes[0])
 
 
-def fig_speedup_vs_gamma(rows: Sequence[Row], path: str) -> str | None:
+def fig_speedup_vs_gamma(rows: Sequence[PointRow], path: str) -> str | None:
   """Measured (solid), cost-model (dashed) and Thm 3.8 (dotted) speedup vs gamma per draft;
   gamma = 'auto' points as stars."""
-  autos = [r for r in rows if r.get("gamma_auto") and r["batch_size"] == 1]
-  batch1 = [r for r in results_io.fixed_gamma_rows(rows) if r["batch_size"] == 1]
-  if len({r["gamma"] for r in batch1}) < 2:
+  autos = [r for r in rows if r.gamma_auto and r.batch_size == 1]
+  batch1 = [r for r in results_io.fixed_gamma_rows(rows) if r.batch_size == 1]
+  if len({r.gamma for r in batch1}) < 2:
     return None
   panels = results_io.group(batch1, "task", "temperature")
   fig, axes = _panels(list(panels))
   for ax, ((task, t), group) in zip(axes, panels.items(), strict=True):
     for i, ((draft,), drows) in enumerate(results_io.group(group, "draft").items()):
-      drows = sorted(drows, key=lambda r: r["gamma"])
-      g = [r["gamma"] for r in drows]
+      drows = sorted(drows, key=lambda r: r.gamma)
+      g = [r.gamma for r in drows]
       color = f"C{i}"
-      ax.plot(g, [r["speedup_measured"] for r in drows], "o-", color=color, label=draft)
-      ax.plot(g, [r["speedup_predicted_cost_model"] for r in drows], "--", color=color)
-      ax.plot(g, [r["speedup_predicted_thm38"] for r in drows], ":", color=color)
-      chosen = [r for r in autos if (r["task"], r["temperature"], r["draft"]) == (task, t, draft)]
-      ax.plot([r["gamma"] for r in chosen], [r["speedup_measured"] for r in chosen], "*",
+      ax.plot(g, [r.speedup_measured for r in drows], "o-", color=color, label=draft)
+      ax.plot(g, [r.speedup_predicted_cost_model for r in drows], "--", color=color)
+      ax.plot(g, [r.speedup_predicted_thm38 for r in drows], ":", color=color)
+      chosen = [r for r in autos if (r.task, r.temperature, r.draft) == (task, t, draft)]
+      ax.plot([r.gamma for r in chosen], [r.speedup_measured for r in chosen], "*",
               color=color, markersize=14, label=f"{draft}, gamma='auto'" if chosen else None)
     ax.axhline(1, color="gray", lw=0.8)
     ax.set(title=f"{task}, T={t:g} (— measured, -- cost model, ·· Thm 3.8)", xlabel="gamma",
@@ -65,12 +65,12 @@ def fig_speedup_vs_gamma(rows: Sequence[Row], path: str) -> str | None:
   return _save(fig, path)
 
 
-def fig_measured_vs_predicted(rows: Sequence[Row], path: str) -> str:
+def fig_measured_vs_predicted(rows: Sequence[PointRow], path: str) -> str:
   """Measured vs predicted speedup for every point, with y = x and the flag band."""
   fig, ax = plt.subplots(figsize=(5, 5))
-  pred_c = [r["speedup_predicted_cost_model"] for r in rows]
-  pred_t = [r["speedup_predicted_thm38"] for r in rows]
-  meas = [r["speedup_measured"] for r in rows]
+  pred_c = [r.speedup_predicted_cost_model for r in rows]
+  pred_t = [r.speedup_predicted_thm38 for r in rows]
+  meas = [r.speedup_measured for r in rows]
   ax.scatter(pred_c, meas, label="cost model (measured T_verify)")
   ax.scatter(pred_t, meas, marker="x", label="Thm 3.8")
   hi = max(pred_c + pred_t + meas) * 1.1
@@ -84,15 +84,15 @@ def fig_measured_vs_predicted(rows: Sequence[Row], path: str) -> str:
   return _save(fig, path)
 
 
-def fig_speedup_vs_batch(rows: Sequence[Row], path: str) -> str | None:
-  if len({r["batch_size"] for r in rows}) < 2:
+def fig_speedup_vs_batch(rows: Sequence[PointRow], path: str) -> str | None:
+  if len({r.batch_size for r in rows}) < 2:
     return None
   panels = results_io.group(rows, "task")
   fig, axes = _panels(list(panels))
   for ax, ((task,), group) in zip(axes, panels.items(), strict=True):
     for key, g in results_io.group(group, "draft", "temperature", "gamma").items():
-      g = sorted(g, key=lambda r: r["batch_size"])
-      ax.plot([r["batch_size"] for r in g], [r["speedup_measured"] for r in g], "o-",
+      g = sorted(g, key=lambda r: r.batch_size)
+      ax.plot([r.batch_size for r in g], [r.speedup_measured for r in g], "o-",
               label=f"{key[0]} T={key[1]:g} γ={key[2]}")
     ax.axhline(1, color="gray", lw=0.8)
     ax.set(xscale="log", title=task, xlabel="batch size", ylabel="measured speedup")
@@ -100,21 +100,18 @@ def fig_speedup_vs_batch(rows: Sequence[Row], path: str) -> str | None:
   return _save(fig, path)
 
 
-def fig_speedup_vs_alpha(rows: Sequence[Row], path: str) -> str:
+def fig_speedup_vs_alpha(rows: Sequence[PointRow], path: str) -> str:
   """Measured speedup vs alpha, one colour per draft (the paper's Fig. 4, measured), beside
   each row's cost-model prediction (hollow, same colour) and Theorem 3.8's curve at the
   rows' median gamma and c."""
   fig, ax = plt.subplots(figsize=(6, 4))
   for (draft,), group in results_io.group(rows, "draft").items():
-    alphas = [r["alpha_beta"] for r in group]
-    measured = ax.scatter(alphas, [r["speedup_measured"] for r in group], label=draft)
-    predicted = [(a, r["speedup_predicted_cost_model"]) for a, r in zip(alphas, group, strict=True)
-                 if r.get("speedup_predicted_cost_model") is not None]
-    if predicted:
-      ax.scatter(*zip(*predicted, strict=True), s=18, facecolors="none",
-                 edgecolors=measured.get_facecolor())
-  gamma = int(np.median([r["gamma"] for r in rows]))
-  c = float(np.median([r["c"] for r in rows]))
+    alphas = [r.alpha_beta for r in group]
+    measured = ax.scatter(alphas, [r.speedup_measured for r in group], label=draft)
+    ax.scatter(alphas, [r.speedup_predicted_cost_model for r in group], s=18,
+               facecolors="none", edgecolors=measured.get_facecolor())
+  gamma = int(np.median([r.gamma for r in rows]))
+  c = float(np.median([r.c for r in rows]))
   ax.plot(ALPHA_GRID, theory.walltime_improvement(ALPHA_GRID, gamma, c), "k--", lw=1,
           label=f"Thm 3.8 (gamma {gamma}, c {c:.2f})")
   ax.scatter([], [], s=18, facecolors="none", edgecolors="gray", label="cost model (hollow)")
@@ -124,7 +121,7 @@ def fig_speedup_vs_alpha(rows: Sequence[Row], path: str) -> str:
   return _save(fig, path)
 
 
-def fig_verify_cost(rows: Sequence[Row], path: str) -> str:
+def fig_verify_cost(rows: Sequence[PointRow], path: str) -> str:
   """T_verify(k) / T_step vs k per task and batch size, against the paper's 1."""
   fig, ax = plt.subplots(figsize=(5, 4))
   for (task, b), by_k in tables.verify_costs(rows).items():
@@ -136,12 +133,12 @@ def fig_verify_cost(rows: Sequence[Row], path: str) -> str:
   return _save(fig, path)
 
 
-def fig_example(row: Row, path: str) -> str:
+def fig_example(row: PointRow, path: str) -> str:
   """Fig. 1 style: one generated text, accepted draft tokens in green, target tokens in red."""
-  ex = row["example"]
+  ex = row.example
   text_lines: list[list[tuple[str, bool]]] = [[]]
   width = 0
-  for piece, accepted in zip(ex["pieces"], ex["accepted_mask"], strict=True):
+  for piece, accepted in zip(ex.pieces, ex.accepted_mask, strict=True):
     piece = piece.replace("\u2581", " ")
     if width + len(piece) > FIG1_CHARS_PER_LINE and text_lines[-1]:
       text_lines.append([])
@@ -159,7 +156,7 @@ def fig_example(row: Row, path: str) -> str:
                   bbox=dict(facecolor="#b7e4b0" if accepted else "#f4b6b6", pad=1,
                             edgecolor="none"))
       x += t.get_window_extent(renderer).width / ax.get_window_extent(renderer).width
-  ax.set_title(f"{row['task']}, {row['draft']}, T={row['temperature']:g}, γ={row['gamma']}: "
+  ax.set_title(f"{row.task}, {row.draft}, T={row.temperature:g}, γ={row.gamma}: "
                "green = draft token accepted, red = sampled by the target", fontsize=9)
   return _save(fig, path)
 

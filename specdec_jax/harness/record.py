@@ -4,8 +4,9 @@
 (`to_json`, one JSON object per line, keys sorted); `PointRow.from_json` reads a
 row back, every committed row included (the field names are the JSON keys, so
 the JSON is the same both ways). Times are seconds unless a name says ms;
-speedups are baseline over speculative. The tables and figures
-(`tables`, `figures`) read the same rows as plain dicts, by these names.
+speedups are baseline over speculative. The readers (`results_io.read_points`,
+then `tables`, `figures`, `settings.best_gammas`, `regime_predictions`) take these
+records, never the JSON. `point_key` is a point's identity, planned or measured.
 """
 
 from __future__ import annotations
@@ -15,9 +16,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from specdec_jax.gamma_choice import LoopCosts
-from specdec_jax.harness import results_io
 
+AUTO = "auto"  # In Experiment.gammas: chosen per point by `gamma_choice` after a calibration.
 _INT_KEYED = ("t_verify_s", "verify_ratio")  # {k: ...} with k as a string in JSON.
+
+
+def point_key(task: str, draft: str, temperature: float, gamma: int | str,
+              batch_size: int) -> tuple:
+  """The identity of a point: (task, draft name, temperature, gamma or AUTO, batch size)."""
+  return (task, draft, float(temperature), gamma if gamma == AUTO else int(gamma),
+          int(batch_size))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,10 +216,9 @@ class PointRow:
 
   @property
   def key(self) -> tuple:
-    """The point measured (`results_io.row_key`): gamma is 'auto' for a chosen gamma."""
-    return results_io.point_key(self.task, self.draft, self.temperature,
-                                results_io.AUTO if self.gamma_auto else self.gamma,
-                                self.batch_size)
+    """The point measured (`point_key`): gamma is 'auto' for a chosen gamma."""
+    return point_key(self.task, self.draft, self.temperature,
+                     AUTO if self.gamma_auto else self.gamma, self.batch_size)
 
   @property
   def gamma_label(self) -> str:

@@ -17,11 +17,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from specdec_jax.harness import results_io  # noqa: E402
+from specdec_jax.harness.regime_rows import FamilyError, Prediction  # noqa: E402
 
 MIB = 2**20
 
 
-def fig_regime_map(records: Sequence[dict], errors: Sequence[dict],
+def fig_regime_map(records: Sequence[Prediction], errors: Sequence[FamilyError],
                    cache: Mapping[str, Any] | None, path: str) -> str:
   """Draws the regime map and writes it to `path` (PNG, replaced atomically).
 
@@ -45,22 +46,20 @@ def fig_regime_map(records: Sequence[dict], errors: Sequence[dict],
   """
   if not records:
     raise ValueError("records is empty: there is no prediction to draw.")
-  columns = sorted({(r["source"], r["task"]) for r in records})
-  temperatures = sorted({r["temperature"] for r in records})
+  columns = sorted({(r.source, r.task) for r in records})
+  temperatures = sorted({r.temperature for r in records})
   fig, axes = plt.subplots(len(temperatures), len(columns), squeeze=False, sharex=True,
                            sharey=True, figsize=(4.5 * len(columns), 3.6 * len(temperatures)))
-  mib_of = {r["target"]: r["target_decoder_bytes"] / MIB for r in records}
-  colors = {d: f"C{i}" for i, d in enumerate(sorted({r["draft"] for r in records}))}
+  mib_of = {r.target: r.target_decoder_bytes / MIB for r in records}
+  colors = {d: f"C{i}" for i, d in enumerate(sorted({r.draft for r in records}))}
   for i, t in enumerate(temperatures):
     for j, (source, task) in enumerate(columns):
       ax = axes[i][j]
-      panel = [r for r in records if (r["source"], r["task"], r["temperature"]) == (source,
-                                                                                   task, t)]
+      panel = [r for r in records if (r.source, r.task, r.temperature) == (source, task, t)]
       _draw_panel(ax, panel, colors, cache)
-      measured = [e for e in errors if source == "ours" and (e["task"], e["temperature"])
-                  == (task, t)]
+      measured = [e for e in errors if source == "ours" and (e.task, e.temperature) == (task, t)]
       if measured:
-        ax.plot([mib_of[e["target"]] for e in measured], [e["measured"] for e in measured],
+        ax.plot([mib_of[e.target] for e in measured], [e.measured for e in measured],
                 "kx", markersize=7, label="ours, measured speedup")
       ax.set_title(f"alpha from {source}, {task}, T={t:g}", fontsize=10)
       ax.legend(fontsize=6, loc="best")
@@ -71,15 +70,15 @@ def fig_regime_map(records: Sequence[dict], errors: Sequence[dict],
   return _save(fig, path)
 
 
-def _draw_panel(ax: plt.Axes, panel: Sequence[dict], colors: Mapping[str, str],
+def _draw_panel(ax: plt.Axes, panel: Sequence[Prediction], colors: Mapping[str, str],
                 cache: Mapping[str, Any] | None) -> None:
   """One panel: each draft's predictions as a line over its targets' bytes."""
   for (draft,), group in results_io.group(panel, "draft").items():
-    group = sorted(group, key=lambda r: r["target_decoder_bytes"])
-    x = [r["target_decoder_bytes"] / MIB for r in group]
-    ax.plot(x, [r["speedup"] for r in group], "o-", color=colors[draft], label=f"{draft} drafting")
+    group = sorted(group, key=lambda r: r.target_decoder_bytes)
+    x = [r.target_decoder_bytes / MIB for r in group]
+    ax.plot(x, [r.speedup for r in group], "o-", color=colors[draft], label=f"{draft} drafting")
     for xi, r in zip(x, group, strict=True):
-      ax.annotate(f"{r['target']} (g={r['gamma']})", (xi, r["speedup"]), fontsize=5,
+      ax.annotate(f"{r.target} (g={r.gamma})", (xi, r.speedup), fontsize=5,
                   xytext=(3, 3), textcoords="offset points")
   ax.axhline(1.0, color="gray", linewidth=0.8)
   if cache is not None:

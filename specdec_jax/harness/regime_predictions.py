@@ -19,7 +19,8 @@ Before any of that is read for shapes we cannot decode, `family_errors` holds th
 model against our family's measured speedups: each measured row of a pair this run
 measured, predicted from this run's costs with the row's own alpha, gamma and output
 length. The error is reported as it is (`error_summary`); the map stands on it only when
-every point is within `ERROR_LIMIT`. Pure functions of rows: no timing, no model.
+every point is within `ERROR_LIMIT`. Pure functions of rows (`regime_map`'s, `PointRow`s):
+no timing, no model.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import numpy as np
 from specdec_jax import atomic_io, gamma_choice
 from specdec_jax.data import layout
 from specdec_jax.harness import regime_map, results_io
+from specdec_jax.harness.record import PointRow
+from specdec_jax.harness.regime_rows import FamilyError, Prediction
 
 # alpha of the paper's Table 2 (T5-XXL target): (draft size, task, temperature) -> alpha.
 PAPER_ALPHA: dict[tuple[str, str, float], float] = {
@@ -102,37 +105,36 @@ def paper_size(name: str) -> str | None:
   return size if any(size == s for s, _, _ in PAPER_ALPHA) else None
 
 
-def read_measured(paths: Sequence[str]) -> list[dict]:
-  """The measured points (`results_io.is_point_row`) of results files (relative to
-  the repository's root, or absolute), each with its file as "source".
+def read_measured(paths: Sequence[str]) -> dict[str, list[PointRow]]:
+  """{path: its points}: the results files of experiments.run (relative to the repository's
+  root, or absolute).
 
   Raises:
     FileNotFoundError: a file is missing.
   """
-  rows = []
+  measured = {}
   for path in paths:
     full = os.path.join(layout.REPO_ROOT, path)  # An absolute `path` stays as it is.
     if not os.path.exists(full):
       raise FileNotFoundError(f"measured_rows has {path!r}, which does not exist; list "
                               "results.jsonl files of experiments.run.")
-    rows += [{**r, "source": path} for r in results_io.read_rows(full)
-             if results_io.is_point_row(r)]
-  return rows
+    measured[path] = results_io.read_points(full)
+  return measured
 
 
-def our_alphas(measured: Sequence[dict], draft: str, target: str) -> list[AlphaSource]:
+def our_alphas(measured: Sequence[PointRow], draft: str, target: str) -> list[AlphaSource]:
   """Our family's alpha, per (task, temperature): the mean alpha_beta of `draft`'s batch-1
   rows for `target`, over the mean output length those rows' loops ran for."""
-  rows = [r for r in measured if r["draft"] == draft and r["target"] == target
-          and r["batch_size"] == 1]
-  return [AlphaSource("ours", task, float(t), float(np.mean([r["alpha_beta"] for r in group])),
+  rows = [r for r in measured if r.draft == draft and r.target == target
+          and r.batch_size == 1]
+  return [AlphaSource("ours", task, float(t), float(np.mean([r.alpha_beta for r in group])),
                       float(np.mean([output_tokens(r) for r in group])))
           for (task, t), group in results_io.group(rows, "task", "temperature").items()]
 
 
-def output_tokens(row: dict) -> float:
+def output_tokens(row: PointRow) -> float:
   """Tokens per sequence a measured row's loops ran for (its cost model's N)."""
-  return float(row["cost_model_terms"]["loop_tokens"])
+  return float(row.cost_model_terms.loop_tokens)
 
 
 def paper_alphas(draft: str, settings: MapPredictions, temperatures: Sequence[float]
@@ -194,84 +196,98 @@ def _index(rows: Sequence[dict]) -> tuple[dict[str, dict], dict[tuple, dict]]:
 
 def prediction_record(models: Mapping[str, dict], pair_rows: Mapping[tuple, dict],
                       pair_row: dict, source: AlphaSource, settings: regime_map.MapSettings
-                      ) -> dict[str, Any]:
-  """One prediction as JSON: the pair, the alpha and where it comes from, every gamma's
-  speedup, the best gamma and the terms at it."""
+                      ) -> Prediction:
+  """One prediction: the pair, the alpha and where it comes from, every gamma's speedup, the
+  best gamma and the terms at it."""
   target_row = models[pair_row["target"]]
   loops = loop_costs(pair_row, models, pair_rows, settings, source.tokens)
   choice = predict(target_row, pair_row, loops, source.alpha, settings.max_gamma)
   gamma = choice.gamma
-  return {
-      "draft": pair_row["draft"], "target": pair_row["target"], **dataclasses.asdict(source),
-      "target_family": target_row["family"], "target_decoder_bytes": target_row["decoder_bytes"],
-      "t_step_s": choice.t_step_s, "c": choice.c, "gamma": gamma,
-      "speedup": choice.speedup_cost_model[gamma],
-      "speedup_by_gamma": {str(g): s for g, s in choice.speedup_cost_model.items()},
-      "speedup_steps_only": choice.speedup_steps_only[gamma],
-      "speedup_thm38": choice.speedup_thm38[gamma],
-      "verify_ratio": choice.verify_ratio[gamma + 1],
-      "encoders_s": loops.encode_target_s + loops.encode_draft_s,
-      "loop_work_from": "own" if pair_row["loop_costs"] else settings.loop_reference,
-      "reason": choice.reason}
+  return Prediction(
+      draft=pair_row["draft"], target=pair_row["target"], **dataclasses.asdict(source),
+      target_family=target_row["family"], target_decoder_bytes=target_row["decoder_bytes"],
+      t_step_s=choice.t_step_s, c=choice.c, gamma=gamma,
+      speedup=choice.speedup_cost_model[gamma],
+      speedup_by_gamma=dict(choice.speedup_cost_model),
+      speedup_steps_only=choice.speedup_steps_only[gamma],
+      speedup_thm38=choice.speedup_thm38[gamma],
+      verify_ratio=choice.verify_ratio[gamma + 1],
+      encoders_s=loops.encode_target_s + loops.encode_draft_s,
+      loop_work_from="own" if pair_row["loop_costs"] else settings.loop_reference,
+      reason=choice.reason)
 
 
 def predictions(rows: Sequence[dict], settings: regime_map.MapSettings,
-                prediction_settings: MapPredictions, measured: Sequence[dict]) -> list[dict]:
+                prediction_settings: MapPredictions, measured: Mapping[str, Sequence[PointRow]]
+                ) -> list[Prediction]:
   """Every pair measured in `rows` at every alpha that applies: a shape's paper alpha and
-  our family's (`alpha_draft`'s); our own pairs at their own drafts' alpha."""
+  our family's (`alpha_draft`'s); our own pairs at their own drafts' alpha.
+
+  Args:
+    rows: the regime map's rows.
+    settings: the settings they were measured with.
+    prediction_settings: where alpha and output lengths come from.
+    measured: our family's points by results file (`read_measured`).
+  """
   models, pair_rows = _index(rows)
+  points = [r for rows_of_file in measured.values() for r in rows_of_file]
   out = []
   for (draft, target, t), pair_row in pair_rows.items():
     if draft in regime_map.SHAPES:
       sources = (paper_alphas(draft, prediction_settings, [t])
-                 + our_alphas(measured, prediction_settings.alpha_draft, settings.family_target))
+                 + our_alphas(points, prediction_settings.alpha_draft, settings.family_target))
     else:
-      sources = our_alphas(measured, draft, target)
+      sources = our_alphas(points, draft, target)
     out += [prediction_record(models, pair_rows, pair_row, s, settings)
             for s in sources if s.temperature == t]
   return out
 
 
-def family_errors(rows: Sequence[dict], measured: Sequence[dict],
-                  settings: regime_map.MapSettings) -> list[dict]:
+def family_errors(rows: Sequence[dict], measured: Mapping[str, Sequence[PointRow]],
+                  settings: regime_map.MapSettings) -> list[FamilyError]:
   """The cost model against our family's measured speedups: per measured batch-1 row of a
   pair this run measured (at a gamma it prices), the speedup predicted from this run's
   costs with the row's alpha, gamma and output length, and the error predicted / measured - 1.
 
   A row measured on another CPU than this run's (`same_cpu` False) carries the two
   machines' difference in its error too.
+
+  Args:
+    rows: the regime map's rows.
+    measured: our family's points by results file (`read_measured`).
+    settings: the settings the rows were measured with.
   """
   models, pair_rows = _index(rows)
   out = []
-  for r in measured:
-    pair_row = pair_rows.get((r["draft"], r["target"], float(r["temperature"])))
-    if pair_row is None or r["batch_size"] != 1 or r["gamma"] > settings.max_gamma:
-      continue
-    loops = loop_costs(pair_row, models, pair_rows, settings, output_tokens(r))
-    choice = predict(models[r["target"]], pair_row, loops, r["alpha_beta"], settings.max_gamma)
-    predicted = choice.speedup_cost_model[r["gamma"]]
-    env, here = r.get("environment", {}), pair_row["environment"]
-    out.append({
-        "source": r["source"], "task": r["task"], "draft": r["draft"], "target": r["target"],
-        "temperature": float(r["temperature"]), "gamma": r["gamma"],
-        "gamma_auto": bool(r.get("gamma_auto")), "alpha": r["alpha_beta"],
-        "tokens": output_tokens(r), "measured": r["speedup_measured"], "predicted": predicted,
-        "error": predicted / r["speedup_measured"] - 1, "row_cpu": env.get("cpu_model"),
-        "row_commit": env.get("git_commit"), "row_date": r.get("date"),
-        "same_cpu": (env.get("cpu_model"), env.get("cpu_vectors"))
-        == (here.get("cpu_model"), here.get("cpu_vectors"))})
+  for source, points in measured.items():
+    for r in points:
+      pair_row = pair_rows.get((r.draft, r.target, float(r.temperature)))
+      if pair_row is None or r.batch_size != 1 or r.gamma > settings.max_gamma:
+        continue
+      loops = loop_costs(pair_row, models, pair_rows, settings, output_tokens(r))
+      choice = predict(models[r.target], pair_row, loops, r.alpha_beta, settings.max_gamma)
+      predicted = choice.speedup_cost_model[r.gamma]
+      env, here = r.environment, pair_row["environment"]
+      out.append(FamilyError(
+          source=source, task=r.task, draft=r.draft, target=r.target,
+          temperature=float(r.temperature), gamma=r.gamma, gamma_auto=r.gamma_auto,
+          alpha=r.alpha_beta, tokens=output_tokens(r), measured=r.speedup_measured,
+          predicted=predicted, error=predicted / r.speedup_measured - 1,
+          row_cpu=env.get("cpu_model"), row_commit=env.get("git_commit"), row_date=r.date,
+          same_cpu=(env.get("cpu_model"), env.get("cpu_vectors"))
+          == (here.get("cpu_model"), here.get("cpu_vectors"))))
   return out
 
 
-def error_summary(errors: Sequence[dict], limit: float = ERROR_LIMIT) -> dict[str, Any]:
+def error_summary(errors: Sequence[FamilyError], limit: float = ERROR_LIMIT) -> dict[str, Any]:
   """The cost model's error over our family's points, and whether every point is within
   `limit` (the condition for using it on shapes we cannot decode)."""
   if not errors:
     return {"points": 0, "within_limit": False, "limit": limit,
             "verdict": "no measured point of a pair this run measured: the error is unknown"}
-  e = np.array([r["error"] for r in errors])
+  e = np.array([r.error for r in errors])
   inside = int(np.sum(np.abs(e) <= limit))
-  same = [r for r in errors if r["same_cpu"]]
+  same = [r for r in errors if r.same_cpu]
   verdict = (f"every point within ±{limit:.0%}" if inside == len(e)
              else f"NOT within ±{limit:.0%}: {len(e) - inside} of {len(e)} points outside")
   if not same:
@@ -283,19 +299,21 @@ def error_summary(errors: Sequence[dict], limit: float = ERROR_LIMIT) -> dict[st
           "same_cpu_points": len(same), "verdict": verdict}
 
 
-def where_it_pays(records: Sequence[dict]) -> list[dict]:
+def where_it_pays(records: Sequence[Prediction]) -> list[dict[str, Any]]:
   """Per (alpha source, task, temperature): the smallest target (decoder bytes) for which some
-  public-shape pair is predicted to beat the target alone, or None."""
-  shapes = [r for r in records if r["target_family"] == "t5 public"]
+  public-shape pair is predicted to beat the target alone, or None (as predictions.json
+  holds it)."""
+  shapes = [r for r in records if r.target_family == "t5 public"]
   out = []
   for (source, task, t), group in results_io.group(shapes, "source", "task",
                                                    "temperature").items():
-    paying = [r for r in group if r["speedup"] > 1]
-    first = min(paying, key=lambda r: (r["target_decoder_bytes"], -r["speedup"]), default=None)
+    paying = [r for r in group if r.speedup > 1]
+    first = min(paying, key=lambda r: (r.target_decoder_bytes, -r.speedup), default=None)
     out.append({"source": source, "task": task, "temperature": t,
                 "first": None if first is None else {
-                    k: first[k] for k in ("draft", "target", "target_decoder_bytes", "gamma",
-                                          "speedup", "alpha", "c")}})
+                    "draft": first.draft, "target": first.target,
+                    "target_decoder_bytes": first.target_decoder_bytes, "gamma": first.gamma,
+                    "speedup": first.speedup, "alpha": first.alpha, "c": first.c}})
   return out
 
 
@@ -338,7 +356,7 @@ def _pairs_table(pair_rows: Sequence[dict]) -> list[str]:
   return lines
 
 
-def _errors_table(errors: Sequence[dict], summary: Mapping[str, Any]) -> list[str]:
+def _errors_table(errors: Sequence[FamilyError], summary: Mapping[str, Any]) -> list[str]:
   if not errors:
     return [f"**{summary['verdict']}**."]
   lines = [f"**{summary['verdict']}**: {summary['points']} points, mean error "
@@ -347,24 +365,24 @@ def _errors_table(errors: Sequence[dict], summary: Mapping[str, Any]) -> list[st
            "measured on this run's CPU (the others carry the two machines' difference too).",
            "", "| rows | task | draft | T | gamma | alpha | N | measured | predicted | error | "
            "row's CPU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-  lines += [f"| {e['source']} | {e['task']} | {e['draft']} | {e['temperature']:g} | "
-            f"{e['gamma']}{' (auto)' if e['gamma_auto'] else ''} | {e['alpha']:.3f} | "
-            f"{e['tokens']:.1f} | {e['measured']:.2f}X | {e['predicted']:.2f}X | "
-            f"{e['error']:+.1%} | {e['row_cpu']}{'' if e['same_cpu'] else ' (other)'} |"
+  lines += [f"| {e.source} | {e.task} | {e.draft} | {e.temperature:g} | "
+            f"{e.gamma}{' (auto)' if e.gamma_auto else ''} | {e.alpha:.3f} | "
+            f"{e.tokens:.1f} | {e.measured:.2f}X | {e.predicted:.2f}X | "
+            f"{e.error:+.1%} | {e.row_cpu}{'' if e.same_cpu else ' (other)'} |"
             for e in errors]
   return lines
 
 
-def _predictions_table(records: Sequence[dict]) -> list[str]:
+def _predictions_table(records: Sequence[Prediction]) -> list[str]:
   lines = ["| draft | target | target decoder MiB | alpha from | task | T | alpha | N | c | "
            "gamma* | predicted | model calls alone | Thm 3.8 |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-  order = sorted(records, key=lambda r: (r["target_decoder_bytes"], r["draft"], r["source"],
-                                         r["task"], r["temperature"]))
-  lines += [f"| {r['draft']} | {r['target']} | {_mib(r['target_decoder_bytes'])} | "
-            f"{r['source']} | {r['task']} | {r['temperature']:g} | {r['alpha']:.2f} | "
-            f"{r['tokens']:.0f} | {r['c']:.3f} | {r['gamma']} | **{r['speedup']:.2f}X** | "
-            f"{r['speedup_steps_only']:.2f}X | {r['speedup_thm38']:.2f}X |" for r in order]
+  order = sorted(records, key=lambda r: (r.target_decoder_bytes, r.draft, r.source, r.task,
+                                         r.temperature))
+  lines += [f"| {r.draft} | {r.target} | {_mib(r.target_decoder_bytes)} | "
+            f"{r.source} | {r.task} | {r.temperature:g} | {r.alpha:.2f} | "
+            f"{r.tokens:.0f} | {r.c:.3f} | {r.gamma} | **{r.speedup:.2f}X** | "
+            f"{r.speedup_steps_only:.2f}X | {r.speedup_thm38:.2f}X |" for r in order]
   return lines
 
 
@@ -381,8 +399,9 @@ def _pays_lines(pays: Sequence[dict]) -> list[str]:
   return lines
 
 
-def markdown(rows: Sequence[dict], records: Sequence[dict], errors: Sequence[dict],
-             summary: Mapping[str, Any], cache: Mapping[str, Any] | None, command: str) -> str:
+def markdown(rows: Sequence[dict], records: Sequence[Prediction],
+             errors: Sequence[FamilyError], summary: Mapping[str, Any],
+             cache: Mapping[str, Any] | None, command: str) -> str:
   """tables.md: the costs measured, the cost model's error on our family, the predictions
   and the smallest target that pays."""
   models = [r for r in rows if r["kind"] == "model"]
@@ -426,8 +445,9 @@ def write_report(rows: Sequence[dict], settings: regime_map.MapSettings,
   """Writes `<output_dir>/predictions.json` and `tables.md` (atomically) from the rows.
 
   Returns:
-    The report: "predictions", "family_errors", "error_summary", "where_it_pays",
-    "last_level_cache" (this machine's, as the rows' environment recorded it) and the settings.
+    The report: "predictions" (`Prediction`s), "family_errors" (`FamilyError`s),
+    "error_summary", "where_it_pays", "last_level_cache" (this machine's, as the rows'
+    environment recorded it) and the settings; predictions.json holds it as JSON.
   """
   measured = read_measured(prediction_settings.measured_rows)
   records = predictions(rows, settings, prediction_settings, measured)
@@ -441,7 +461,9 @@ def write_report(rows: Sequence[dict], settings: regime_map.MapSettings,
                                     "paper_alpha": {f"{s} {task} T={t:g}": a for (s, task, t), a
                                                     in PAPER_ALPHA.items()}},
             "command": command}
-  atomic_io.write_json(os.path.join(output_dir, PREDICTIONS_FILE), report)
+  atomic_io.write_json(os.path.join(output_dir, PREDICTIONS_FILE), {
+      **report, "predictions": [r.to_json() for r in records],
+      "family_errors": [dataclasses.asdict(e) for e in errors]})
   atomic_io.atomic_write_text(os.path.join(output_dir, TABLES_FILE),
                               markdown(rows, records, errors, summary, cache, command))
   return report

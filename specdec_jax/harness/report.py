@@ -33,10 +33,10 @@ def analyze_dir(results_dir: str, output_dir: str | None = None) -> str:
   """Writes tables.md and the figures of one results directory; returns its Markdown.
 
   Args:
-    results_dir: the directory holding results.jsonl.
+    results_dir: the directory holding results.jsonl (`PointRow`s).
     output_dir: where tables.md and the figures go (default: `results_dir`).
   """
-  rows = results_io.read_rows(os.path.join(results_dir, results_io.RESULTS_FILE))
+  rows = results_io.read_points(os.path.join(results_dir, results_io.RESULTS_FILE))
   if not rows:
     raise FileNotFoundError(f"--results_dir={results_dir!r} has no rows in "
                             f"{results_io.RESULTS_FILE}; run experiments.run into it first.")

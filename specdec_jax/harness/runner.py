@@ -65,7 +65,7 @@ def run(exp: settings.Experiment, output_dir: str) -> str:
   """
   path = os.path.join(output_dir, results_io.RESULTS_FILE)
   points = settings.plan(exp)
-  done = {results_io.row_key(r) for r in results_io.read_rows(path)}
+  done = {r.key for r in results_io.read_points(path)}
   pending = [p for p in points if p.key not in done]
   print(f"{exp.name}: {len(points)} points, {len(points) - len(pending)} already in {path}.",
         file=sys.stderr)

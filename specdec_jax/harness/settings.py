@@ -23,10 +23,10 @@ import gin
 
 from specdec_jax import validation
 from specdec_jax.data import chat_prompts, layout, prompts
-from specdec_jax.harness import results_io
+from specdec_jax.harness import record, results_io
 from specdec_jax.models.config import check_dtype
 
-AUTO = results_io.AUTO
+AUTO = record.AUTO
 
 
 def _shared(name: str, default: Any) -> Any:
@@ -223,8 +223,8 @@ class Point:
 
   @property
   def key(self) -> tuple:
-    return results_io.point_key(self.task, draft_name(self.draft), self.temperature, self.gamma,
-                     self.batch_size)
+    return record.point_key(self.task, draft_name(self.draft), self.temperature, self.gamma,
+                            self.batch_size)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -289,8 +289,8 @@ def validate(exp: Experiment) -> None:
 def best_gammas(path: str) -> dict[tuple[str, str, float], int]:
   """{(task, draft, temperature): gamma of highest measured speedup at batch size 1}
   among the fixed-gamma rows of a results file (`results_io.best_rows`)."""
-  return {(r["task"], r["draft"], float(r["temperature"])): int(r["gamma"])
-          for r in results_io.best_rows(results_io.read_rows(path))}
+  return {(r.task, r.draft, r.temperature): r.gamma
+          for r in results_io.best_rows(results_io.read_points(path))}
 
 
 def plan(exp: Experiment) -> list[Point]:
