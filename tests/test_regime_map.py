@@ -6,6 +6,7 @@ Tiny configs and hand-made rows only: nothing here is timed.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 
@@ -17,8 +18,10 @@ from safetensors.numpy import load_file
 
 from specdec_jax import theory
 from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
+from specdec_jax.data import layout
 from specdec_jax.gamma_choice import LoopCosts
-from specdec_jax.harness import regime_map, regime_predictions, results_io
+from specdec_jax.harness import regime_map, regime_predictions, regime_rows, results_io
+from specdec_jax.harness.regime_rows import ModelRow, PairRow
 from specdec_jax.models.t5 import T5Model, get_config
 
 TINY = "test-v1_1"  # conftest's small T5.1.1 config, standing in for a shape.
@@ -121,29 +124,49 @@ def test_cache_size_parsing():
 # --- Predictions on hand-made rows ----------------------------------------------------------
 
 ENV = {"cpu_model": "Test CPU", "cpu_vectors": "avx2", "last_level_cache": None}
+DATE = "2026-01-01T00:00:00+00:00"
 
 
 def _model_row(name, t_step, ratios=None, encoder_s=0.0, family="t5 public", nbytes=1 << 20,
-               max_gamma=MAX_GAMMA):
+               max_gamma=MAX_GAMMA) -> ModelRow:
   ratios = {k: ratios.get(k, 1.0) if ratios else 1.0 for k in range(1, max_gamma + 2)}
-  return {"kind": "model", "model": name, "family": family, "t_step_s": t_step,
-          "t_verify_s": {str(k): t_step * r for k, r in ratios.items()},
-          "verify_ratio": {str(k): r for k, r in ratios.items()}, "encoder_s": encoder_s,
-          "decoder_bytes": nbytes, "params": nbytes // 2, "verify_compile_s": 1.0,
-          "encoder_compile_s": 0.1, "environment": ENV}
+  return ModelRow(
+      model=name, family=family, public_params=None, d_model=8, d_ff=16, num_layers=1,
+      num_decoder_layers=1, num_heads=1, d_kv=8, vocab_size=32, feed_forward_proj="relu",
+      tie_word_embeddings=False, checkpoint_dir=name, params=nbytes // 2,
+      checkpoint_bytes=nbytes, decoder_bytes=nbytes, write_s=0.0, load_s=0.0, t_step_s=t_step,
+      t_verify_s={k: t_step * r for k, r in ratios.items()}, verify_ratio=ratios,
+      verify_spread={k: 0.0 for k in ratios}, verify_compile_s=1.0, encoder_s=encoder_s,
+      encoder_compile_s=0.1, prompt_len=32, idle_check_verify={}, idle_check={}, settings={},
+      environment=ENV, date=DATE)
 
 
-def _loops(**terms):
+def _loops(**terms) -> LoopCosts:
   base = {"encode_target_s": 0.0, "encode_draft_s": 0.0, "step_overhead_s": 0.0,
           "iteration_overhead_s": 0.0, "proposal_overhead_s": 0.0, "batches": 1,
           "held_out": False, "loop_tokens": 10.0}
-  return {**base, **terms}
+  return LoopCosts(**{**base, **terms})
 
 
-def _pair_row(draft, target, t_draft, loops=None, temperature=0.0):
-  return {"kind": "pair", "draft": draft, "target": target, "temperature": temperature,
-          "t_draft_s": t_draft, "c": 0.0, "draft_compile_s": 1.0, "loop_costs": loops,
-          "environment": ENV}
+def _pair_row(draft, target, t_draft, loops=None, temperature=0.0) -> PairRow:
+  return PairRow(draft=draft, target=target, temperature=temperature, draft_gamma=2,
+                 draft_params=1, draft_decoder_bytes=1, draft_reads_target_encoder=False,
+                 t_draft_s=t_draft, c=0.0, draft_compile_s=1.0, loop_costs=loops,
+                 alpha_of_these_weights=None, measure_s=0.0, idle_check={}, settings={},
+                 environment=ENV, date=DATE)
+
+
+def test_every_committed_row_loads_and_writes_back_the_same_json():
+  paths = glob.glob(os.path.join(layout.REPO_ROOT, "results", "**", regime_map.ROWS_FILE),
+                    recursive=True)
+  assert paths
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      for line in filter(str.strip, f):
+        row = regime_rows.read_row(json.loads(line))
+        assert json.dumps(row.to_json(), sort_keys=True) == line.rstrip("\n")
+  with pytest.raises(ValueError, match="kind='benchmark'"):
+    regime_rows.read_row({"kind": "benchmark"})
 
 
 def _settings():
@@ -195,7 +218,7 @@ def test_a_shapes_pair_borrows_the_reference_loop_work_and_the_model_rows_encode
 
 def _measured(draft, gamma, alpha, speedup, cpu="Test CPU"):
   return make_point_row(draft=draft, gamma=gamma, alpha_beta=alpha, speedup_measured=speedup,
-                        cost_model_terms=LoopCosts(**_loops(loop_tokens=20.0)),
+                        cost_model_terms=_loops(loop_tokens=20.0),
                         environment={"cpu_model": cpu, "cpu_vectors": "avx2"})
 
 
@@ -228,7 +251,8 @@ def test_report_and_figure_from_rows(tmp_path):
   measured_path.write_text(json.dumps(_measured("draft_small", 2, 0.5, 0.9).to_json()) + "\n")
   predictions = regime_predictions.MapPredictions(measured_rows=(str(measured_path),),
                                                   alpha_draft="draft_small")
-  report = regime_predictions.write_report(rows, settings, predictions, str(tmp_path), "cmd")
+  report = regime_predictions.write_report([r.to_json() for r in rows], settings, predictions,
+                                           str(tmp_path), "cmd")
   sources = {(r.draft, r.source, r.task) for r in report["predictions"]}
   assert sources == {("draft_small", "ours", "ende"), ("t5-small", "ours", "ende"),
                      ("t5-small", "paper", "ende"), ("t5-small", "paper", "cnndm")}
@@ -262,14 +286,13 @@ def test_an_interrupted_run_resumes_with_the_rows_it_lacks(tmp_path, monkeypatch
     measured.append(("model", name))
     if name == "t5-base" and not os.environ.get("RESUMED"):
       raise KeyboardInterrupt  # The run is cut short here.
-    return {"kind": "model", "model": name}
+    return _model_row(name, 0.01)
 
   def fake_pair(settings, job, target, draft, target_row, batches):
     del settings, target, draft, batches
-    assert target_row["model"] == job.target
+    assert target_row.model == job.target
     measured.append(job.key)
-    return {"kind": "pair", "draft": job.draft, "target": job.target,
-            "temperature": job.temperature}
+    return _pair_row(job.draft, job.target, 0.001, temperature=job.temperature)
 
   monkeypatch.setattr(regime_map, "measure_model", fake_model)
   monkeypatch.setattr(regime_map, "measure_pair", fake_pair)
@@ -282,16 +305,19 @@ def test_an_interrupted_run_resumes_with_the_rows_it_lacks(tmp_path, monkeypatch
   with pytest.raises(KeyboardInterrupt):
     regime_map.run(settings, out, say=lambda _: None)
   path = os.path.join(out, regime_map.ROWS_FILE)
-  first = [regime_map.row_key(r) for r in results_io.read_rows(path)]
-  assert first == [("model", "target"), ("pair", "draft_small", "target", 0.0),
-                   ("model", "t5-small")]
-  assert [j.key for j in regime_map.pending(settings, results_io.read_rows(path))] == [
+  first = [regime_rows.read_row(r) for r in results_io.read_rows(path)]
+  assert [r.key for r in first] == [("model", "target"), ("pair", "draft_small", "target", 0.0),
+                                    ("model", "t5-small")]
+  assert all(r.wall_s is not None for r in first)
+  assert [j.key for j in regime_map.pending(settings, first)] == [
       ("model", "t5-base"), ("pair", "t5-small", "t5-base", 0.0)]
   monkeypatch.setenv("RESUMED", "1")
   measured.clear()
   rows = regime_map.run(settings, out, say=lambda _: None)
   assert measured == [("model", "t5-base"), ("pair", "t5-small", "t5-base", 0.0)]
-  assert [regime_map.row_key(r) for r in rows] == [j.key for j in regime_map.plan(settings)]
+  assert rows == results_io.read_rows(path)  # As the file holds them.
+  assert [regime_rows.read_row(r).key for r in rows] == [
+      j.key for j in regime_map.plan(settings)]
   measured.clear()
   regime_map.run(settings, out, say=lambda _: None)
   assert measured == []
@@ -305,14 +331,14 @@ def test_device_check_runs_the_same_sweep_with_one_flag(tmp_path, monkeypatch):
 
   def fake_run(settings, output_dir):
     calls.append((settings, output_dir))
-    return [_model_row("t5-small", 0.004, nbytes=100 << 20, max_gamma=settings.max_gamma),
-            _model_row("t5-base", 0.012, nbytes=300 << 20, max_gamma=settings.max_gamma),
-            _pair_row("t5-small", "t5-base", 0.004)]
+    return [r.to_json() for r in (
+        _model_row("t5-small", 0.004, nbytes=100 << 20, max_gamma=settings.max_gamma),
+        _model_row("t5-base", 0.012, nbytes=300 << 20, max_gamma=settings.max_gamma),
+        _pair_row("t5-small", "t5-base", 0.004))]
 
   monkeypatch.setattr(regime_map, "run", fake_run)
   # No family pair in these rows: the shapes' pair is priced with no loop work.
-  monkeypatch.setattr(regime_predictions, "loop_costs",
-                      lambda *args: regime_predictions.gamma_choice.LoopCosts(**_loops()))
+  monkeypatch.setattr(regime_predictions, "loop_costs", lambda *args: _loops())
   device_check.main(["--output_dir", str(tmp_path), "--regime_map", "--models_dir", "models"])
   (settings, output_dir), = calls
   assert settings == dataclasses.replace(device_check.REGIME_MAP, models_dir="models")

@@ -17,12 +17,13 @@ same way in the same run. Two kinds of row:
          `measure_pair` says why a shape's pair borrows them).
 
 Alpha is the one term that needs trained weights; `regime_predictions` takes it from the
-paper and from our committed rows. The rows go to `<output_dir>/rows.jsonl`, each appended
-atomically as soon as it is measured (`results_io.append_row`); a run measures only the
-keys missing there (`pending`), so an interrupted run resumes. Every timing runs inside the
-guard (`contention.quiet`; a refused one is measured again once the machine is quiet),
-compilation is timed apart from the medians, and the compiled programs are dropped after
-each row. No gin and no matplotlib: the device check runs this module.
+paper and from our committed rows. The rows (`regime_rows.ModelRow`, `regime_rows.PairRow`)
+go to `<output_dir>/rows.jsonl`, each appended atomically as soon as it is measured
+(`results_io.append_row`); a run measures only the keys missing there (`pending`), so an
+interrupted run resumes. Every timing runs inside the guard (`contention.quiet`; a refused
+one is measured again once the machine is quiet), compilation is timed apart from the
+medians, and the compiled programs are dropped after each row. No gin and no matplotlib:
+the device check runs this module.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ from specdec_jax.data import layout, prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import results_io
+from specdec_jax.harness import regime_rows, results_io
+from specdec_jax.harness.regime_rows import ModelRow, PairRow
 from specdec_jax.models.layers import ParamInfo
 from specdec_jax.models.t5 import (
   DecodeWeights,
@@ -175,13 +177,6 @@ class Job:
     return ("pair", self.draft, self.target, float(self.temperature))
 
 
-def row_key(row: dict) -> tuple:
-  """The `Job.key` of a written row."""
-  if row["kind"] == "model":
-    return ("model", row["model"])
-  return ("pair", row["draft"], row["target"], float(row["temperature"]))
-
-
 def architecture(name: str) -> str:
   """A shape's architecture: "relu" (T5 v1.0) or "gated-gelu" (T5.1.1)."""
   return get_config(name).feed_forward_proj
@@ -207,9 +202,9 @@ def plan(settings: MapSettings) -> list[Job]:
       for t in settings.temperatures]]
 
 
-def pending(settings: MapSettings, rows: Iterable[dict]) -> list[Job]:
+def pending(settings: MapSettings, rows: Iterable[regime_rows.Row]) -> list[Job]:
   """The jobs of `plan` whose row is not among `rows` (what a resumed run measures)."""
-  done = {row_key(r) for r in rows}
+  done = {r.key for r in rows}
   return [job for job in plan(settings) if job.key not in done]
 
 
@@ -376,7 +371,7 @@ def _stamp() -> dict[str, Any]:
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def measure_model(settings: MapSettings, name: str, loaded: Loaded, inputs: Array) -> dict:
+def measure_model(settings: MapSettings, name: str, loaded: Loaded, inputs: Array) -> ModelRow:
   """The model row of `name` (a target): its step costs and its encoder.
 
   Args:
@@ -396,25 +391,19 @@ def measure_model(settings: MapSettings, name: str, loaded: Loaded, inputs: Arra
     encoder_s, encoder_compile_s = encoder_time(scorer, inputs, cache_len,
                                                 settings.timing_repeats)
   t_chunk = verify.t_chunk
-  return {
-      "kind": "model", "model": name, "family": "t5 public" if name in SHAPES else "ours",
-      "public_params": SHAPES.get(name), **config_fields(loaded.model), **loaded.info,
-      "t_step_s": verify.t_step, "t_verify_s": {str(k): t for k, t in t_chunk.items()},
-      "verify_ratio": {str(k): t / verify.t_step for k, t in t_chunk.items()},
-      "verify_spread": {str(k): s for k, s in verify.spread.items()},
-      "verify_compile_s": verify.compile_s, "encoder_s": encoder_s,
-      "encoder_compile_s": encoder_compile_s, "prompt_len": int(inputs.shape[1]),
-      "idle_check_verify": verify_guard.record(), "idle_check": guard.record(),
-      "settings": settings_record(settings), **_stamp()}
-
-
-def t_chunk_of(model_row: dict) -> dict[int, float]:
-  """{k: T_verify(k)} of a model row (k = 1 is T_step), as measured."""
-  return {int(k): t for k, t in model_row["t_verify_s"].items()}
+  return ModelRow(
+      model=name, family="t5 public" if name in SHAPES else "ours",
+      public_params=SHAPES.get(name), **config_fields(loaded.model), **loaded.info,
+      t_step_s=verify.t_step, t_verify_s=dict(t_chunk),
+      verify_ratio={k: t / verify.t_step for k, t in t_chunk.items()},
+      verify_spread=dict(verify.spread), verify_compile_s=verify.compile_s,
+      encoder_s=encoder_s, encoder_compile_s=encoder_compile_s,
+      prompt_len=int(inputs.shape[1]), idle_check_verify=verify_guard.record(),
+      idle_check=guard.record(), settings=settings_record(settings), **_stamp())
 
 
 def measure_pair(settings: MapSettings, job: Job, target: Loaded, draft: Loaded,
-                 target_row: dict, batches: list[Array]) -> dict:
+                 target_row: ModelRow, batches: list[Array]) -> PairRow:
   """The pair row of `job`: the draft's seconds per proposed token and, for our family's
   pairs, both loops' own work and both encoders (`measure_loops`).
 
@@ -445,26 +434,25 @@ def measure_pair(settings: MapSettings, job: Job, target: Loaded, draft: Loaded,
         target=scorer)
     loops = (None if job.draft in SHAPES else
              measure_loops(settings, scorer, spec, warp, target_row, cost.seconds, batches))
-  return {
-      "kind": "pair", "draft": job.draft, "target": job.target,
-      "temperature": float(job.temperature), "draft_gamma": settings.draft_gamma,
-      "draft_params": draft.info["params"], "draft_decoder_bytes": draft.info["decoder_bytes"],
-      "draft_reads_target_encoder": spec.reads_target_encoder,
-      "t_draft_s": cost.seconds, "c": cost.seconds / target_row["t_step_s"],
-      "draft_compile_s": cost.compile_s,
-      "loop_costs": None if loops is None else dataclasses.asdict(loops[0]),
-      "alpha_of_these_weights": None if loops is None else loops[1].beta,
-      "measure_s": time.perf_counter() - began, "idle_check": guard.record(),
-      "settings": settings_record(settings), **_stamp()}
+  return PairRow(
+      draft=job.draft, target=job.target, temperature=float(job.temperature),
+      draft_gamma=settings.draft_gamma, draft_params=draft.info["params"],
+      draft_decoder_bytes=draft.info["decoder_bytes"],
+      draft_reads_target_encoder=spec.reads_target_encoder, t_draft_s=cost.seconds,
+      c=cost.seconds / target_row.t_step_s, draft_compile_s=cost.compile_s,
+      loop_costs=None if loops is None else loops[0],
+      alpha_of_these_weights=None if loops is None else loops[1].beta,
+      measure_s=time.perf_counter() - began, idle_check=guard.record(),
+      settings=settings_record(settings), **_stamp())
 
 
 def measure_loops(settings: MapSettings, scorer: T5Scorer, draft: Draft, warp: Warp,
-                  target_row: dict, t_draft: float, batches: list[Array]
+                  target_row: ModelRow, t_draft: float, batches: list[Array]
                   ) -> tuple[gamma_choice.LoopCosts, gamma_choice.AlphaEstimate]:
   """Both loops' own work and both encoders on `batches` (`costs.measure_loop_costs`,
   the speculative loop at `draft_gamma` and at `gamma_choice.second_gamma`'s), with the
   target's T_verify(k) fitted non-decreasing as `costs.calibrate` passes them."""
-  t_chunk = t_chunk_of(target_row)
+  t_chunk = target_row.t_verify_s
   fitted = {k: t_chunk[1] * r for k, r in gamma_choice.fitted_ratios(
       {k: t / t_chunk[1] for k, t in t_chunk.items()}).items()}
   return costs.measure_loop_costs(
@@ -504,14 +492,16 @@ def _say(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
 
-def run(settings: MapSettings, output_dir: str, say: Callable[[str], Any] = _say) -> list[dict]:
+def run(settings: MapSettings, output_dir: str, say: Callable[[str], Any] = _say
+        ) -> list[dict[str, Any]]:
   """Measures every row of `plan(settings)` missing from `<output_dir>/rows.jsonl`.
 
   Returns:
-    All rows of the file, those measured before included.
+    All rows of the file, those measured before included, as the file holds them
+    (`regime_predictions.write_report` reads them).
   """
   path = os.path.join(output_dir, ROWS_FILE)
-  rows = {row_key(r): r for r in results_io.read_rows(path)}
+  rows = {r.key: r for r in map(regime_rows.read_row, results_io.read_rows(path))}
   jobs = pending(settings, rows.values())
   say(f"regime map: {len(jobs)} of {len(plan(settings))} rows to measure into {path}.")
   batches = [jnp.asarray(buckets.to_bucket(x))
@@ -527,25 +517,24 @@ def run(settings: MapSettings, output_dir: str, say: Callable[[str], Any] = _say
       row = contention.when_quiet(lambda job=job: measure_pair(
           settings, job, models.get(job.target), models.get(job.draft),
           rows[("model", job.target)], batches), say)
-    row["wall_s"] = time.perf_counter() - began
-    results_io.append_row(path, row)
+    row = dataclasses.replace(row, wall_s=time.perf_counter() - began)
+    results_io.append_row(path, row.to_json())
     rows[job.key] = row
-    say(f"[{i}/{len(jobs)}] {describe(row)} ({row['wall_s']:.0f} s)")
+    say(f"[{i}/{len(jobs)}] {describe(row)} ({row.wall_s:.0f} s)")
     jax.clear_caches()  # Each row compiles its own programs; XLA:CPU maps each until dropped.
-  return list(rows.values())
+  return [row.to_json() for row in rows.values()]
 
 
-def describe(row: dict) -> str:
+def describe(row: regime_rows.Row) -> str:
   """One line of a row's main numbers."""
-  if row["kind"] == "model":
-    ratios = " ".join(f"{row['verify_ratio'][str(k)]:.2f}"
-                      for k in range(2, len(row["verify_ratio"]) + 1))
-    return (f"{row['model']}: T_step {1e3 * row['t_step_s']:.2f} ms, T_verify(k)/T_step "
-            f"k=2.. {ratios}, encoder {1e3 * row['encoder_s']:.1f} ms")
-  line = f"{row['draft']} for {row['target']} T={row['temperature']:g}: c {row['c']:.3f}"
-  loops = row["loop_costs"]
+  if isinstance(row, ModelRow):
+    ratios = " ".join(f"{row.verify_ratio[k]:.2f}" for k in range(2, len(row.verify_ratio) + 1))
+    return (f"{row.model}: T_step {1e3 * row.t_step_s:.2f} ms, T_verify(k)/T_step "
+            f"k=2.. {ratios}, encoder {1e3 * row.encoder_s:.1f} ms")
+  line = f"{row.draft} for {row.target} T={row.temperature:g}: c {row.c:.3f}"
+  loops = row.loop_costs
   if loops is None:
     return line
-  return (f"{line}, loop work {1e3 * loops['iteration_overhead_s']:.2f} ms per iteration + "
-          f"{1e3 * loops['proposal_overhead_s']:.2f} per proposal, "
-          f"{1e3 * loops['step_overhead_s']:.2f} per baseline step")
+  return (f"{line}, loop work {1e3 * loops.iteration_overhead_s:.2f} ms per iteration + "
+          f"{1e3 * loops.proposal_overhead_s:.2f} per proposal, "
+          f"{1e3 * loops.step_overhead_s:.2f} per baseline step")

@@ -19,8 +19,8 @@ Before any of that is read for shapes we cannot decode, `family_errors` holds th
 model against our family's measured speedups: each measured row of a pair this run
 measured, predicted from this run's costs with the row's own alpha, gamma and output
 length. The error is reported as it is (`error_summary`); the map stands on it only when
-every point is within `ERROR_LIMIT`. Pure functions of rows (`regime_map`'s, `PointRow`s):
-no timing, no model.
+every point is within `ERROR_LIMIT`. Pure functions of rows (`regime_rows`, `PointRow`): no
+timing, no model.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import numpy as np
 
 from specdec_jax import atomic_io, gamma_choice
 from specdec_jax.data import layout
-from specdec_jax.harness import regime_map, results_io
+from specdec_jax.harness import regime_map, regime_rows, results_io
 from specdec_jax.harness.record import PointRow
-from specdec_jax.harness.regime_rows import FamilyError, Prediction
+from specdec_jax.harness.regime_rows import FamilyError, ModelRow, PairRow, Prediction
 
 # alpha of the paper's Table 2 (T5-XXL target): (draft size, task, temperature) -> alpha.
 PAPER_ALPHA: dict[tuple[str, str, float], float] = {
@@ -145,8 +145,9 @@ def paper_alphas(draft: str, settings: MapPredictions, temperatures: Sequence[fl
           for (s, task, t), alpha in PAPER_ALPHA.items() if s == size and t in temperatures]
 
 
-def loop_costs(pair_row: dict, models: Mapping[str, dict], pair_rows: Mapping[tuple, dict],
-               settings: regime_map.MapSettings, tokens: float) -> gamma_choice.LoopCosts:
+def loop_costs(pair_row: PairRow, models: Mapping[str, ModelRow],
+               pair_rows: Mapping[tuple, PairRow], settings: regime_map.MapSettings,
+               tokens: float) -> gamma_choice.LoopCosts:
   """The loops' own work and the encoders that price a pair over `tokens` output tokens.
 
   Our family's pairs: their own (`regime_map.measure_loops`). A shape's pair: the work per
@@ -157,17 +158,17 @@ def loop_costs(pair_row: dict, models: Mapping[str, dict], pair_rows: Mapping[tu
   Raises:
     KeyError: the reference pair or a model row is not measured.
   """
-  own = pair_row["loop_costs"]
+  own = pair_row.loop_costs
   if own is None:
-    key = (settings.loop_reference, settings.family_target, float(pair_row["temperature"]))
-    own = {**pair_rows[key]["loop_costs"], "held_out": False,
-           "encode_target_s": models[pair_row["target"]]["encoder_s"],
-           "encode_draft_s": models[pair_row["draft"]]["encoder_s"]}
-  return gamma_choice.LoopCosts(**{**own, "loop_tokens": float(tokens)})
+    key = (settings.loop_reference, settings.family_target, float(pair_row.temperature))
+    own = dataclasses.replace(pair_rows[key].loop_costs, held_out=False,
+                              encode_target_s=models[pair_row.target].encoder_s,
+                              encode_draft_s=models[pair_row.draft].encoder_s)
+  return dataclasses.replace(own, loop_tokens=float(tokens))
 
 
-def predict(target_row: dict, pair_row: dict, loops: gamma_choice.LoopCosts, alpha: float,
-            max_gamma: int) -> gamma_choice.GammaChoice:
+def predict(target_row: ModelRow, pair_row: PairRow, loops: gamma_choice.LoopCosts,
+            alpha: float, max_gamma: int) -> gamma_choice.GammaChoice:
   """The whole cost model's speedup at gamma = 1..max_gamma, and its best gamma.
 
   Args:
@@ -182,30 +183,31 @@ def predict(target_row: dict, pair_row: dict, loops: gamma_choice.LoopCosts, alp
     included, over `loops.loop_tokens` tokens), `gamma` its best, `speedup_steps_only`
     and `speedup_thm38` beside it.
   """
-  return gamma_choice.make_choice(alpha, regime_map.t_chunk_of(target_row), pair_row["t_draft_s"],
+  return gamma_choice.make_choice(alpha, target_row.t_verify_s, pair_row.t_draft_s,
                                   loop_costs=loops, max_gamma=max_gamma)
 
 
-def _index(rows: Sequence[dict]) -> tuple[dict[str, dict], dict[tuple, dict]]:
+def _index(rows: Sequence[regime_rows.Row]
+           ) -> tuple[dict[str, ModelRow], dict[tuple, PairRow]]:
   """(model rows by name, pair rows by (draft, target, temperature))."""
-  models = {r["model"]: r for r in rows if r["kind"] == "model"}
-  pair_rows = {(r["draft"], r["target"], float(r["temperature"])): r
-               for r in rows if r["kind"] == "pair"}
+  models = {r.model: r for r in rows if isinstance(r, ModelRow)}
+  pair_rows = {(r.draft, r.target, float(r.temperature)): r
+               for r in rows if isinstance(r, PairRow)}
   return models, pair_rows
 
 
-def prediction_record(models: Mapping[str, dict], pair_rows: Mapping[tuple, dict],
-                      pair_row: dict, source: AlphaSource, settings: regime_map.MapSettings
+def prediction_record(models: Mapping[str, ModelRow], pair_rows: Mapping[tuple, PairRow],
+                      pair_row: PairRow, source: AlphaSource, settings: regime_map.MapSettings
                       ) -> Prediction:
   """One prediction: the pair, the alpha and where it comes from, every gamma's speedup, the
   best gamma and the terms at it."""
-  target_row = models[pair_row["target"]]
+  target_row = models[pair_row.target]
   loops = loop_costs(pair_row, models, pair_rows, settings, source.tokens)
   choice = predict(target_row, pair_row, loops, source.alpha, settings.max_gamma)
   gamma = choice.gamma
   return Prediction(
-      draft=pair_row["draft"], target=pair_row["target"], **dataclasses.asdict(source),
-      target_family=target_row["family"], target_decoder_bytes=target_row["decoder_bytes"],
+      draft=pair_row.draft, target=pair_row.target, **dataclasses.asdict(source),
+      target_family=target_row.family, target_decoder_bytes=target_row.decoder_bytes,
       t_step_s=choice.t_step_s, c=choice.c, gamma=gamma,
       speedup=choice.speedup_cost_model[gamma],
       speedup_by_gamma=dict(choice.speedup_cost_model),
@@ -213,11 +215,11 @@ def prediction_record(models: Mapping[str, dict], pair_rows: Mapping[tuple, dict
       speedup_thm38=choice.speedup_thm38[gamma],
       verify_ratio=choice.verify_ratio[gamma + 1],
       encoders_s=loops.encode_target_s + loops.encode_draft_s,
-      loop_work_from="own" if pair_row["loop_costs"] else settings.loop_reference,
+      loop_work_from="own" if pair_row.loop_costs else settings.loop_reference,
       reason=choice.reason)
 
 
-def predictions(rows: Sequence[dict], settings: regime_map.MapSettings,
+def predictions(rows: Sequence[regime_rows.Row], settings: regime_map.MapSettings,
                 prediction_settings: MapPredictions, measured: Mapping[str, Sequence[PointRow]]
                 ) -> list[Prediction]:
   """Every pair measured in `rows` at every alpha that applies: a shape's paper alpha and
@@ -243,7 +245,7 @@ def predictions(rows: Sequence[dict], settings: regime_map.MapSettings,
   return out
 
 
-def family_errors(rows: Sequence[dict], measured: Mapping[str, Sequence[PointRow]],
+def family_errors(rows: Sequence[regime_rows.Row], measured: Mapping[str, Sequence[PointRow]],
                   settings: regime_map.MapSettings) -> list[FamilyError]:
   """The cost model against our family's measured speedups: per measured batch-1 row of a
   pair this run measured (at a gamma it prices), the speedup predicted from this run's
@@ -267,7 +269,7 @@ def family_errors(rows: Sequence[dict], measured: Mapping[str, Sequence[PointRow
       loops = loop_costs(pair_row, models, pair_rows, settings, output_tokens(r))
       choice = predict(models[r.target], pair_row, loops, r.alpha_beta, settings.max_gamma)
       predicted = choice.speedup_cost_model[r.gamma]
-      env, here = r.environment, pair_row["environment"]
+      env, here = r.environment, pair_row.environment
       out.append(FamilyError(
           source=source, task=r.task, draft=r.draft, target=r.target,
           temperature=float(r.temperature), gamma=r.gamma, gamma_auto=r.gamma_auto,
@@ -328,31 +330,31 @@ def _cache_line(cache: Mapping[str, Any] | None) -> str:
           f"{cache['shared_cpu_list']}), read from /sys/devices/system/cpu/cpu0/cache.")
 
 
-def _models_table(models: Sequence[dict], cache: Mapping[str, Any] | None) -> list[str]:
-  ks = sorted(int(k) for k in models[0]["verify_ratio"] if k != "1") if models else []
+def _models_table(models: Sequence[ModelRow], cache: Mapping[str, Any] | None) -> list[str]:
+  ks = sorted(k for k in models[0].verify_ratio if k != 1) if models else []
   lines = ["| model | params (M) | decoder MiB per call | fits in the cache | T_step ms | "
            + " | ".join(f"k={k}" for k in ks) + " | encoder ms | compile s |",
            "|---|---|---|---|---|" + "---|" * len(ks) + "---|---|"]
-  for m in sorted(models, key=lambda m: m["decoder_bytes"]):
-    fits = "-" if cache is None else ("yes" if m["decoder_bytes"] <= cache["bytes"] else "no")
+  for m in sorted(models, key=lambda m: m.decoder_bytes):
+    fits = "-" if cache is None else ("yes" if m.decoder_bytes <= cache["bytes"] else "no")
     lines.append(
-        f"| {m['model']} | {m['params'] / 1e6:.1f} | {_mib(m['decoder_bytes'])} | {fits} | "
-        f"{1e3 * m['t_step_s']:.2f} | "
-        + " | ".join(f"{m['verify_ratio'][str(k)]:.2f}" for k in ks)
-        + f" | {1e3 * m['encoder_s']:.1f} | {m['verify_compile_s'] + m['encoder_compile_s']:.0f} |")
+        f"| {m.model} | {m.params / 1e6:.1f} | {_mib(m.decoder_bytes)} | {fits} | "
+        f"{1e3 * m.t_step_s:.2f} | "
+        + " | ".join(f"{m.verify_ratio[k]:.2f}" for k in ks)
+        + f" | {1e3 * m.encoder_s:.1f} | {m.verify_compile_s + m.encoder_compile_s:.0f} |")
   return lines
 
 
-def _pairs_table(pair_rows: Sequence[dict]) -> list[str]:
+def _pairs_table(pair_rows: Sequence[PairRow]) -> list[str]:
   lines = ["| draft | target | T | c | loop work ms per iteration / proposal / step | "
            "compile s |", "|---|---|---|---|---|---|"]
   for p in pair_rows:
-    loops = p["loop_costs"]
+    loops = p.loop_costs
     work = ("(from the reference pair)" if loops is None else " / ".join(
-        f"{1e3 * loops[k]:.2f}" for k in ("iteration_overhead_s", "proposal_overhead_s",
-                                           "step_overhead_s")))
-    lines.append(f"| {p['draft']} | {p['target']} | {p['temperature']:g} | {p['c']:.3f} | "
-                 f"{work} | {p['draft_compile_s']:.0f} |")
+        f"{1e3 * s:.2f}" for s in (loops.iteration_overhead_s, loops.proposal_overhead_s,
+                                   loops.step_overhead_s)))
+    lines.append(f"| {p.draft} | {p.target} | {p.temperature:g} | {p.c:.3f} | "
+                 f"{work} | {p.draft_compile_s:.0f} |")
   return lines
 
 
@@ -399,14 +401,14 @@ def _pays_lines(pays: Sequence[dict]) -> list[str]:
   return lines
 
 
-def markdown(rows: Sequence[dict], records: Sequence[Prediction],
+def markdown(rows: Sequence[regime_rows.Row], records: Sequence[Prediction],
              errors: Sequence[FamilyError], summary: Mapping[str, Any],
              cache: Mapping[str, Any] | None, command: str) -> str:
   """tables.md: the costs measured, the cost model's error on our family, the predictions
   and the smallest target that pays."""
-  models = [r for r in rows if r["kind"] == "model"]
-  pair_rows = [r for r in rows if r["kind"] == "pair"]
-  env = rows[0]["environment"] if rows else {}
+  models = [r for r in rows if isinstance(r, ModelRow)]
+  pair_rows = [r for r in rows if isinstance(r, PairRow)]
+  env = rows[0].environment if rows else {}
   lines = [f"# The T5 regime map on {env.get('cpu_model', '?')} ({env.get('backend', '?')}, "
            f"{env.get('cpu_count', '?')} CPUs)", "",
            "**These are predictions from measured costs and published alpha, not decodes of "
@@ -439,21 +441,31 @@ PREDICTIONS_FILE = "predictions.json"
 TABLES_FILE = "tables.md"
 
 
-def write_report(rows: Sequence[dict], settings: regime_map.MapSettings,
+def write_report(rows: Sequence[Mapping[str, Any]], settings: regime_map.MapSettings,
                  prediction_settings: MapPredictions, output_dir: str, command: str
                  ) -> dict[str, Any]:
   """Writes `<output_dir>/predictions.json` and `tables.md` (atomically) from the rows.
+
+  Args:
+    rows: rows.jsonl's rows as the file holds them (`regime_map.run` returns them,
+      `results_io.read_rows` reads them), each read once (`regime_rows.read_row`).
+    settings: the settings they were measured with.
+    prediction_settings: where alpha and output lengths come from.
+    output_dir: where the files go.
+    command: the command line the tables name.
 
   Returns:
     The report: "predictions" (`Prediction`s), "family_errors" (`FamilyError`s),
     "error_summary", "where_it_pays", "last_level_cache" (this machine's, as the rows'
     environment recorded it) and the settings; predictions.json holds it as JSON.
   """
+  map_rows = [regime_rows.read_row(r) for r in rows]
   measured = read_measured(prediction_settings.measured_rows)
-  records = predictions(rows, settings, prediction_settings, measured)
-  errors = family_errors(rows, measured, settings)
+  records = predictions(map_rows, settings, prediction_settings, measured)
+  errors = family_errors(map_rows, measured, settings)
   summary = error_summary(errors)
-  cache = rows[0]["environment"]["last_level_cache"] if rows else regime_map.last_level_cache()
+  cache = (map_rows[0].environment["last_level_cache"] if map_rows
+           else regime_map.last_level_cache())
   report = {"predictions": records, "family_errors": errors, "error_summary": summary,
             "where_it_pays": where_it_pays(records), "last_level_cache": cache,
             "settings": regime_map.settings_record(settings),
@@ -465,5 +477,5 @@ def write_report(rows: Sequence[dict], settings: regime_map.MapSettings,
       **report, "predictions": [r.to_json() for r in records],
       "family_errors": [dataclasses.asdict(e) for e in errors]})
   atomic_io.atomic_write_text(os.path.join(output_dir, TABLES_FILE),
-                              markdown(rows, records, errors, summary, cache, command))
+                              markdown(map_rows, records, errors, summary, cache, command))
   return report
