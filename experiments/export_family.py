@@ -1,11 +1,11 @@
 """Ships the trained family: `checkpoints/<name>/hf` -> `assets/models/<name>/` + model card.
 
-  python -m experiments.export_family [--alpha_json=results/alpha.json]
+  python -m experiments.export_family [--alpha_json=results/alpha/alpha.json]
 
 Each model directory gets the HF T5 files (`config.json`, `model.safetensors` stored in
 float16 to keep the family under 100 MB, `spiece.model`) and a `README.md` model card
 built from the run's `train_summary.json`. `--alpha_json` adds the measured acceptance
-rates vs the target: `{"<draft name>": {"<task>": {"T=0": alpha, "T=1": alpha}}}`.
+rates vs the target: the JSON `python -m experiments.measure_alpha` writes.
 Each directory is replaced atomically; runs without a summary are skipped with a note.
 """
 
@@ -103,7 +103,13 @@ def _steps(summary: dict) -> str:
 
 
 def model_card(name: str, summary: dict, alphas: dict | None) -> str:
-  """The README.md of one shipped model."""
+  """The README.md of one shipped model.
+
+  Args:
+    name: the model's name (its folder).
+    summary: its run's `train_summary.json`.
+    alphas: `experiments.measure_alpha`'s JSON for the target, or None.
+  """
   cfg = summary["model_config"]
   hours = summary["train_wall_time_s"] / 3600
   val = summary["validation_loss"]
@@ -158,20 +164,20 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
               f"token distributions (temperature {loss['distill_temperature']}).", ""]
   if name != "target":
     lines += ["## Acceptance rate α vs the target", ""]
-    if alphas and name in alphas:
+    if alphas and name in alphas["alpha"]:
       lines += ["| task | α (T=0) | α (T=1) |", "|---|---|---|"]
-      for task, by_t in sorted(alphas[name].items()):
-        lines.append(f"| {task} | {_fmt(by_t.get('T=0'), 3)} | {_fmt(by_t.get('T=1'), 3)} |")
-      how = alphas.get("_details", {}).get(name)
-      if how:
-        total = how.get("split_examples", {})
-        examples = "; ".join(
-            f"{t}: {n} of {total[t]} examples, evenly spaced" if total.get(t, n) != n
-            else f"{t}: all {n} examples" for t, n in sorted(how["examples"].items()))
-        split = how.get("split", "test")
-        lines += ["", f"α = {how['estimator']}; speculative sampling with γ = {how['gamma']} "
-                  f"on the {split} splits ({examples}), up to {how['max_decode_len']} "
-                  "tokens each (`python -m experiments.measure_alpha`)."]
+      for task, by_t in sorted(alphas["alpha"][name].items()):
+        beta = {key: by_t[key]["alpha_beta"] if key in by_t else None for key in ("T=0", "T=1")}
+        lines.append(f"| {task} | {_fmt(beta['T=0'], 3)} | {_fmt(beta['T=1'], 3)} |")
+      how = alphas["_details"]
+      total, run = how["split_examples"], how["settings"]
+      examples = "; ".join(
+          f"{t}: {n} of {total[t]} examples, evenly spaced" if total.get(t, n) != n
+          else f"{t}: all {n} examples" for t, n in sorted(how["examples"].items())
+          if t in alphas["alpha"][name])
+      lines += ["", f"α = {how['estimators']['alpha_beta']}; speculative sampling with γ = "
+                f"{run['gamma']} on the {run['split']} splits ({examples}), up to "
+                f"{run['max_decode_len']} tokens each (`python -m experiments.measure_alpha`)."]
     else:
       lines.append("Not measured yet: needs the trained target (`python -m "
                    "experiments.measure_alpha`, then export with `--alpha_json`).")

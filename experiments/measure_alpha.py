@@ -1,51 +1,61 @@
-"""Acceptance rates of the shipped drafts against the target on a whole split (test by default).
+"""Acceptance rates of drafts against a target of any kind, on a whole split: Table 3.
 
-  python -m experiments.measure_alpha [--num_examples=N] [--split=test] [--gin.Settings.gamma=3]
+  python -m experiments.measure_alpha [--gin_file=gin_configs/llama_smollm2.gin] \
+      [--drafts=a,b] [--tasks=ende,mansum] [--temperatures=0,1] [--split=test] \
+      [--num_examples=N] [--batch_size=32] [--output=results/alpha/alpha.json]
 
-For each draft, task and temperature this runs speculative sampling (no timing,
-no baseline) over the examples of the task's `--split` in batches and pools the loop's
-counters: alpha as the mean of beta = sum_x min(p(x), q(x)) over verified
-positions (the paper's definition, section 3.1) and as the empirical S / (S + R),
-plus tokens per target call (`specdec_jax.stats`). The shared settings (models
-directory, target, input and output lengths, gamma, seed) are `Settings`, bound
-in gin (`--gin_file`, `--gin.Settings.FIELD=VALUE`). The JSON it writes (atomically) is what
-`experiments.export_family --alpha_json` puts in the model cards:
-`{"<draft>": {"<task>": {"T=0": alpha, "T=1": alpha}}, "_details": {"<draft>": {...}}}`,
-with how each draft was measured (examples, gamma, lengths, environment, date)
-under `_details`. Drafts already in the file and not named by `--drafts` are
-kept, so the family can be measured one draft at a time.
+The target and its drafts are built as `experiments.run` builds them
+(`harness.registry`): the shared `Settings`, bound in gin (`--gin_file`, any run's
+config; `--gin.Settings.FIELD=VALUE`), name the kind of target (`Settings.target_kind`),
+the target, the lengths, gamma and the seed; every `--drafts` spec is a draft of that kind
+(for a "t5" target, by default, the shipped family's drafts). The run is checked before
+any weights load. For each draft, task and temperature this runs the speculative loop (no
+timing, no baseline) over the task's examples of `--split`, evenly spaced, in batches
+(batch i samples with `fold_in(PRNGKey(seed), i)`; the last batch is left short, since
+filler rows would join the counters), and pools its counters (`stats.Pooled`): alpha as
+the mean of beta = sum_x min(p(x), q(x)) over verified positions (the paper's estimator,
+section 3.1) and as S / (S + R), and tokens per target call. Nothing is timed, so
+`XLA_FLAGS=--xla_backend_optimization_level=0` may cut a large target's compile time
+without changing a number.
+
+`--output` (JSON, rewritten atomically after every row):
+`{"alpha": {draft: {task: {"T=0": {"alpha_beta", "alpha_empirical", "tokens_per_call",
+"tokens", "iterations", "examples", "accepted_histogram"}}}}, "_details": {...}}`, with
+how they were measured under `_details` (`details`). Rows of drafts not measured now are
+kept, so the drafts can be measured one at a time; a file measured with other settings is
+refused. `experiments.export_family --alpha_json` puts the alphas in the model cards, and
+`experiments.analyze` prints a decoder-only target's file as Table 3's rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-import sentencepiece as spm
-import tqdm
 from absl import app, flags
 
-from specdec_jax import atomic_io, benchmarking
-from specdec_jax.checkpoints import (
-  load_hf_checkpoint,
-  load_hf_config,
-  load_model,
-  load_model_config,
-)
-from specdec_jax.data import layout, prompts
+from specdec_jax import atomic_io, benchmarking, distributed, partitioning, stats, validation
+from specdec_jax.data import chat_prompts, layout, prompts
+from specdec_jax.decoding import buckets, speculative
+from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import family, gin_flags, settings
-from specdec_jax.models.t5 import T5Model, make_draft, measure_alpha
+from specdec_jax.harness import family, gin_flags, registry, settings, targets
 
-_DRAFTS = flags.DEFINE_list("drafts", list(family.DRAFTS), "The drafts' sub-folders.")
+_DRAFTS = flags.DEFINE_list(
+    "drafts", None, "Draft specs of the target's kind (`Experiment.drafts` of a run); default "
+    "for a 't5' target: the shipped family's drafts.")
 _TASKS = flags.DEFINE_list("tasks", ["ende", "mansum"], "Tasks.")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Sampling temperatures.")
 _SPLIT = flags.DEFINE_enum(
-    "split", "test", ["train", "validation", "test"],
+    "split", "test", list(layout.SPLITS),
     "The split the inputs come from: test for the reported alpha; train or validation to "
     "see how much of it a draft owes to having seen the inputs.")
 _NUM_EXAMPLES = flags.DEFINE_integer(
@@ -54,9 +64,11 @@ _NUM_EXAMPLES = flags.DEFINE_integer(
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows decoded together.", lower_bound=1)
 _OUTPUT = flags.DEFINE_string(
     "output", os.path.join(layout.REPO_ROOT, "results", "alpha", "alpha.json"),
-    "The JSON written; drafts already in it and not measured now are kept.")
+    "The JSON written; rows of drafts not measured now are kept.")
 
-DETAILS = "_details"  # Key of the per-draft measurement settings in the JSON.
+DETAILS = "_details"  # Key of how the rows were measured.
+ESTIMATORS = {"alpha_beta": "mean beta over verified positions (paper, section 3.1)",
+              "alpha_empirical": "S / (S + R)"}
 
 
 def _are_temperatures(values: list[str]) -> bool:
@@ -68,9 +80,11 @@ def _are_temperatures(values: list[str]) -> bool:
 
 flags.register_validator("temperatures", _are_temperatures,
                          "--temperatures must be numbers >= 0 (0 = greedy), e.g. 0,1.")
-flags.register_validator("tasks", lambda tasks: bool(tasks) and set(tasks) <= set(layout.CORPORA),
-                         f"--tasks must list some of {sorted(layout.CORPORA)}.")
-flags.register_validator("drafts", bool, "--drafts must name at least one draft.")
+flags.register_validator(
+    "tasks", lambda tasks: bool(tasks) and set(tasks) <= {*layout.CORPORA, *chat_prompts.TASKS},
+    f"--tasks must list some of {sorted({*layout.CORPORA, *chat_prompts.TASKS})}.")
+flags.register_validator("drafts", lambda drafts: drafts is None or bool(drafts),
+                         "--drafts must name at least one draft.")
 
 
 def spread(items: list, count: int | None) -> list:
@@ -82,7 +96,7 @@ def spread(items: list, count: int | None) -> list:
   return [items[i] for i in np.linspace(0, len(items) - 1, count).round().astype(int)]
 
 
-def _batches(tokens: np.ndarray, batch_size: int) -> list[np.ndarray]:
+def batches(tokens: np.ndarray, batch_size: int) -> list[np.ndarray]:
   """Rows cut into batches of `batch_size`; the last one holds the rest.
 
   Padding it with filler rows would add them to the pooled counters, so it is
@@ -91,70 +105,166 @@ def _batches(tokens: np.ndarray, batch_size: int) -> list[np.ndarray]:
   return [tokens[i:i + batch_size] for i in range(0, len(tokens), batch_size)]
 
 
-def merge_alphas(old: dict, new: dict) -> dict:
-  """`new`'s drafts replace (or join) those of `old`; both in the file's layout."""
-  merged = {k: v for k, v in old.items() if k != DETAILS and k not in new}
-  merged.update({k: v for k, v in new.items() if k != DETAILS})
-  details = {k: v for k, v in old.get(DETAILS, {}).items() if k in merged}
-  details.update(new.get(DETAILS, {}))
-  return {**dict(sorted(merged.items())), DETAILS: dict(sorted(details.items()))}
+def temperature_key(temperature: float) -> str:
+  """How a temperature keys a row: "T=0", "T=1", "T=0.5"."""
+  return f"T={temperature:g}"
+
+
+def measure(target: targets.LoadedTarget, draft: Draft, inputs: Sequence[jax.Array], *,
+            gamma: int, max_decode_len: int, temperature: float, seed: int) -> dict[str, Any]:
+  """One row: the speculative loop's counters pooled over `inputs`.
+
+  Args:
+    target: the loaded target.
+    draft: the draft, checked against the target (`validation.check_draft`).
+    inputs: int32 `[batch, input_len]` batches, checked against the vocabulary.
+    gamma: proposals per target call.
+    max_decode_len: the most tokens per row.
+    temperature: the sampling temperature (0 = greedy).
+    seed: batch i samples with `fold_in(PRNGKey(seed), i)`.
+
+  Returns:
+    alpha by both estimators, tokens per target call, and the counters they come from.
+  """
+  calls = []
+  for i, batch in enumerate(inputs):
+    out = speculative.speculative_decode(
+        target.scorer, draft, batch, jax.random.fold_in(jax.random.PRNGKey(seed), i),
+        gamma=gamma, max_decode_len=max_decode_len, warp=Warp(temperature),
+        eos_id=target.eos_id, draft_inputs=batch)
+    calls.append(distributed.fetch(out.stats))
+  pooled = stats.Pooled.of(calls)
+  return {"alpha_beta": pooled.alpha_beta(), "alpha_empirical": pooled.alpha_empirical(),
+          "tokens_per_call": pooled.tokens_per_call(), "tokens": int(pooled["tokens"]),
+          "iterations": int(pooled["iterations"]),
+          "examples": sum(int(b.shape[0]) for b in inputs),
+          "accepted_histogram": pooled["accepted_histogram"].astype(int).tolist()}
+
+
+def run_settings(exp: settings.Experiment) -> dict[str, Any]:
+  """What every row of a file depends on besides its draft, task and temperature."""
+  return {"target_kind": exp.target_kind, "target": exp.target, "models_dir": exp.models_dir,
+          "split": exp.split, "num_examples": _NUM_EXAMPLES.value,
+          "batch_size": _BATCH_SIZE.value, "gamma": exp.gamma, "input_len": exp.input_len,
+          "max_decode_len": exp.max_decode_len, "seed": exp.seed, "dtype": exp.dtype}
+
+
+def details(exp: settings.Experiment, target: targets.LoadedTarget,
+            examples: dict[str, tuple[int, int]], previous: dict[str, Any]) -> dict[str, Any]:
+  """`_details`: how the rows were measured.
+
+  Args:
+    exp: the run's settings.
+    target: the loaded target.
+    examples: task -> (examples measured, examples in the split).
+    previous: the `_details` of the file being extended ({} for a new file).
+  """
+  kind = registry.target_kind(exp.target_kind)
+  drafts = {**previous.get("drafts", {}),
+            **{spec: kind.draft_kind(spec).name for spec in exp.drafts}}
+  return {
+      "target": f"{exp.target} ({exp.target_kind}, {exp.dtype})", "settings": run_settings(exp),
+      "prompts": {**previous.get("prompts", {}),
+                  **{task: target.prompt_format(task) for task in exp.tasks}},
+      "examples": {**previous.get("examples", {}), **{t: n for t, (n, _) in examples.items()}},
+      "split_examples": {**previous.get("split_examples", {}),
+                         **{t: total for t, (_, total) in examples.items()}},
+      "drafts": drafts,
+      "ngram_fit": target.ngram_fit[0] if target.ngram_fit else previous.get("ngram_fit"),
+      "ngram_fit_tokens": (target.ngram_fit[1] if target.ngram_fit
+                           else previous.get("ngram_fit_tokens")),
+      "estimators": ESTIMATORS,
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "environment": benchmarking.environment(target.scorer.decode_options.provenance())}
+
+
+def previous_rows(path: str, exp: settings.Experiment) -> dict[str, Any]:
+  """The file at `path` to extend ({} if there is none).
+
+  Raises:
+    app.UsageError: it was measured with other settings (its rows cannot join these).
+  """
+  if not os.path.exists(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    previous = json.load(f)
+  theirs, ours = previous.get(DETAILS, {}).get("settings"), run_settings(exp)
+  if theirs != ours:
+    differ = sorted(k for k in {*ours, *(theirs or {})}
+                    if (theirs or {}).get(k) != ours.get(k))
+    raise app.UsageError(f"--output={path} holds alphas measured with other settings "
+                         f"({', '.join(differ)} differ); write elsewhere with --output, or "
+                         "delete it to measure again.")
+  return previous
+
+
+def experiment(shared: settings.Settings) -> settings.Experiment:
+  """The run as `registry.check` sees it: the shared settings, the flags' drafts and tasks.
+
+  Raises:
+    app.UsageError: a bad draft, task, target or setting (checked without weights).
+  """
+  drafts = _DRAFTS.value
+  if drafts is None:
+    if shared.target_kind != "t5":
+      raise app.UsageError(f"--drafts: name the drafts of the {shared.target_kind!r} target, "
+                           "e.g. --drafts=prompt_lookup,bigram,layer_skip_8.")
+    drafts = list(family.DRAFTS)
+  temperatures = tuple(float(t) for t in _TEMPERATURES.value)
+  fields = {f.name: getattr(shared, f.name) for f in dataclasses.fields(settings.Settings)}
+  try:
+    exp = settings.Experiment(**fields, name="measure_alpha", drafts=tuple(drafts),
+                              tasks=tuple(_TASKS.value), split=_SPLIT.value,
+                              temperatures=temperatures)
+    registry.check(exp)
+  except (ValueError, FileNotFoundError, ImportError) as e:
+    raise app.UsageError(f"{e} (Experiment.drafts / tasks are --drafts / --tasks here.)") from e
+  return exp
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
-  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
-  temperatures = [float(t) for t in _TEMPERATURES.value]
-  # Every config is checked before any weights load.
-  target_vocab = load_hf_config(shared.checkpoint_dir(shared.target)).vocab_size
-  for name in _DRAFTS.value:
-    vocab = load_model_config(shared.checkpoint_dir(name)).vocab_size
-    if vocab != target_vocab:
-      raise app.UsageError(f"--drafts: {name} has vocab_size {vocab}, the target "
-                           f"{target_vocab}; a draft must share the target's vocabulary.")
-  target_cfg, target_params = load_hf_checkpoint(shared.checkpoint_dir(shared.target))
-  target = T5Model(target_cfg)
-  target_params = target.prepare(jax.device_put(target_params))  # Once, for every run.
-  processor = spm.SentencePieceProcessor(
-      model_file=os.path.join(shared.checkpoint_dir(shared.target), "spiece.model"))
-  examples, split_sizes = {}, {}
-  for task in _TASKS.value:
-    pairs = prompts.load_examples(task, _SPLIT.value, None)[0]
-    split_sizes[task] = len(pairs)
-    pairs = spread(pairs, _NUM_EXAMPLES.value)
-    examples[task] = _batches(prompts.tokenize(processor, [x for x, _ in pairs],
-                                               shared.input_len), _BATCH_SIZE.value)
-  alphas, by_run = {}, {}
-  jobs = [(d, t, temp) for d in _DRAFTS.value for t in _TASKS.value for temp in temperatures]
-  drafts = {}
-  for name, task, temperature in tqdm.tqdm(jobs, unit="run"):
-    if name not in drafts:
-      drafts[name] = make_draft(*load_model(shared.checkpoint_dir(name)))
-    got = measure_alpha(target, target_params, drafts[name], examples[task],
-                                   gamma=shared.gamma, max_decode_len=shared.max_decode_len,
-                                   warp=Warp(temperature), rng=jax.random.PRNGKey(shared.seed))
-    key = f"T={temperature:g}"
-    alphas.setdefault(name, {}).setdefault(task, {})[key] = round(got.beta, 4)
-    by_run.setdefault(name, {}).setdefault(task, {})[key] = got._asdict()
-    tqdm.tqdm.write(f"{name} {task} {key}: alpha {got.beta:.3f} (S/(S+R) "
-                    f"{got.empirical:.3f}), {got.tokens_per_iteration:.2f} tokens/call")
-  how = {
-      "estimator": "mean beta over verified positions (paper, section 3.1)",
-      "gamma": shared.gamma, "batch_size": _BATCH_SIZE.value, "seed": shared.seed,
-      "split": _SPLIT.value,
-      "examples": {t: int(sum(len(b) for b in examples[t])) for t in examples},
-      "split_examples": split_sizes,
-      "input_len": shared.input_len, "max_decode_len": shared.max_decode_len,
-      "models_dir": os.path.relpath(shared.models_dir, layout.REPO_ROOT),
-      "environment": benchmarking.environment(),
-      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-  }
-  alphas[DETAILS] = {name: {**how, "by_run": by_run[name]} for name in by_run}
-  if os.path.exists(_OUTPUT.value):
-    with open(_OUTPUT.value) as f:
-      alphas = merge_alphas(json.load(f), alphas)
-  atomic_io.write_json(_OUTPUT.value, alphas)
-  print(f"Wrote {_OUTPUT.value}.")
+  exp = experiment(settings.load_settings(gin_flags.GIN_FILE.value,
+                                          gin_flags.GIN_BINDINGS.value))
+  output = _OUTPUT.value
+  previous = previous_rows(output, exp)
+  kind = registry.target_kind(exp.target_kind)
+  mesh = partitioning.make_mesh()
+  with jax.set_mesh(mesh):
+    target = kind.load(exp, mesh)
+    inputs, examples = {}, {}
+    for task in exp.tasks:
+      pairs = prompts.load_examples(task, exp.split, None)[0]
+      picked = spread(pairs, _NUM_EXAMPLES.value)
+      examples[task] = (len(picked), len(pairs))
+      tokens = target.tokenize(task, [x for x, _ in picked], exp.input_len)
+      validation.check_token_ids("inputs", tokens, target.scorer.vocab_size)
+      inputs[task] = [buckets.to_bucket(jnp.asarray(b))
+                      for b in batches(tokens, _BATCH_SIZE.value)]
+    alpha = previous.get("alpha", {})
+    drafts: dict[tuple[str, str], Draft] = {}
+    for spec in exp.drafts:
+      draft_kind = kind.draft_kind(spec)
+      for task in exp.tasks:
+        key = targets.draft_key(draft_kind, spec, task)
+        if key not in drafts:
+          drafts[key] = draft_kind.build(target, spec, key[1])
+          validation.check_draft(drafts[key], target.scorer.vocab_size, inputs[task][0], None,
+                                 target.encoder_width)
+        for temperature in exp.temperatures:
+          row = measure(target, drafts[key], inputs[task], gamma=exp.gamma,
+                        max_decode_len=exp.max_decode_len, temperature=temperature,
+                        seed=exp.seed)
+          alpha.setdefault(spec, {}).setdefault(task, {})[temperature_key(temperature)] = row
+          print(f"{spec} {task} {temperature_key(temperature)}: alpha {row['alpha_beta']:.3f} "
+                f"(S/(S+R) {row['alpha_empirical']:.3f}), {row['tokens_per_call']:.2f} "
+                "tokens/call", flush=True)
+          if distributed.is_primary():
+            atomic_io.write_json(output, {"alpha": dict(sorted(alpha.items())),
+                                          DETAILS: details(exp, target, examples,
+                                                           previous.get(DETAILS, {}))})
+  print(f"Wrote {output}.")
 
 
 if __name__ == "__main__":

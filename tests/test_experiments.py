@@ -18,7 +18,7 @@ from absl import flags
 from absl.testing import flagsaver
 from conftest import make_model, make_point_row
 
-from experiments import analyze, measure_alpha
+from experiments import analyze
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding.sampling import Warp
@@ -263,16 +263,6 @@ def test_decoder_only_table3_has_both_estimators_in_order():
   assert "| mansum | layer_skip_24 |" in committed and "alpha_llama" in committed
 
 
-@pytest.mark.parametrize("flag, value", [
-    ("temperatures", ["0", "hot"]), ("temperatures", ["-1"]), ("temperatures", ["nan"]),
-    ("temperatures", []),
-    ("tasks", ["klingon"]), ("drafts", []), ("batch_size", 0), ("num_examples", 0),
-])
-def test_measure_alpha_flags_are_checked_when_parsed(flag, value):
-  with flagsaver.flagsaver(), pytest.raises(flags.IllegalFlagValueError, match=flag):
-    setattr(flags.FLAGS, flag, value)
-
-
 @pytest.mark.parametrize("binding, match", [
     ("Settings.gamma = 0", r"Settings\.gamma must be an int >= 1"),
     ("Settings.input_len = 1", r"Settings\.input_len must be an int >= 2"),
@@ -307,29 +297,11 @@ def test_settings_are_shared_and_a_run_may_override_them(tmp_path, models_dir):
     gin.clear_config()
 
 
-def test_spread_takes_evenly_spaced_examples():
-  items = list(range(10))
-  assert measure_alpha.spread(items, 4) == [0, 3, 6, 9]
-  assert measure_alpha.spread(items, None) == items and measure_alpha.spread(items, 99) == items
-
-
-def test_merge_alphas_keeps_drafts_not_remeasured():
-  old = {"a": {"ende": {"T=0": 0.1}}, "b": {"ende": {"T=0": 0.2}},
-         "_details": {"a": {"gamma": 3}, "b": {"gamma": 3}}}
-  new = {"b": {"ende": {"T=0": 0.5}}, "c": {"ende": {"T=0": 0.7}},
-         "_details": {"b": {"gamma": 5}, "c": {"gamma": 5}}}
-  got = measure_alpha.merge_alphas(old, new)
-  assert list(got) == ["a", "b", "c", "_details"]
-  assert [got[k]["ende"]["T=0"] for k in "abc"] == [0.1, 0.5, 0.7]
-  assert got["_details"] == {"a": {"gamma": 3}, "b": {"gamma": 5}, "c": {"gamma": 5}}
-
-
-def test_measure_alpha_is_one_for_the_target_as_its_own_draft():
+def test_t5_measure_alpha_is_one_for_the_target_as_its_own_draft():
   model, params = make_model("test-v1_1", 0)
   draft = T5Draft(model, params)
   rows = np.random.RandomState(0).randint(2, 97, (5, 6)).astype(np.int32)
-  batches = measure_alpha._batches(rows, 3)
-  assert [len(b) for b in batches] == [3, 2]
+  batches = [rows[:3], rows[3:]]
   kwargs = dict(gamma=2, max_decode_len=6, warp=Warp(1.0), rng=jax.random.PRNGKey(0))
   got = t5.measure_alpha(model, params, draft, batches, **kwargs)
   np.testing.assert_allclose([got.beta, got.empirical], [1.0, 1.0], atol=1e-5)

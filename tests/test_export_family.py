@@ -35,9 +35,11 @@ def _fake_run(root: str, name: str) -> dict:
 
 def test_export_writes_float16_folders_and_cards(tmp_path):
   params = _fake_run(str(tmp_path / "ckpt"), "draft_small")
-  alphas = {"draft_small": {"ende": {"T=0": 0.6543, "T=1": 0.5}},
-            "_details": {"draft_small": {"estimator": "mean beta", "gamma": 3,
-                                         "examples": {"ende": 7}, "max_decode_len": 64}}}
+  alphas = {"alpha": {"draft_small": {"ende": {"T=0": {"alpha_beta": 0.6543},
+                                                "T=1": {"alpha_beta": 0.5}}}},
+            "_details": {"estimators": {"alpha_beta": "mean beta"},
+                         "settings": {"gamma": 3, "split": "test", "max_decode_len": 64},
+                         "examples": {"ende": 7}, "split_examples": {"ende": 7}}}
   out = tmp_path / "models"
   export_family.export_family(str(tmp_path / "ckpt"), str(out), ["target", "draft_small"],
                               alphas, max_total_mb=100.0)

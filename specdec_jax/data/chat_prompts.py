@@ -14,7 +14,7 @@ pages that no training or validation prompt saw:
     up to ~128 tokens, the longer English task;
   * "ende": translate into German (Table 3's row; SmolLM2-135M cannot translate).
 
-`experiments.alpha_llama`, the runner's `llama_gguf` target kind and the
+The `llama_gguf` target kind (`experiments.run`, `experiments.measure_alpha`) and the
 distillation commands build their prompts here, so all of them read the same
 prompts of the same examples.
 """

@@ -13,8 +13,8 @@ instruction and the example's source in the file's chat template, at most
   * "layer_skip_<L>": the target's first L layers, its final norm and head
     (`LayerSkipDraft`; no weights of its own);
   * "unigram" / "bigram": fit on the target's own greedy outputs for
-    `NgramFit.examples` chat prompts per task of `NgramFit.split` (gin), as
-    `experiments.alpha_llama` fits them (`fit_ngram_drafts`); one fit per run;
+    `NgramFit.examples` chat prompts per task of `NgramFit.split` (gin)
+    (`fit_ngram_drafts`); one fit per run;
   * "draft_<name>": a trained draft that reads the target's embedding
     (`models.llama.student`), saved in `Settings.models_dir/draft_<name>`
     (`student_io`); refused before any work unless it was trained for this file.
@@ -175,17 +175,33 @@ class LlamaTarget(LoadedTarget):
   def pieces(self, ids: list[int]) -> list[str]:
     return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
 
-  @functools.cached_property
+  def prompt_format(self, task: str) -> str:
+    return (f"{chat_prompts.task(task).instruction}<source>, in the file's chat template "
+            "(the source cut at a word boundary to fit)")
+
+  @property
   def ngram_drafts(self) -> dict[str, NgramDraft]:
     """The unigram and bigram drafts fit on this target's greedy outputs (`NgramFit`)."""
+    return self._ngram_fit[0]
+
+  @property
+  def ngram_fit(self) -> tuple[str, int] | None:
+    if "_ngram_fit" not in self.__dict__:
+      return None
+    fit = NgramFit()
+    return (f"greedy target outputs for {fit.examples} {fit.split} prompts per task "
+            f"({', '.join(chat_prompts.TASKS)})", self._ngram_fit[1])
+
+  @functools.cached_property
+  def _ngram_fit(self) -> tuple[dict[str, NgramDraft], int]:
+    """`fit_ngram_drafts` on this target's greedy outputs for `NgramFit`'s prompts, once."""
     fit, width = NgramFit(), self.settings.input_len
     prompts = [p for task in chat_prompts.TASKS for p in chat_prompts.build_prompts(
         self.vocabulary, task, fit.split, fit.examples, width)]
     batches = (jnp.asarray(pad_prompts(prompts[i:i + fit.batch_size], width))
                for i in range(0, len(prompts), fit.batch_size))
-    drafts, _ = fit_ngram_drafts(self.scorer, batches, eos_id=self.eos_id,
-                                 max_decode_len=self.settings.max_decode_len)
-    return drafts
+    return fit_ngram_drafts(self.scorer, batches, eos_id=self.eos_id,
+                            max_decode_len=self.settings.max_decode_len)
 
 
 def load(settings: Settings, mesh: jax.sharding.Mesh) -> LlamaTarget:

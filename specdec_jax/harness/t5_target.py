@@ -59,6 +59,10 @@ class T5Target(LoadedTarget):
   def pieces(self, ids: list[int]) -> list[str]:
     return [self.processor.id_to_piece(i) for i in ids]
 
+  def prompt_format(self, task: str) -> str:
+    return (f"{layout.CORPORA[task].prefix!r} + the example's input, SentencePiece "
+            f"({os.path.basename(self.settings.vocab_path)}), EOS-terminated")
+
 
 def load(settings: Settings, mesh: jax.sharding.Mesh) -> T5Target:
   """The target checkpoint, sharded on `mesh` by the target rules, prepared once."""

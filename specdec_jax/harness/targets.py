@@ -1,13 +1,15 @@
 """What a measurement run needs from a kind of target model and its drafts: one interface.
 
-`experiments.run` measures any target behind a `decoding.scorer.Scorer`. A
+`experiments.run` and `experiments.measure_alpha` measure any target behind a
+`decoding.scorer.Scorer`. A
 target kind (`TargetKind`, named by `Settings.target_kind` in gin and listed in
 `harness.registry`) says how a run uses one family of targets:
 
   * `check(exp)`: the run's target (and tokenizer) are there and sound, before
     any weights load; returns the target's vocabulary size;
   * `load(settings, mesh)`: the `LoadedTarget`: its scorer, EOS id, how task
-    examples become its inputs (`tokenize`) and how its token ids read (`pieces`);
+    examples become its inputs (`tokenize`, described by `prompt_format`) and how its
+    token ids read (`pieces`);
   * `drafts`: the `DraftKind`s it can build, each matching the specs
     (`Experiment.drafts` entries) that name it, checked without weights and
     built from the loaded target.
@@ -69,6 +71,16 @@ class LoadedTarget(abc.ABC):
   @abc.abstractmethod
   def pieces(self, ids: list[int]) -> list[str]:
     """How each token id reads (for the saved example of a row)."""
+
+  @abc.abstractmethod
+  def prompt_format(self, task: str) -> str:
+    """How `tokenize` makes `task`'s inputs, in words (results files record it)."""
+
+  @property
+  def ngram_fit(self) -> tuple[str, int] | None:
+    """How this target's unigram / bigram drafts were fit on its own outputs, in words, and
+    the tokens they were fit on; None where they are not fit on its outputs (or not yet)."""
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
