@@ -4,6 +4,8 @@
       [--teacher=assets/models/target] [--output_dir=data_cache/distill]
       [--max_examples=N] [--max_shards=K]
   python -m experiments.distill_data --teacher=smollm2 [--tasks=mansum,explain] ...
+  python -m experiments.distill_data --archive=import [--archive_file=...] [--data_dir=...]
+  python -m experiments.distill_data --archive=export [--tasks=ende,mansum] [--archive_file=...]
 
 One greedy output and `--num_samples` samples per training input, written as shards and a
 manifest under `<output_dir>/<task>/` (format: `specdec_jax/data/distill.py`); killed at
@@ -11,17 +13,23 @@ any point, a rerun with the same flags resumes. What it does and refuses:
 `specdec_jax/distillation/decode.py`. Runs paused with SIGSTOP / SIGCONT simply continue;
 the command registers itself (`specdec_jax.contention.register_job`), so every timing
 command pauses it while it times.
+
+`--archive` decodes nothing: `export` packs the complete corpora of the T5 target's
+outputs in `<data_dir>/distill/` (hours of decoding) into one small file of token ids,
+`import` writes them back from it, byte for byte, on a new machine
+(`specdec_jax/data/distill_archive.py`; the committed one is `--archive_file`'s default).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 from absl import app, flags
 
 from specdec_jax import contention
-from specdec_jax.data import distill, layout
+from specdec_jax.data import distill, distill_archive, layout
 from specdec_jax.distillation.decode import DistillConfig, DistillError, distill_data
 from specdec_jax.distillation.teacher import DEFAULT_TEACHER, DEFAULT_VOCAB
 
@@ -74,6 +82,13 @@ _MAX_EXAMPLES = flags.DEFINE_integer(
 _MAX_SHARDS = flags.DEFINE_integer(
     "max_shards", None, "Stop after writing this many new shards (a rerun resumes).",
     flag_values=_FLAGS)
+_ARCHIVE = flags.DEFINE_enum(
+    "archive", None, ["export", "import"], "Instead of decoding: export packs "
+    "<data_dir>/distill/ into --archive_file; import unpacks --archive_file into it.",
+    flag_values=_FLAGS)
+_ARCHIVE_FILE = flags.DEFINE_string(
+    "archive_file", os.path.join(layout.ASSETS_DIR, "distill", "distill_tokens.npz"),
+    "The archive --archive reads or writes.", flag_values=_FLAGS)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -81,9 +96,35 @@ def _parse_flags(argv: list[str]) -> list[str]:
   return flags.FLAGS(_FLAGS(argv, known_only=True))
 
 
+def archive(action: str, path: str, data_dir: str, tasks: tuple[str, ...]) -> list[str]:
+  """`--archive`: packs (export) or unpacks (import) `<data_dir>/distill/`; what it did.
+
+  Raises:
+    ValueError, FileNotFoundError: incomplete corpora, a bad archive, or data there already.
+  """
+  if action == "export":
+    counts = distill_archive.export_archive(path, tasks, data_dir=data_dir)
+  else:
+    counts = distill_archive.import_archive(path, data_dir=data_dir)
+  where = f"{path} ({os.path.getsize(path) / 1e6:.2f} MB)"
+  root = distill.distill_root(data_dir)
+  return [f"{corpus}: {n} examples packed from {root} into {where}" if action == "export"
+          else f"{corpus}: {n} examples unpacked from {where} into {root}"
+          for corpus, n in counts.items()]
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _ARCHIVE.value:
+    try:
+      done = archive(_ARCHIVE.value, _ARCHIVE_FILE.value,
+                     _DATA_DIR.value or layout.default_data_dir(),
+                     tuple(_TASKS.value or layout.CORPORA))
+    except (ValueError, FileNotFoundError) as e:  # distill.ShardError is a ValueError.
+      sys.exit(f"distill_data --archive={_ARCHIVE.value}: error: {e}")
+    print("\n".join(done))
+    return
   try:
     buckets = tuple(int(b) for b in _BUCKETS.value)
   except ValueError as e:

@@ -25,7 +25,8 @@ from specdec_jax.harness import family
 
 _CHECKPOINTS_DIR = flags.DEFINE_string(
     "checkpoints_dir", os.path.join(layout.REPO_ROOT, "checkpoints"),
-    "Where experiments/train_family.sh trained the family.")
+    "Where the family was trained: <checkpoints_dir>/<name>, each a --model_dir of "
+    "experiments.train (docs/training.md).")
 _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join(layout.ASSETS_DIR, "models"),
                                "Output root.")
 _ALPHA_JSON = flags.DEFINE_string("alpha_json", None,

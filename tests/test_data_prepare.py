@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from specdec_jax.data import debian, layout, libreoffice, manpages, prepare, vocab
+from specdec_jax.data import corpora, debian, layout, libreoffice, manpages, prepare, prompts, vocab
 
 _HELP = ('<html><body><h1 id="hd_id1">{title}</h1><p id="par_id2">{body} '
          '<span id="s_1" class="switchinline"><span hidden="true" id="MACa_1" class="MAC">'
@@ -59,7 +59,7 @@ def test_prepare_is_deterministic_cached_and_disjoint(tmp_path, deb_dir):
   outputs = []
   for run in ("a", "b"):
     data_dir = str(tmp_path / run)
-    manifest = prepare.prepare(data_dir, deb_dir, train_vocab=False, export_assets=False)
+    manifest = prepare.prepare(data_dir, deb_dir, train_vocab=False)
     assert prepare.is_prepared(data_dir)
     outputs.append({rel: pathlib.Path(data_dir, rel).read_bytes()
                     for rel in [*manifest["files"], layout.MANIFEST]})
@@ -75,9 +75,28 @@ def test_prepare_is_deterministic_cached_and_disjoint(tmp_path, deb_dir):
 
 def test_is_prepared_false_when_an_output_is_missing(tmp_path, deb_dir):
   data_dir = str(tmp_path)
-  manifest = prepare.prepare(data_dir, deb_dir, train_vocab=False, export_assets=False)
+  manifest = prepare.prepare(data_dir, deb_dir, train_vocab=False)
   os.remove(os.path.join(data_dir, manifest["files"][0]))
   assert not prepare.is_prepared(data_dir)
+
+
+def test_export_assets_writes_the_statistics_and_the_committed_prompts(tmp_path, deb_dir,
+                                                                       monkeypatch):
+  data_dir = str(tmp_path / "data")
+  prepare.prepare(data_dir, deb_dir, train_vocab=False)
+  assets = tmp_path / "assets"
+  monkeypatch.setattr(layout, "ASSETS_DIR", str(assets))
+  monkeypatch.setattr(prompts, "PROMPTS_DIR", str(assets / "prompts"))
+  done = prepare.export_assets(data_dir)
+  for name in ("ende", "mansum"):
+    assert (pathlib.Path(layout.stats_file(str(assets / "stats"), name)).read_bytes()
+            == pathlib.Path(layout.stats_file(os.path.join(data_dir, "stats"), name)).read_bytes())
+  test = corpora.read_jsonl(layout.corpus_file(data_dir, "ende", prompts.PROMPTS_SPLIT))
+  monkeypatch.setenv(layout.DATA_DIR_ENV, str(tmp_path / "none"))  # Read the file written.
+  committed = prompts.load_examples("ende", prompts.PROMPTS_SPLIT, None)
+  assert committed[1] == prompts.prompts_file("ende")
+  assert [t for _, t in committed[0]] == [ex.targets for ex in test[:len(committed[0])]]
+  assert not any("vocab" in line for line in done)  # This preparation trained none.
 
 
 def test_missing_deb_in_given_dir_is_named(tmp_path):

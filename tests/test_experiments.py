@@ -14,7 +14,7 @@ import gin
 import jax
 import numpy as np
 import pytest
-from absl import flags
+from absl import app, flags
 from absl.testing import flagsaver
 from conftest import make_model, make_point_row
 
@@ -232,6 +232,26 @@ def test_analyze_by_default_reads_only_run_points(tmp_path):
   assert not (tmp_path / "decode_step" / report.TABLES_FILE).exists()
   section = (tmp_path / report.SECTION_FILE).read_text()
   assert "## sweep" in section and "## decode_step" not in section
+
+
+def _curve(step: int, alpha: float) -> dict:
+  return {"model_dir": "checkpoints/x", "recipe": {}, "settings": {"temperatures": [0.0]},
+          "best": {"step": step, "score": alpha},
+          "points": [{"step": step, "passes": 1.0, "wall_time_s": 3600.0, "score": alpha,
+                      "alpha": {"ende": {"T=0": alpha}}}]}
+
+
+def test_analyze_draws_alpha_curves_keeping_recipes_not_named(tmp_path, monkeypatch):
+  (tmp_path / analyze.CURVES_JSON).write_text(json.dumps({"old": _curve(5, 0.5)}))
+  monkeypatch.setattr(analyze.alpha_curves, "collect",
+                      lambda dirs: {os.path.basename(d): _curve(9, 0.6) for d in dirs})
+  said = analyze.draw_alpha_curves(["checkpoints/new"], str(tmp_path))
+  curves = json.loads((tmp_path / analyze.CURVES_JSON).read_text())
+  assert set(curves) == {"old", "new"} and curves["old"] == _curve(5, 0.5)
+  assert (tmp_path / analyze.CURVES_FIGURE).stat().st_size > 0 and "2 recipes" in said
+  monkeypatch.undo()
+  with pytest.raises(app.UsageError, match="--alpha_curves: "):
+    analyze.draw_alpha_curves([str(tmp_path / "no_run")], str(tmp_path))
 
 
 def test_auto_table_compares_the_choice_with_the_sweep():

@@ -302,8 +302,8 @@ def test_token_archive_round_trip_is_byte_identical(setup, tmp_path):
   counts = distill_archive.export_archive(archive, ("ende", "mansum"), data_dir=pristine)
   assert counts == {"ende": 12, "mansum": 4}
   back = str(tmp_path / "back")
-  cmd = [sys.executable, "-m", "experiments.distill_archive", "--action=import",
-         f"--archive={archive}", f"--data_dir={back}"]
+  cmd = [sys.executable, "-m", "experiments.distill_data", "--archive=import",
+         f"--archive_file={archive}", f"--data_dir={back}"]
   done = subprocess.run(cmd, capture_output=True, text=True, cwd=layout.REPO_ROOT, check=False)
   assert done.returncode == 0, done.stderr[-2000:]
   assert "ende: 12 examples unpacked from" in done.stdout

@@ -115,7 +115,7 @@ def import_archive(path: str, *, data_dir: str | None = None,
     distill.ShardError: a rebuilt shard differs from its manifest's sha256.
   """
   root = root or distill.distill_root(data_dir)
-  fix = "pass a file written by `python -m experiments.distill_archive --action=export`."
+  fix = "pass a file written by `python -m experiments.distill_data --archive=export`."
   try:
     with np.load(path, allow_pickle=False) as npz:
       arrays = {name: npz[name] for name in npz.files}

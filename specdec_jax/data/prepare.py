@@ -8,7 +8,8 @@ them (`dpkg-deb -x`), build the En-De and man-page corpora, split them by page (
 overlapping splits), train the SentencePiece vocabulary on the training splits, count the
 training targets' unigrams/bigrams, and write `<data_dir>/manifest.json` last. Outputs are
 byte-identical across runs; a run whose manifest and outputs exist does nothing unless
---force. --export_assets copies the vocabulary and statistics to <repo>/assets.
+--force. --export_assets then copies what is committed to <repo>/assets (`export_assets`):
+the vocabulary, the statistics, and the prompts a fresh checkout measures on.
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ from collections.abc import Sequence
 from absl import app, flags, logging
 
 from specdec_jax import atomic_io
-from specdec_jax.data import corpora, debian, layout, libreoffice, manpages, ngram_stats, vocab
+from specdec_jax.data import (
+    corpora,
+    debian,
+    layout,
+    libreoffice,
+    manpages,
+    ngram_stats,
+    prompts,
+    vocab,
+)
 
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, f"Output directory; default ${layout.DATA_DIR_ENV} or <repo>/data_cache.")
@@ -32,7 +42,8 @@ _FORCE = flags.DEFINE_bool("force", False, "Rebuild even if the manifest's outpu
 _TRAIN_VOCAB = flags.DEFINE_bool(
     "train_vocab", True, "Train the vocabulary; if false, use the committed one in assets/.")
 _EXPORT_ASSETS = flags.DEFINE_bool(
-    "export_assets", False, "Copy the vocabulary and n-gram statistics to <repo>/assets.")
+    "export_assets", False, "Copy the vocabulary, the n-gram statistics and the committed "
+    "prompts (assets/prompts/) to <repo>/assets, from this preparation or an earlier one.")
 
 SPLIT_SPECS = {
     "ende": corpora.SplitSpec(validation_percent=5, test_percent=5),
@@ -85,8 +96,7 @@ def build_corpora(
   return {name: corpora.make_splits(exs, SPLIT_SPECS[name]) for name, exs in examples.items()}
 
 
-def prepare(data_dir: str, deb_dir: str | None, train_vocab: bool,
-            export_assets: bool) -> dict:
+def prepare(data_dir: str, deb_dir: str | None, train_vocab: bool) -> dict:
   """Runs every step and writes the manifest; returns the manifest."""
   debs = fetch_debs(data_dir, deb_dir)
   splits = build_corpora(data_dir, debs)
@@ -126,15 +136,30 @@ def prepare(data_dir: str, deb_dir: str | None, train_vocab: bool,
                                "bigrams": int(stats.bigram_count.size)}
     manifest["files"].append(_rel(data_dir, path))
 
-  if export_assets:
-    if train_vocab:
-      vocab.export_vocabulary(os.path.dirname(vocab_path), os.path.join(layout.ASSETS_DIR, "vocab"))
-    for name in splits:
-      with open(layout.stats_file(os.path.join(data_dir, "stats"), name), "rb") as f:
-        atomic_io.atomic_write_bytes(
-            layout.stats_file(os.path.join(layout.ASSETS_DIR, "stats"), name), f.read())
   atomic_io.write_json(os.path.join(data_dir, layout.MANIFEST), manifest)
   return manifest
+
+
+def export_assets(data_dir: str) -> list[str]:
+  """Copies a preparation's committed parts to <repo>/assets; returns what it wrote.
+
+  The vocabulary (if this preparation trained it), the n-gram statistics, and the
+  prompts a fresh checkout measures on (`prompts.write_committed_prompts`: the first
+  test examples of each task).
+  """
+  with open(os.path.join(data_dir, layout.MANIFEST), encoding="utf-8") as f:
+    manifest = json.load(f)
+  done = []
+  if manifest["vocab"]["trained"]:
+    target = os.path.join(layout.ASSETS_DIR, "vocab")
+    vocab.export_vocabulary(os.path.join(data_dir, "vocab"), target)
+    done.append(f"{target}: the vocabulary")
+  for name in manifest["stats"]:
+    target = layout.stats_file(os.path.join(layout.ASSETS_DIR, "stats"), name)
+    with open(layout.stats_file(os.path.join(data_dir, "stats"), name), "rb") as f:
+      atomic_io.atomic_write_bytes(target, f.read())
+    done.append(f"{target}: {name}'s n-gram statistics")
+  return done + prompts.write_committed_prompts(data_dir)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -143,16 +168,19 @@ def main(argv: Sequence[str]) -> None:
   data_dir = os.path.abspath(_DATA_DIR.value or layout.default_data_dir())
   if not _FORCE.value and is_prepared(data_dir):
     logging.info("%s is prepared (manifest present); pass --force to rebuild.", data_dir)
-    return
-  start = time.time()
-  try:
-    manifest = prepare(data_dir, _DEB_DIR.value, _TRAIN_VOCAB.value, _EXPORT_ASSETS.value)
-  except debian.PackageError as e:
-    raise app.UsageError(str(e)) from e
-  for name, by_split in manifest["corpora"].items():
-    logging.info("%s: %s", name, {s: v["rows"] for s, v in by_split.items()})
-  logging.info("vocab_size=%d; manifest %s; %.1f s", manifest["vocab"]["vocab_size"],
-               os.path.join(data_dir, layout.MANIFEST), time.time() - start)
+  else:
+    start = time.time()
+    try:
+      manifest = prepare(data_dir, _DEB_DIR.value, _TRAIN_VOCAB.value)
+    except debian.PackageError as e:
+      raise app.UsageError(str(e)) from e
+    for name, by_split in manifest["corpora"].items():
+      logging.info("%s: %s", name, {s: v["rows"] for s, v in by_split.items()})
+    logging.info("vocab_size=%d; manifest %s; %.1f s", manifest["vocab"]["vocab_size"],
+                 os.path.join(data_dir, layout.MANIFEST), time.time() - start)
+  if _EXPORT_ASSETS.value:
+    for line in export_assets(data_dir):
+      logging.info("%s", line)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ Examples come from the prepared corpora (`<data_dir>/corpora/<task>/<split>.json
 when they exist, else from the committed `assets/prompts/<task>_test.jsonl`
 (the first test examples of each corpus), so a fresh checkout runs too.
 Tokenised with SentencePiece directly (no gin, seqio or TensorFlow: the device
-check reads this module). `python -m experiments.prompts` (re)writes
-assets/prompts/ from the prepared data (`write_committed_prompts`).
+check reads this module). `python -m specdec_jax.data.prepare --export_assets`
+(re)writes assets/prompts/ from the prepared data (`write_committed_prompts`).
 """
 
 from __future__ import annotations
@@ -97,11 +97,11 @@ def tokenize(processor, texts: list[str], input_len: int) -> np.ndarray:
   return out
 
 
-def write_committed_prompts() -> list[str]:
-  """Rewrites `PROMPTS_DIR` from the prepared corpora's test splits; returns what it did."""
+def write_committed_prompts(data_dir: str) -> list[str]:
+  """Rewrites `PROMPTS_DIR` from the test splits prepared in `data_dir`; returns what it did."""
   done = []
   for task in {**layout.CORPORA, **chat_prompts.TASKS}:
-    path = layout.corpus_file(layout.default_data_dir(), _corpus(task), PROMPTS_SPLIT)
+    path = layout.corpus_file(data_dir, _corpus(task), PROMPTS_SPLIT)
     rows = [{"id": ex.id, "inputs": ex.inputs, "targets": ex.targets}
             for ex in _task_rows(task, corpora.read_jsonl(path))[:PROMPTS_PER_TASK]]
     text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows)

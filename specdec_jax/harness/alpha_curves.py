@@ -1,7 +1,7 @@
 """alpha against training time, per recipe: the curves of runs trained with alpha
 measured (`alpha_tracking`), gathered into one JSON and one figure.
 
-`python -m experiments.alpha_curves --model_dirs=A,B` is the command. The JSON:
+`python -m experiments.analyze --alpha_curves=A,B` is the command. The JSON:
 `{"<recipe>": {"model_dir", "recipe", "settings", "best", "points": [{"step", "passes",
 "wall_time_s", "alpha": {task: {"T=0": .., "T=1": ..}}, "score"}, ...]}}`.
 """

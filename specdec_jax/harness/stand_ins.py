@@ -21,10 +21,11 @@ from specdec_jax.training.model_config import model_config
 TRAIN_CONFIGS = os.path.join(layout.REPO_ROOT, "gin_configs", "train")
 
 
-def write_stand_ins(output_dir: str, names: list[str], seed: int = 0) -> None:
+def write_stand_ins(output_dir: str, names: list[str]) -> None:
   """Writes random stand-ins of `names` (members of `FAMILY`) under `output_dir`.
 
-  Members already written there are kept (the same seed gives the same weights).
+  Members already written there are kept (each member's seed is its place in `FAMILY`,
+  so a member written again has the same weights).
   """
   unknown = sorted(set(names) - set(FAMILY))
   if unknown:
@@ -34,7 +35,7 @@ def write_stand_ins(output_dir: str, names: list[str], seed: int = 0) -> None:
     if os.path.isfile(os.path.join(path, "config.json")):
       continue
     cfg = _architecture(name)
-    rng = jax.random.PRNGKey(seed + FAMILY.index(name))
+    rng = jax.random.PRNGKey(FAMILY.index(name))
     if name in SHARED_ENCODER:
       model = SharedEncoderModel(cfg, _architecture("target").d_model)
       save_shared_encoder_checkpoint(path, model, jax.device_get(model.init_params(rng)))

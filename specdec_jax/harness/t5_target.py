@@ -87,9 +87,9 @@ def check_checkpoint(exp: Experiment, spec: str, field: str) -> int:
   if not os.path.isfile(config_path):
     raise FileNotFoundError(
         f"Experiment.{field}: no checkpoint at {path!r} (missing config.json). Ship the trained "
-        "family there (`python -m experiments.export_family`), write "
-        "random stand-ins with `python -m experiments.random_models --output_dir=DIR` and bind "
-        "--gin.Experiment.models_dir=\"'DIR'\", or fix the path.")
+        "family there (`python -m experiments.export_family`), measure random-init stand-ins "
+        "of its shapes instead (--gin.Experiment.stand_ins_when_missing=True), or fix the "
+        "path.")
   has_weights = any(os.path.isfile(os.path.join(path, f))
                     for f in ("model.safetensors", "model.safetensors.index.json"))
   require(has_weights, f"Experiment.{field}: {path!r} has config.json but no "
