@@ -1,166 +1,169 @@
-"""experiments.device_check: its CPU smoke mode end to end, the wrapper, and its imports."""
+"""experiments.device_check: its CPU smoke configuration end to end, its checks of a bad
+configuration, the wrapper, and what it imports (the device machine has no TensorFlow,
+seqio or torch)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 import textwrap
 
+import gin
 import pytest
 
 from experiments import device_check
 from specdec_jax.data import layout
-from specdec_jax.harness import family
+from specdec_jax.harness import accelerator_checks, family, results_io, settings
 
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("device_check")
 
-SMOKE = device_check.SMOKE
+SMOKE_GIN = os.path.join("gin_configs", "device_check_smoke.gin")
 # What the device machine lacks: importing any of them must not be needed.
-ABSENT = ("gin", "seqio", "tensorflow", "torch", "tqdm")
+ABSENT = ("seqio", "tensorflow", "torch", "transformers")
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> tuple[str, list[dict]]:
-  """One smoke run (shipped models, real prompts): its output folder and its rows."""
+def smoke(tmp_path_factory) -> tuple[str, device_check.DeviceCheck, settings.Experiment]:
+  """One smoke run (the shipped target and draft_small, real prompts): its folder, and the
+  settings it ran with."""
   out = str(tmp_path_factory.mktemp("device_check"))
-  device_check.main(["--output_dir", out, "--smoke"])
-  with open(os.path.join(out, device_check.RESULTS_FILE)) as f:
-    return out, [json.loads(line) for line in f]
+  device_check.main(["--output_dir", out, "--gin_file", SMOKE_GIN])
+  try:
+    settings.parse_gin([SMOKE_GIN], [])
+    check = device_check.DeviceCheck()
+    (exp,) = device_check.experiments(check)
+  finally:
+    gin.clear_config()
+  return out, check, exp
 
 
-def _section(rows: list[dict], name: str) -> list[dict]:
-  return [r for r in rows if r["section"] == name]
+def _checks(out: str) -> dict:
+  with open(os.path.join(out, device_check.CHECKS_FILE), encoding="utf-8") as f:
+    return json.load(f)
 
 
-def test_sections_in_order_and_nothing_skipped(smoke):
-  _, rows = smoke
-  names = [r["section"] for r in rows]
-  assert names == (["environment"] + ["jax_40101"] * 3 + ["target_step"] * len(SMOKE.batch_sizes)
-                   + ["cache_length"] + ["decode"] * len(device_check.plan(SMOKE)))
-  elapsed = [r["elapsed_s"] for r in rows]
-  assert elapsed == sorted(elapsed) and elapsed[0] >= 0
-
-
-def test_environment_row(smoke):
-  env = _section(smoke[1], "environment")[0]
-  for field in ("jax", "jaxlib", "flax", "backend", "device_kind", "devices", "date"):
+def test_environment_and_the_jax_40101_writes(smoke):
+  out, check, _ = smoke
+  checks = _checks(out)
+  env = checks["environment"]
+  for field in ("jax", "jaxlib", "flax", "backend", "device_kind", "devices", "date", "command"):
     assert env[field], field
-  assert env["backend"] == "cpu" and env["mode"] == "smoke"
-  assert env["guard"].startswith("not applicable")
-  assert env["settings"]["drafts"] == list(SMOKE.drafts)
-  assert env["prompts_source"].endswith("test.jsonl")
-
-
-def test_jax_40101_rows(smoke):
-  rows = _section(smoke[1], "jax_40101")
-  assert {r["write"] for r in rows} == {"token", "draft_key_cache", "draft_value_cache"}
-  for r in rows:
-    small, large = r["buffer_bytes"]
-    assert small < large and r["buffer_lengths"][0] < r["buffer_lengths"][1]
-    assert all(s > 0 for s in r["seconds_per_write"])
-    assert r["ratio"] == pytest.approx(r["seconds_per_write"][1] / r["seconds_per_write"][0])
-    assert r["verdict"] == ("pass" if r["ratio"] < device_check.WRITE_RATIO_LIMIT else "warn")
-  token = next(r for r in rows if r["write"] == "token")
+  assert env["backend"] == "cpu" and SMOKE_GIN in env["command"]
+  writes = checks["jax_40101"]
+  assert [w["write"] for w in writes] == ["token", "draft_key_cache", "draft_value_cache"]
+  for w in writes:
+    assert w["buffer_lengths"] == [max(b // w["update_bytes"], 2) for b in check.write_bytes]
+    assert all(s > 0 for s in w["seconds_per_write"])
+    assert w["ratio"] == pytest.approx(w["seconds_per_write"][1] / w["seconds_per_write"][0])
+    assert w["verdict"] == ("pass" if w["ratio"] < accelerator_checks.WRITE_RATIO_LIMIT else "warn")
+  token = writes[0]
   assert token["update_bytes"] == 4 and token["dtype"] == "int32"
 
 
-def test_target_step_rows(smoke):
-  rows = _section(smoke[1], "target_step")
-  assert [r["batch_size"] for r in rows] == list(SMOKE.batch_sizes)
-  ks = [str(k) for k in range(1, SMOKE.max_k + 1)]
+def test_the_cache_length_check(smoke):
+  out, check, exp = smoke
+  cache = _checks(out)["cache_length"]
+  assert cache["run"] == exp.name and cache["batch_size"] == exp.batch_sizes[0]
+  assert cache["cache_lengths"] == [exp.max_decode_len + check.max_k, check.long_cache_len]
+  assert all(t > 0 for t in cache["t_step_s"])
+  assert cache["state_bytes"][0] < cache["state_bytes"][1] and cache["bytes_ratio"] > 1
+  assert cache["verdict"] in ("pass", "warn")
+
+
+def test_each_run_is_the_runners_rows_with_the_step_costs_to_max_k(smoke):
+  out, check, exp = smoke
+  rows = results_io.read_points(os.path.join(out, exp.name, results_io.RESULTS_FILE))
+  assert sorted(r.key for r in rows) == sorted(p.key for p in settings.plan(exp))
   for r in rows:
-    assert list(r["t_verify_s"]) == ks and all(t > 0 for t in r["t_verify_s"].values())
-    assert r["verify_ratio"]["1"] == 1.0 and all(v > 0 for v in r["verify_ratio"].values())
-    assert r["t_step_s"] == r["t_verify_s"]["1"]
+    assert r.experiment == exp.name and r.draft == "draft_small" and r.batch_size == 2
+    assert sorted(r.t_verify_s) == list(range(1, check.max_k + 1))
+    assert r.verify_ratio[1] == pytest.approx(1.0)
+    assert r.speedup_measured > 0 and 0 <= r.alpha_beta <= 1 and r.c > 0
+    assert len(r.accepted_histogram) == r.gamma + 1
+    assert r.idle_check["enforced"] is False  # The guard is recorded, not enforced.
+  # At T = 0 the tokens are the baseline's, checked (the CPU: GreedyCheck.enforce).
+  assert [r.greedy_identical for r in sorted(rows, key=lambda r: r.temperature)] == [True, None]
 
 
-def test_cache_length_row(smoke):
-  row = _section(smoke[1], "cache_length")[0]
-  step = _section(smoke[1], "target_step")[0]
-  assert row["cache_lengths"] == [step["cache_len"], SMOKE.long_cache_len]
-  assert row["t_step_s"][0] == step["t_step_s"] and row["t_step_s"][1] > 0
-  assert row["kv_cache_bytes"][0] < row["kv_cache_bytes"][1]
-  assert row["bytes_ratio"] > 1 and row["verdict"] in ("pass", "warn")
-
-
-def test_decode_rows(smoke):
-  rows = _section(smoke[1], "decode")
-  points = {(r["draft"], r["dtype"], r["batch_size"], r["temperature"]) for r in rows}
-  assert points == {(p.draft, p.dtype, p.batch_size, p.temperature)
-                    for p in device_check.plan(SMOKE)}
-  for r in rows:
-    for name in ("baseline", "speculative"):
-      assert len(r[f"{name}_s"]) == SMOKE.repetitions
-      assert r[f"{name}_ms_per_token"] > 0 and r[f"{name}_compile_s"] >= 0
-      assert 0 < r[f"{name}_tokens"] <= SMOKE.num_examples * SMOKE.max_decode_len
-    assert r["speedup_measured"] == pytest.approx(
-        r["baseline_ms_per_token"] / r["speculative_ms_per_token"])
-    assert 0 <= r["alpha_beta"] <= 1 and 0 <= r["alpha_empirical"] <= 1
-    assert 1 <= r["tokens_per_iteration"] <= SMOKE.gamma + 1
-    assert len(r["accepted_histogram"]) == SMOKE.gamma + 1
-    assert r["c"] > 0 and r["t_draft_token_s"] > 0 and r["t_target_step_s"] > 0
-    assert r["speedup_predicted_thm38"] > 0 and r["speedup_predicted_cost_model"] > 0
-    # Each target call emits its accepted proposals and at most one token of its own.
-    histogram = r["accepted_histogram"]
-    assert sum(histogram) == r["iterations"]
-    assert sum(n * count for n, count in enumerate(histogram)) == r["accepted"]
-    assert r["accepted"] <= r["speculative_tokens"] <= r["accepted"] + r["iterations"]
-
-
-def test_greedy_speculative_equals_baseline(smoke):
-  greedy = [r for r in _section(smoke[1], "decode") if r["temperature"] == 0]
-  assert greedy and all(r["batch_size"] > 1 for r in greedy)  # Rows at their own positions.
-  for r in greedy:
-    assert r["greedy_identical"] is True and r["greedy_mismatched_rows"] == 0, r
-    assert r["greedy_first_difference"] is None
-    assert r["speculative_tokens"] == r["baseline_tokens"]
-  sampled = [r for r in _section(smoke[1], "decode") if r["temperature"] > 0]
-  assert sampled and all(r["greedy_identical"] is None for r in sampled)
-
-
-def test_tables_written(smoke):
-  out, rows = smoke
-  with open(os.path.join(out, device_check.TABLES_FILE)) as f:
+def test_tables_sum_up_every_section(smoke):
+  out, _, exp = smoke
+  with open(os.path.join(out, device_check.TABLES_FILE), encoding="utf-8") as f:
     text = f.read()
-  assert "## Baseline vs speculative" in text and "jax#40101" in text
-  assert text.count("| draft_small | float32 |") == len(_section(rows, "decode"))
+  for heading in ("## jax#40101", "## The target: T_step and T_verify(k) / T_step",
+                  f"## {exp.name}: baseline vs speculative"):
+    assert heading in text, heading
+  assert "Cache length" in text and text.count("| ende | draft_small |") == 2
+  assert "Greedy tokens equal to the baseline's at 1 of 1 greedy points." in text
+  assert "not measured" not in text and "Failed" not in text
 
 
-def test_budget_skips_points():
-  assert device_check.fits_budget(10.0, 5.0, 15.0)
-  assert not device_check.fits_budget(10.0, 5.1, 15.0)
+def test_a_run_cut_short_by_the_budget_says_so():
+  row = device_check.Report(environment={"device_kind": "cpu", "backend": "cpu", "jax": "0",
+                                         "jaxlib": "0", "date": "d", "command": "c"},
+                            runs={"device_x": []}, planned={"device_x": 4},
+                            failed={"device_x": "RuntimeError: no"})
+  text = device_check.tables(row)
+  assert "4 of 4 points not measured (time budget or a failure)" in text
+  assert "Failed: RuntimeError: no" in text
 
 
-def test_plan():
-  full = device_check.plan(device_check.FULL)
-  assert len(full) == len(device_check.DRAFTS) * 2 * 2 * 2 and full[0] == device_check.Point(
-      "draft_small", "float32", 1, 0.0)
-  assert {(p.batch_size, p.temperature) for p in device_check.plan(SMOKE)} == {(2, 0.0),
-                                                                              (1, 1.0)}
+@pytest.mark.parametrize("binding, match", [
+    ("DeviceCheck.runs = []", r"DeviceCheck\.runs is empty"),
+    ("DeviceCheck.runs = [{'drafts': ['draft_small']}]", r"each run needs a 'name'"),
+    ("DeviceCheck.runs = [{'name': 'a', 'drafts': ['draft_small'], 'gama': 3}]",
+     r"\['gama'\] are not"),
+    ("DeviceCheck.max_k = 2", r"DeviceCheck\.max_k=2: the run 'device_smoke' needs"),
+    ("Experiment.models_dir = '/no/models'", r"Experiment\.target: no checkpoint at"),
+])
+def test_a_bad_configuration_stops_before_any_work(tmp_path, monkeypatch, binding, match):
+  monkeypatch.setattr(device_check, "measure", lambda *a: pytest.fail("measured"))
+  with pytest.raises(SystemExit, match=match):
+    device_check.main(["--output_dir", str(tmp_path), "--gin_file", SMOKE_GIN,
+                       f"--gin.{binding.replace(' = ', '=')}"])
+  gin.clear_config()
 
 
-def test_settings_checked():
-  with pytest.raises(ValueError, match="max_k"):
-    dataclasses.replace(SMOKE, max_k=SMOKE.gamma)
-  with pytest.raises(ValueError, match="multiple"):
-    dataclasses.replace(SMOKE, num_examples=3)
-  with pytest.raises(ValueError, match="long_cache_len"):
-    dataclasses.replace(SMOKE, long_cache_len=SMOKE.max_decode_len)
-  with pytest.raises(ValueError, match="paired"):
-    dataclasses.replace(SMOKE, temperatures=(0.0,))
+def test_the_full_check_measures_every_shipped_draft_in_both_dtypes():
+  try:
+    settings.parse_gin([device_check.DEFAULT_GIN], [])
+    exps = device_check.experiments(device_check.DeviceCheck())
+  finally:
+    gin.clear_config()
+  for dtype in ("float32", "bfloat16"):
+    drafts = [d for exp in exps if exp.dtype == dtype for d in exp.drafts]
+    assert sorted(drafts) == sorted(family.DRAFTS), dtype
+  assert exps[0].drafts[0] == "draft_small" and exps[0].dtype == "float32"
+  assert all(list(exp.batch_sizes) == [1, 8] for exp in exps)
 
 
-def test_drafts_are_the_shipped_family():
-  assert sorted(device_check.DRAFTS) == sorted(family.DRAFTS)
-  assert device_check.FULL.drafts == device_check.DRAFTS
+def test_the_wrapper_puts_the_repository_and_the_wheels_on_the_path(tmp_path):
+  """From any folder: the repository and each wheel of WHEELS on PYTHONPATH, run from the
+  repository, OUT_DIR made absolute."""
+  wheels = tmp_path / "wheels"
+  wheels.mkdir()
+  (wheels / "gin_config-0-py3-none-any.whl").write_bytes(b"")
+  python = tmp_path / "python"
+  python.write_text('#!/bin/sh\necho "PATH=$PYTHONPATH"; echo "CWD=$(pwd)"; echo "ARGS=$*"\n')
+  python.chmod(0o755)
+  script = os.path.join(layout.REPO_ROOT, "experiments", "device_check.sh")
+  done = subprocess.run(["bash", script, "out", "--regime_map"], cwd=tmp_path,
+                        env=dict(os.environ, PYTHON=str(python), WHEELS=str(wheels),
+                                 PYTHONPATH=""),
+                        capture_output=True, text=True, timeout=60)
+  assert done.returncode == 0, done.stderr
+  lines = dict(line.split("=", 1) for line in done.stdout.splitlines())
+  assert lines["PATH"] == f"{layout.REPO_ROOT}:{wheels / 'gin_config-0-py3-none-any.whl'}"
+  assert lines["CWD"] == layout.REPO_ROOT
+  assert lines["ARGS"] == (f"-m experiments.device_check --output_dir={tmp_path / 'out'} "
+                           "--regime_map")
+  usage = subprocess.run(["bash", script], capture_output=True, text=True, timeout=30)
+  assert usage.returncode == 2 and "usage" in usage.stderr
 
 
-def test_wrapper_runs_from_elsewhere_without_gin_seqio_tensorflow_torch(tmp_path):
-  """The wrapper finds the repository from any folder; no absent package is imported."""
+def test_it_imports_no_tensorflow_seqio_or_torch(tmp_path):
   (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(f"""
       import sys
 
@@ -171,14 +174,8 @@ def test_wrapper_runs_from_elsewhere_without_gin_seqio_tensorflow_torch(tmp_path
 
       sys.meta_path.insert(0, _Absent())
       """))
-  env = dict(os.environ, PYTHONPATH=str(tmp_path), PYTHON=sys.executable)
-  result = subprocess.run(
-      ["bash", os.path.join(layout.REPO_ROOT, "experiments", "device_check.sh"),
-       str(tmp_path / "out"), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True,
-      timeout=120)
-  assert result.returncode == 0, result.stderr
-  assert "--smoke" in result.stdout
-  usage = subprocess.run(["bash", os.path.join(layout.REPO_ROOT, "experiments",
-                                               "device_check.sh")],
-                         capture_output=True, text=True, timeout=30)
-  assert usage.returncode == 2 and "usage" in usage.stderr
+  done = subprocess.run([sys.executable, "-m", "experiments.device_check", "--help"],
+                        cwd=layout.REPO_ROOT, capture_output=True, text=True, timeout=120,
+                        env=dict(os.environ, PYTHONPATH=f"{tmp_path}:{layout.REPO_ROOT}"))
+  assert done.returncode == 0, done.stderr
+  assert "--regime_map" in done.stdout and "--gin_file" in done.stdout

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import gin
 import jax
@@ -111,6 +112,17 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   monkeypatch.setattr(measure, "measure_point", lambda *a: pytest.fail("measured again"))
   runner.run(exp, str(out))
   assert results_io.read_rows(path) == rows
+
+
+def test_run_times_verification_to_a_larger_gamma_and_stops_at_its_deadline(
+    tmp_path, models_dir, monkeypatch):
+  exp = runner.load_experiment([_gin(tmp_path, models_dir, temperatures="[0.0, 1.0]")], [])
+  # The first point is started whatever its pace; the second would end past the deadline.
+  clock = iter([100.0, 105.0, 105.0])
+  monkeypatch.setattr(runner, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+  path = runner.run(exp, str(tmp_path / "out"), max_gamma=4, deadline=109.0)
+  (row,) = results_io.read_points(path)
+  assert row.temperature == 0.0 and row.gamma == 2 and set(row.t_verify_s) == {1, 2, 3, 4, 5}
 
 
 @pytest.mark.parametrize("binding, error, match", [

@@ -55,3 +55,13 @@ def test_greedy_outputs_that_differ_are_refused():
   draws = measure._Draws(0, ("baseline", "speculative"), 1, _point(0.0))
   with pytest.raises(RuntimeError, match="Greedy speculative output differs"):
     draws.record(0, {"baseline": _out(3), "speculative": _out(4)})
+  assert draws.greedy_identical is True  # Nothing recorded before the refusal.
+
+
+def test_greedy_outputs_that_differ_are_recorded_where_not_enforced():
+  draws = measure._Draws(0, ("baseline", "speculative"), 2, _point(0.0), enforce_greedy=False)
+  draws.record(0, {"baseline": _out(3), "speculative": _out(3)})
+  assert draws.greedy_identical is True
+  draws.record(1, {"baseline": _out(3), "speculative": _out(4)})
+  assert draws.greedy_identical is False and draws.tokens["speculative"] == [[3, 4]]
+  assert measure._Draws(0, ("baseline",), 1, _point(1.0)).greedy_identical is None

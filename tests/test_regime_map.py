@@ -339,7 +339,8 @@ def test_device_check_runs_the_same_sweep_with_one_flag(tmp_path, monkeypatch):
   monkeypatch.setattr(regime_map, "run", fake_run)
   # No family pair in these rows: the shapes' pair is priced with no loop work.
   monkeypatch.setattr(regime_predictions, "loop_costs", lambda *args: _loops())
-  device_check.main(["--output_dir", str(tmp_path), "--regime_map", "--models_dir", "models"])
+  device_check.main(["--output_dir", str(tmp_path), "--regime_map",
+                     "--gin.Experiment.models_dir='models'"])
   (settings, output_dir), = calls
   assert settings == dataclasses.replace(device_check.REGIME_MAP, models_dir="models")
   assert "t5-3b" in settings.shapes and settings.dtype == "bfloat16"

@@ -27,8 +27,10 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import gin
 import jax
 import numpy as np
+from absl import logging
 
 from specdec_jax import benchmarking, contention, costs, distributed, gamma_choice, stats, theory
 from specdec_jax.decoding import baseline, speculative
@@ -90,15 +92,39 @@ def _first_difference(base: Any, spec: Any) -> str:
           f"{b[row, col:col + 5].tolist()}")
 
 
-def _check_greedy(point: Point, i: int, outputs: dict[str, Any]) -> None:
-  """At temperature 0: raises unless the speculative tokens of batch i equal the baseline's."""
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class GreedyCheck:
+  """What a greedy point does when its speculative tokens differ from the baseline's (gin:
+  `GreedyCheck.enforce`).
+
+  Attributes:
+    enforce: raise (the default: on a CPU both decoders give the same tokens, exactly);
+      False: say so, record it (the row's `greedy_identical` is False) and go on: on an
+      accelerator a k-token call may round differently from k one-token calls (bfloat16,
+      TF32 dots) and flip a near-tie (`experiments.device_check`).
+  """
+
+  enforce: bool = True
+
+
+def _same_greedy(point: Point, i: int, outputs: dict[str, Any], enforce: bool) -> bool:
+  """At temperature 0: whether the speculative tokens of batch i equal the baseline's.
+
+  Raises:
+    RuntimeError: they differ and `enforce`.
+  """
   base, spec = outputs["baseline"], outputs["speculative"]
-  if not (np.array_equal(base.sequences, spec.sequences)
-          and np.array_equal(base.lengths, spec.lengths)):
-    raise RuntimeError(
-        f"Greedy speculative output differs from the baseline ({point}, batch {i}, "
-        f"{_first_difference(base, spec)}); "
-        "speculative sampling at temperature 0 must reproduce the target's greedy tokens.")
+  if (np.array_equal(base.sequences, spec.sequences)
+      and np.array_equal(base.lengths, spec.lengths)):
+    return True
+  message = (f"Greedy speculative output differs from the baseline ({point}, batch {i}, "
+             f"{_first_difference(base, spec)})")
+  if enforce:
+    raise RuntimeError(f"{message}; speculative sampling at temperature 0 must reproduce the "
+                       "target's greedy tokens.")
+  logging.warning("%s; recorded (GreedyCheck.enforce = False).", message)
+  return False
 
 
 class _Draws:
@@ -113,15 +139,19 @@ class _Draws:
 
   Attributes:
     tokens: decoder name -> `[pass][batch]` generated tokens (`record`).
+    greedy_identical: at temperature 0, whether every greedy output equaled the baseline's
+      (`GreedyCheck`); None at T > 0.
   """
 
   def __init__(self, seed: int, names: Sequence[str], num_batches: int,
-               point: Point) -> None:
+               point: Point, enforce_greedy: bool = True) -> None:
     self._base = jax.random.PRNGKey(seed)
     self._calls = {name: [0] * num_batches for name in names}
     self._num_batches = num_batches
     self._point = point
+    self._enforce_greedy = enforce_greedy
     self.tokens: dict[str, list[list[int]]] = {name: [] for name in names}
+    self.greedy_identical: bool | None = True if point.temperature == 0 else None
 
   def key(self, name: str, i: int) -> Array:
     """The key of decoder `name`'s next call on batch `i`."""
@@ -132,8 +162,9 @@ class _Draws:
   def record(self, i: int, outputs: dict[str, Any]) -> None:
     """`time_interleaved`'s check: keeps each output's token count (called pass by pass,
     batch by batch) and, at temperature 0, checks greedy equality."""
-    if self._point.temperature == 0:
-      _check_greedy(self._point, i, outputs)
+    if self._point.temperature == 0 and not _same_greedy(self._point, i, outputs,
+                                                         self._enforce_greedy):
+      self.greedy_identical = False
     for name, out in outputs.items():
       if i == 0:
         self.tokens[name].append([0] * self._num_batches)
@@ -142,11 +173,11 @@ class _Draws:
 
 def _time_decoders(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
                    batches: Sequence[Array]
-                   ) -> tuple[dict[str, benchmarking.DecoderTiming], dict[str, list],
-                              dict[str, list[list[int]]]]:
+                   ) -> tuple[dict[str, benchmarking.DecoderTiming], dict[str, list], _Draws]:
   """Both decoders interleaved over `batches` (`benchmarking.time_interleaved`); also
-  returns `_Draws.tokens`."""
-  draws = _Draws(exp.seed, ("baseline", "speculative"), len(batches), point)
+  returns the `_Draws` (each call's tokens, the greedy check)."""
+  draws = _Draws(exp.seed, ("baseline", "speculative"), len(batches), point,
+                 GreedyCheck().enforce)
   kwargs = dict(max_decode_len=exp.max_decode_len, warp=Warp(point.temperature),
                 eos_id=target.eos_id)
   decoders = {
@@ -158,7 +189,7 @@ def _time_decoders(exp: Experiment, point: Point, target: LoadedTarget, draft: D
   timings, outputs = benchmarking.time_interleaved(
       decoders, len(batches), exp.repetitions, fetch=distributed.fetch, check=draws.record,
       warmup=benchmarking.first_of_each_shape(batches))
-  return timings, outputs, draws.tokens
+  return timings, outputs, draws
 
 
 def _identity(exp: Experiment, point: Point) -> dict[str, Any]:
@@ -259,10 +290,10 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
 
   Raises:
     RuntimeError: at temperature 0, if the speculative tokens differ from the
-      baseline's (they must be identical).
+      baseline's (they must be identical, unless `GreedyCheck.enforce` is False).
   """
   with contention.quiet(str(point)) as guard:
-    timings, outputs, tokens = _time_decoders(exp, point, target, draft, batches)
+    timings, outputs, draws = _time_decoders(exp, point, target, draft, batches)
     draft_cost = costs.draft_time(
         draft, batches[0], gamma=point.gamma, warp=Warp(point.temperature),
         max_decode_len=exp.max_decode_len, max_gamma=max_gamma, calls=exp.timing_calls,
@@ -277,10 +308,10 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
       np.mean([int(np.max(o.lengths)) for o in outputs["baseline"]])))
   pooled = stats.Pooled.of(outputs["speculative"])
   return PointRow(
-      **_identity(exp, point), **_times(timings, tokens), **_acceptance(pooled),
+      **_identity(exp, point), **_times(timings, draws.tokens), **_acceptance(pooled),
       **_costs_and_predictions(point, verify, draft_cost, loop_costs, pooled.alpha_beta(),
                                pooled.tokens_per_call()),
-      cost_model_terms=loop_costs, greedy_identical=True if point.temperature == 0 else None,
+      cost_model_terms=loop_costs, greedy_identical=draws.greedy_identical,
       idle_check=guard.record(), idle_check_target_costs=dict(verify_idle_check),
       example=_example(outputs["speculative"][0], target.pieces),
       environment=benchmarking.environment(target.scorer.decode_options.provenance()),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -57,8 +58,17 @@ def load_experiment(gin_files: list[str], bindings: list[str]) -> settings.Exper
   return exp
 
 
-def run(exp: settings.Experiment, output_dir: str) -> str:
+def run(exp: settings.Experiment, output_dir: str, *, max_gamma: int | None = None,
+        deadline: float | None = None) -> str:
   """Measures every point of `exp` missing from `<output_dir>/results.jsonl`.
+
+  Args:
+    exp: the run.
+    output_dir: where results.jsonl is.
+    max_gamma: the caches are sized for gamma up to it and every row's T_verify(k) covers
+      k = 1..max_gamma + 1 (at least the largest gamma of the run's points, the default).
+    deadline: a `time.monotonic()` time: no point is started that would end after it at
+      the pace of the slowest point so far; a later run measures the points left.
 
   Returns:
     The path of results.jsonl.
@@ -74,9 +84,14 @@ def run(exp: settings.Experiment, output_dir: str) -> str:
   mesh = partitioning.make_mesh()
   bar = tqdm.tqdm(total=len(points), initial=len(points) - len(pending), unit="point",
                   file=sys.stderr, dynamic_ncols=True)
+  slowest = 0.0
   with jax.set_mesh(mesh):  # Decoders compile for the mesh's shardings.
-    bench = _Bench(exp, settings.largest_gamma(exp, points), mesh)
+    bench = _Bench(exp, max(max_gamma or 1, settings.largest_gamma(exp, points)), mesh)
     for point in pending:
+      start = time.monotonic()
+      if deadline is not None and start + slowest > deadline:
+        bar.write(f"{exp.name}: {len(points) - bar.n} points left for a later run (deadline).")
+        break
       bar.set_description(f"{point.task} b{point.batch_size} {settings.draft_name(point.draft)} "
                           f"T={point.temperature:g} g={point.gamma}")
       row = contention.when_quiet(lambda p=point: bench.measure(p, bar.write), bar.write)
@@ -87,6 +102,7 @@ def run(exp: settings.Experiment, output_dir: str) -> str:
                 f"{row.speedup_predicted_cost_model:.2f}X), alpha {row.alpha_beta:.2f}, "
                 f"c {row.c:.3f}, {row.tokens_per_iteration:.2f} tokens/call")
       bar.update(1)
+      slowest = max(slowest, time.monotonic() - start)
       # Every point compiles programs of its own (the loop at its gamma, step timers), and
       # XLA:CPU maps memory for each compiled program until it is dropped: a 160-point sweep
       # in one process ran out of memory maps (vm.max_map_count) at point 45. Drop them; a
