@@ -35,7 +35,7 @@ from specdec_jax.decoding.drafts import Draft
 from specdec_jax.harness import measure, registry, results_io, settings, targets
 from specdec_jax.harness.record import PointRow
 
-RESULTS_ROOT = "results"  # Committed reference measurements (experiments/reproduce_results.sh).
+RESULTS_ROOT = "results"  # Committed reference measurements (commands: results/README.md).
 RUNS_ROOT = "runs"  # A user's own runs (not committed).
 HELD_OUT_BATCHES = 4  # Most held-out batches a row's loop costs are timed on.
 
