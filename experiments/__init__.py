@@ -1,1 +1,1 @@
-"""Entry points: measurement runs, training, analysis, benchmarks."""
+"""The commands a user runs, each `python -m experiments.NAME` (benchmarks: `benchmarks/`)."""
