@@ -45,7 +45,6 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from specdec_jax.models.kernels import KEY_AXES
 from specdec_jax.models.layers import LogicalAxes, LogicalRules
 from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import SharedEncoderModel, T5Config, T5Model
@@ -185,11 +184,6 @@ def param_shardings(model: Model, mesh: Mesh | AbstractMesh,
 def batch_sharding(mesh: Mesh, rules: LogicalRules | None = None) -> NamedSharding:
   """Sharding of `[batch, length]` token arrays."""
   return NamedSharding(mesh, logical_to_spec(("batch", "length"), rules))
-
-
-def cache_sharding(mesh: Mesh, rules: LogicalRules | None = None) -> NamedSharding:
-  """Sharding of each cached keys array `[batch, heads, d_kv, max_len]` (under a mesh)."""
-  return NamedSharding(mesh, logical_to_spec(KEY_AXES, rules))
 
 
 def _put(x: Array | np.ndarray, sharding: NamedSharding) -> Array:

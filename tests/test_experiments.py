@@ -292,7 +292,7 @@ def test_decoder_only_table3_has_both_estimators_in_order():
                        "| mansum | prompt_lookup | 0.57 | 0.56 | 1.50 | 0.14 | 0.15 | 1.50 |"]
   committed = report.decoder_only_section(os.path.join(layout.REPO_ROOT, "results",
                                                        report.DECODER_ONLY_ALPHA))
-  assert "| mansum | layer_skip_24 |" in committed and "alpha_llama" in committed
+  assert "| mansum | layer_skip_24 |" in committed and "experiments.measure_alpha" in committed
 
 
 @pytest.mark.parametrize("binding, match", [

@@ -8,7 +8,7 @@ size with the crossover; the measured cost of scoring k tokens in one target
 call) and PNG figures next to it (or into `<output_dir>/<name>/`). `analyze`
 draws the theory figures (Fig. 2, Fig. 3) into `<results_root>/theory/`, adds
 Table 3's decoder-only rows from `<results_root>/alpha/llama.json`
-(`experiments.alpha_llama`) when it exists, and collects everything in
+(`experiments.measure_alpha` over the GGUF target) when it exists, and collects everything in
 `<results_root>/analysis_section.md` (or under `output_dir`, leaving the
 results directories untouched).
 """
@@ -85,7 +85,8 @@ def analyze_dir(results_dir: str, output_dir: str | None = None) -> str:
 
 
 def decoder_only_section(path: str) -> str:
-  """Table 3's decoder-only rows from `experiments.alpha_llama`'s JSON, with what they measured."""
+  """Table 3's decoder-only rows from `experiments.measure_alpha`'s JSON, with what they
+  measured."""
   with open(path, encoding="utf-8") as f:
     result = json.load(f)
   details = result["_details"]
@@ -96,7 +97,8 @@ def decoder_only_section(path: str) -> str:
           f"{settings['num_examples']} test examples per task, at most "
           f"{settings['max_decode_len']} tokens; the n-gram drafts fit on "
           f"{details['ngram_fit_tokens']} tokens ({details['ngram_fit']}). "
-          "`python -m experiments.alpha_llama`.\n\n" + tables.table3_decoder_only(result["alpha"]))
+          "`python -m experiments.measure_alpha --gin_file=gin_configs/llama_smollm2.gin`.\n\n"
+          + tables.table3_decoder_only(result["alpha"]))
 
 
 def analyze(results_dirs: Sequence[str], results_root: str, output_dir: str | None = None

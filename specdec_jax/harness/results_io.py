@@ -1,8 +1,6 @@
 """results.jsonl: one JSON object per measured point, read back as `PointRow`s, and the best
 point per setting.
 
-Also the JSON-list files of the benchmarks (`append_to_json_list`).
-
 Rows are rewritten atomically per append; a point's key (`PointRow.key`) is what a resumed
 run skips by.
 """
@@ -62,16 +60,6 @@ def append_row(path: str, row: Mapping[str, Any]) -> None:
   rows = read_rows(path) + [row]
   text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
   atomic_io.atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def append_to_json_list(path: str, row: Mapping[str, Any]) -> None:
-  """Appends `row` to the JSON list at `path` (a benchmark's rows), replacing the file
-  atomically."""
-  rows = []
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      rows = json.load(f)
-  atomic_io.write_json(path, rows + [row])
 
 
 def group(records: Iterable[T], *fields: str) -> dict[tuple, list[T]]:

@@ -71,7 +71,7 @@ def table3_decoder_only(alpha: Mapping[str, Mapping[str, Mapping[str, Mapping[st
   Args:
     alpha: `{draft: {task: {"T=0": {"alpha_beta": ..., "alpha_empirical": ...,
       "tokens_per_call": ...}, "T=1": ...}}}`, the "alpha" of
-      `experiments.alpha_llama`'s JSON (results/alpha/llama.json).
+      `experiments.measure_alpha`'s JSON (results/alpha/llama.json).
 
   Returns:
     Per task and draft, alpha by both estimators (mean beta, S/(S+R)) and tokens
