@@ -6,6 +6,8 @@
   python -m experiments.distill_data --teacher=smollm2 [--tasks=mansum,explain] ...
   python -m experiments.distill_data --archive=import [--archive_file=...] [--data_dir=...]
   python -m experiments.distill_data --archive=export [--tasks=ende,mansum] [--archive_file=...]
+  python -m experiments.distill_data --teacher=smollm2 --archive=import \
+      --archive_file=assets/distill/distill_smollm2_tokens.npz
 
 One greedy output and `--num_samples` samples per training input, written as shards and a
 manifest under `<output_dir>/<task>/` (format: `specdec_jax/data/distill.py`); killed at
@@ -14,10 +16,12 @@ any point, a rerun with the same flags resumes. What it does and refuses:
 the command registers itself (`specdec_jax.contention.register_job`), so every timing
 command pauses it while it times.
 
-`--archive` decodes nothing: `export` packs the complete corpora of the T5 target's
-outputs in `<data_dir>/distill/` (hours of decoding) into one small file of token ids,
-`import` writes them back from it, byte for byte, on a new machine
-(`specdec_jax/data/distill_archive.py`; the committed one is `--archive_file`'s default).
+`--archive` decodes nothing: `export` packs the complete corpora of a target's outputs
+(`<data_dir>/distill/` for the T5 target, `<data_dir>/distill_smollm2/` for
+`--teacher=smollm2`, or `--output_dir`; hours of decoding) into one small file of token
+ids, `import` writes them back from it, byte for byte, on a new machine
+(`specdec_jax/data/distill_archive.py`; the T5 target's committed one is
+`--archive_file`'s default, SmolLM2's are `assets/distill/distill_smollm2*_tokens.npz`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,12 @@ from absl import app, flags
 from specdec_jax import contention
 from specdec_jax.data import distill, distill_archive, layout
 from specdec_jax.distillation.decode import DistillConfig, DistillError, distill_data
-from specdec_jax.distillation.teacher import DEFAULT_TEACHER, DEFAULT_VOCAB
+from specdec_jax.distillation.teacher import (
+  DEFAULT_TEACHER,
+  DEFAULT_VOCAB,
+  default_root,
+  default_tasks,
+)
 
 # The command's flags live in their own namespace: its names (tasks, seed, data_dir, ...)
 # are other commands' too, and the tests load several commands in one process.
@@ -83,8 +92,9 @@ _MAX_SHARDS = flags.DEFINE_integer(
     "max_shards", None, "Stop after writing this many new shards (a rerun resumes).",
     flag_values=_FLAGS)
 _ARCHIVE = flags.DEFINE_enum(
-    "archive", None, ["export", "import"], "Instead of decoding: export packs "
-    "<data_dir>/distill/ into --archive_file; import unpacks --archive_file into it.",
+    "archive", None, ["export", "import"], "Instead of decoding: export packs the "
+    "--teacher's outputs (--output_dir, default as for decoding) into --archive_file; "
+    "import unpacks --archive_file into it.",
     flag_values=_FLAGS)
 _ARCHIVE_FILE = flags.DEFINE_string(
     "archive_file", os.path.join(layout.ASSETS_DIR, "distill", "distill_tokens.npz"),
@@ -96,18 +106,17 @@ def _parse_flags(argv: list[str]) -> list[str]:
   return flags.FLAGS(_FLAGS(argv, known_only=True))
 
 
-def archive(action: str, path: str, data_dir: str, tasks: tuple[str, ...]) -> list[str]:
-  """`--archive`: packs (export) or unpacks (import) `<data_dir>/distill/`; what it did.
+def archive(action: str, path: str, root: str, tasks: tuple[str, ...]) -> list[str]:
+  """`--archive`: packs (export) or unpacks (import) the distill root `root`; what it did.
 
   Raises:
     ValueError, FileNotFoundError: incomplete corpora, a bad archive, or data there already.
   """
   if action == "export":
-    counts = distill_archive.export_archive(path, tasks, data_dir=data_dir)
+    counts = distill_archive.export_archive(path, tasks, root=root)
   else:
-    counts = distill_archive.import_archive(path, data_dir=data_dir)
+    counts = distill_archive.import_archive(path, root=root)
   where = f"{path} ({os.path.getsize(path) / 1e6:.2f} MB)"
-  root = distill.distill_root(data_dir)
   return [f"{corpus}: {n} examples packed from {root} into {where}" if action == "export"
           else f"{corpus}: {n} examples unpacked from {where} into {root}"
           for corpus, n in counts.items()]
@@ -118,9 +127,10 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _ARCHIVE.value:
     try:
+      data_dir = _DATA_DIR.value or layout.default_data_dir()
       done = archive(_ARCHIVE.value, _ARCHIVE_FILE.value,
-                     _DATA_DIR.value or layout.default_data_dir(),
-                     tuple(_TASKS.value or layout.CORPORA))
+                     _OUTPUT_DIR.value or default_root(data_dir, _TEACHER.value),
+                     tuple(_TASKS.value or default_tasks(_TEACHER.value)))
     except (ValueError, FileNotFoundError) as e:  # distill.ShardError is a ValueError.
       sys.exit(f"distill_data --archive={_ARCHIVE.value}: error: {e}")
     print("\n".join(done))

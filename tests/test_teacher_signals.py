@@ -301,18 +301,18 @@ def test_token_archive_round_trip_is_byte_identical(setup, tmp_path):
   archive = str(tmp_path / "tokens.npz")
   counts = distill_archive.export_archive(archive, ("ende", "mansum"), data_dir=pristine)
   assert counts == {"ende": 12, "mansum": 4}
-  back = str(tmp_path / "back")
+  back = str(tmp_path / "back")  # Any root: --output_dir, as a GGUF target's data uses.
   cmd = [sys.executable, "-m", "experiments.distill_data", "--archive=import",
-         f"--archive_file={archive}", f"--data_dir={back}"]
+         f"--archive_file={archive}", f"--output_dir={back}"]
   done = subprocess.run(cmd, capture_output=True, text=True, cwd=layout.REPO_ROOT, check=False)
   assert done.returncode == 0, done.stderr[-2000:]
   assert "ende: 12 examples unpacked from" in done.stdout
   for corpus in _COUNTS:
-    assert _files(distill.task_dir(os.path.join(back, "distill"), corpus)) == _files(
+    assert _files(distill.task_dir(back, corpus)) == _files(
         distill.task_dir(os.path.join(pristine, "distill"), corpus))
   again = distill_archive.export_archive(str(tmp_path / "again.npz"), ("ende", "mansum"),
-                                         data_dir=back)
+                                         root=back)
   assert again == counts and _files(str(tmp_path))["again.npz"] == _files(
       str(tmp_path))["tokens.npz"]
   with pytest.raises(ValueError, match="already holds distillation data"):
-    distill_archive.import_archive(archive, data_dir=back)
+    distill_archive.import_archive(archive, root=back)
