@@ -18,6 +18,7 @@ os.environ.setdefault("SPECDEC_TIMING_GUARD", "off")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from specdec_jax.checkpoints import save_hf_checkpoint  # noqa: E402
 from specdec_jax.gamma_choice import LoopCosts  # noqa: E402
 from specdec_jax.harness.record import Example, PointRow  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
@@ -121,6 +122,19 @@ def make_point_row(**fields) -> PointRow:
       environment={"cpu_model": "Test CPU", "cpu_vectors": "avx2"},
       date="2026-01-01T00:00:00+00:00", gamma_auto=False, gamma_choice=None)
   return PointRow(**{**values, **fields})
+
+
+@pytest.fixture(scope="module")
+def pair_dir(tmp_path_factory) -> str:
+  """A tiny random T5.1.1 target (the committed vocabulary's 8,192 ids) and a copy of it
+  perturbed by 5% as its draft, saved as HF checkpoints in `<dir>/target`, `<dir>/draft`."""
+  root = str(tmp_path_factory.mktemp("models"))
+  model, params = make_model("test-v1_1", seed=0, vocab_size=8192)
+  params = jax.device_get(params)
+  save_hf_checkpoint(os.path.join(root, "target"), model.config, params)
+  save_hf_checkpoint(os.path.join(root, "draft"), model.config,
+                     jax.tree.map(lambda x: x * 1.05, params))
+  return root
 
 
 @pytest.fixture(params=["test-v1_0", "test-v1_1"])

@@ -3,15 +3,12 @@ with gamma = 'auto', which applies the timing guard and records its check."""
 
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 import pytest
 from conftest import make_model
 
 from specdec_jax import benchmarking, costs, gamma_choice
-from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.harness import measure, results_io, runner, settings
 from specdec_jax.harness.record import PointRow
@@ -20,7 +17,6 @@ from specdec_jax.models.t5 import T5Draft, T5Scorer, choose_gamma
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("costs")
 
-VOCAB = 8192  # The committed SentencePiece model's size (the gin run tokenises with it).
 
 
 @pytest.fixture(scope="module")
@@ -155,21 +151,9 @@ def test_choose_gamma_rejects_bad_arguments_before_work(pair, monkeypatch, kwarg
     choose_gamma(target, params, args.pop("draft"), inputs, **args)
 
 
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory) -> str:
-  """A tiny random target and a perturbed copy as its draft, in HF format."""
-  root = str(tmp_path_factory.mktemp("models"))
-  model, params = make_model("test-v1_1", seed=0, vocab_size=VOCAB)
-  params = jax.device_get(params)
-  save_hf_checkpoint(os.path.join(root, "target"), model.config, params)
-  save_hf_checkpoint(os.path.join(root, "draft"), model.config,
-                     jax.tree.map(lambda x: x * 1.05, params))
-  return root
-
-
-def _gin(tmp_path, models_dir: str, gammas: str) -> str:
+def _gin(tmp_path, pair_dir: str, gammas: str) -> str:
   bindings = {
-      "name": "'tiny_auto'", "models_dir": repr(models_dir), "drafts": "['draft']",
+      "name": "'tiny_auto'", "models_dir": repr(pair_dir), "drafts": "['draft']",
       "tasks": "['ende']", "num_examples": "2", "temperatures": "[0.0]", "gammas": gammas,
       "auto_max_gamma": "2", "auto_calibration_examples": "2", "max_decode_len": "8",
       "input_len": "16", "repetitions": "1", "timing_calls": "2", "timing_repeats": "1",
@@ -179,8 +163,8 @@ def _gin(tmp_path, models_dir: str, gammas: str) -> str:
   return str(path)
 
 
-def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, models_dir):
-  exp = runner.load_experiment([_gin(tmp_path, models_dir, "['auto', 3]")], [])
+def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, pair_dir):
+  exp = runner.load_experiment([_gin(tmp_path, pair_dir, "['auto', 3]")], [])
   points = settings.plan(exp)
   assert [p.gamma for p in points] == ["auto", 3]
   assert points[0].key == ("ende", "draft", 0.0, "auto", 1)
@@ -189,15 +173,15 @@ def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, models_dir
   for bad in ("'Auto'", "'best'", "'3'"):
     with pytest.raises(ValueError, match=r"Experiment\.gammas\[0\]=.* is not a gamma: use an "
                                          r"int >= 1 .* or 'auto'"):
-      runner.load_experiment([_gin(tmp_path, models_dir, f"[{bad}]")], [])
+      runner.load_experiment([_gin(tmp_path, pair_dir, f"[{bad}]")], [])
   for field in ("auto_max_gamma", "auto_calibration_examples"):
     with pytest.raises(ValueError, match=rf"Experiment\.{field} must be an int >= 1"):
-      runner.load_experiment([_gin(tmp_path, models_dir, "['auto']")],
+      runner.load_experiment([_gin(tmp_path, pair_dir, "['auto']")],
                              [f"Experiment.{field} = 0"])
 
 
-def test_run_with_gamma_auto_records_the_choice(tmp_path, models_dir, monkeypatch):
-  exp = runner.load_experiment([_gin(tmp_path, models_dir, "['auto']")], [])
+def test_run_with_gamma_auto_records_the_choice(tmp_path, pair_dir, monkeypatch):
+  exp = runner.load_experiment([_gin(tmp_path, pair_dir, "['auto']")], [])
   path = runner.run(exp, str(tmp_path / "out"))
   (row,) = results_io.read_rows(path)
   choice = row["gamma_choice"]

@@ -6,35 +6,18 @@ Tiny random models of both kinds: a T5 saved as an HF checkpoint, and the GGUF L
 from __future__ import annotations
 
 import json
-import os
 
 import gin
-import jax
 import numpy as np
 import pytest
 from absl import app, flags
 from absl.testing import flagsaver
-from conftest import make_model
 
 from experiments import measure_alpha
-from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.harness import report, t5_target
 
-VOCAB = 8192  # The committed SentencePiece model's size.
 FIELDS = {"alpha_beta", "alpha_empirical", "tokens_per_call", "tokens", "iterations",
           "examples", "accepted_histogram"}
-
-
-@pytest.fixture(scope="module")
-def models_dir(tmp_path_factory) -> str:
-  """A tiny random T5 target and a perturbed copy of it as the draft."""
-  root = str(tmp_path_factory.mktemp("models"))
-  model, params = make_model("test-v1_1", seed=0, vocab_size=VOCAB)
-  params = jax.device_get(params)
-  save_hf_checkpoint(os.path.join(root, "target"), model.config, params)
-  save_hf_checkpoint(os.path.join(root, "draft"), model.config,
-                     jax.tree.map(lambda x: x * 1.05, params))
-  return root
 
 
 def _measure(output: str, bindings: list[str], **values) -> dict:
@@ -50,8 +33,8 @@ def _measure(output: str, bindings: list[str], **values) -> dict:
     return json.load(f)
 
 
-def _t5(models_dir: str, gamma: int = 2) -> list[str]:
-  return [f"Settings.models_dir = {models_dir!r}", "Settings.input_len = 16",
+def _t5(pair_dir: str, gamma: int = 2) -> list[str]:
+  return [f"Settings.models_dir = {pair_dir!r}", "Settings.input_len = 16",
           "Settings.max_decode_len = 6", f"Settings.gamma = {gamma}"]
 
 
@@ -63,9 +46,9 @@ def _check_row(row: dict, examples: int, gamma: int) -> None:
   assert row["tokens_per_call"] == pytest.approx(row["tokens"] / row["iterations"])
 
 
-def test_a_t5_target_its_rows_details_and_a_second_draft_kept(tmp_path, models_dir):
+def test_a_t5_target_its_rows_details_and_a_second_draft_kept(tmp_path, pair_dir):
   path = str(tmp_path / "alpha.json")
-  got = _measure(path, _t5(models_dir), drafts=["draft"])
+  got = _measure(path, _t5(pair_dir), drafts=["draft"])
   assert list(got["alpha"]) == ["draft"] and set(got["alpha"]["draft"]["ende"]) == {"T=0", "T=1"}
   for row in got["alpha"]["draft"]["ende"].values():
     _check_row(row, 3, gamma=2)  # Batches of 2 and 1: the short one is not padded.
@@ -75,24 +58,24 @@ def test_a_t5_target_its_rows_details_and_a_second_draft_kept(tmp_path, models_d
   assert details["prompts"]["ende"].startswith("'translate English to German: '")
   assert details["ngram_fit"] is None and "draft" in details["drafts"]
   # Another draft joins the file; the rows there are kept as they were.
-  both = _measure(path, _t5(models_dir), drafts=["prompt_lookup"], temperatures=["0"])
+  both = _measure(path, _t5(pair_dir), drafts=["prompt_lookup"], temperatures=["0"])
   assert both["alpha"]["draft"] == got["alpha"]["draft"]
   assert set(both["alpha"]) == {"draft", "prompt_lookup"}
   assert set(both["_details"]["drafts"]) == {"draft", "prompt_lookup"}
 
 
-def test_the_target_as_its_own_draft_is_always_accepted(tmp_path, models_dir):
-  got = _measure(str(tmp_path / "alpha.json"), _t5(models_dir), drafts=["target"])
+def test_the_target_as_its_own_draft_is_always_accepted(tmp_path, pair_dir):
+  got = _measure(str(tmp_path / "alpha.json"), _t5(pair_dir), drafts=["target"])
   for row in got["alpha"]["target"]["ende"].values():
     np.testing.assert_allclose([row["alpha_beta"], row["alpha_empirical"]], 1.0, atol=1e-5)
 
 
-def test_a_file_of_other_settings_is_refused_before_any_work(tmp_path, models_dir, monkeypatch):
+def test_a_file_of_other_settings_is_refused_before_any_work(tmp_path, pair_dir, monkeypatch):
   path = str(tmp_path / "alpha.json")
-  _measure(path, _t5(models_dir), drafts=["draft"], temperatures=["0"])
+  _measure(path, _t5(pair_dir), drafts=["draft"], temperatures=["0"])
   monkeypatch.setattr(t5_target, "load_hf_checkpoint", lambda *a, **k: pytest.fail("loaded"))
   with pytest.raises(app.UsageError, match=r"--output=.* other settings \(gamma differ\)"):
-    _measure(path, _t5(models_dir, gamma=3), drafts=["draft"])
+    _measure(path, _t5(pair_dir, gamma=3), drafts=["draft"])
 
 
 def test_a_gguf_llama_target_through_the_same_command(tmp_path):
@@ -125,9 +108,9 @@ def test_a_gguf_llama_target_through_the_same_command(tmp_path):
                                        r"--drafts / --tasks here.\)"),
     ({"drafts": ["draft"], "tasks": ["explain"]}, [], r"'explain', a chat model's task"),
 ])
-def test_bad_runs_fail_before_work_naming_the_flag(tmp_path, models_dir, values, bindings, match):
+def test_bad_runs_fail_before_work_naming_the_flag(tmp_path, pair_dir, values, bindings, match):
   with pytest.raises(app.UsageError, match=match):
-    _measure(str(tmp_path / "alpha.json"), _t5(models_dir) + bindings, **values)
+    _measure(str(tmp_path / "alpha.json"), _t5(pair_dir) + bindings, **values)
 
 
 @pytest.mark.parametrize("flag, value", [

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from specdec_jax.data import layout  # noqa: E402
-from specdec_jax.harness import alpha_tracking  # noqa: E402
+from specdec_jax.harness import alpha_tracking, figures  # noqa: E402
 
 POINT_FIELDS = ("step", "passes", "wall_time_s", "alpha", "score")
 LINESTYLES = ("-", "--", ":", "-.")  # One per temperature, in the order measured.
@@ -67,9 +67,4 @@ def fig_alpha_curves(curves: dict[str, dict], path: str) -> str:
            ylabel="alpha (mean beta)")
     ax.grid(alpha=0.3)
   axes[0][-1].legend(fontsize="small")
-  fig.tight_layout()
-  tmp = path + ".tmp.png"
-  fig.savefig(tmp, dpi=120)
-  plt.close(fig)
-  os.replace(tmp, path)
-  return path
+  return figures.save_figure(fig, path)

@@ -24,8 +24,10 @@ TRADEOFF_GRID = 60  # Points per axis of the iso-speedup contours.
 TRADEOFF_LEVELS = (0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8, 2.0)
 
 
-def _save(fig: plt.Figure, path: str) -> str:
+def save_figure(fig: plt.Figure, path: str) -> str:
+  """Lays out `fig`, writes it to `path` as a PNG (atomically) and closes it; the path."""
   fig.tight_layout()
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   tmp = path + ".tmp.png"
   fig.savefig(tmp, dpi=120)
   plt.close(fig)
@@ -62,7 +64,7 @@ def fig_speedup_vs_gamma(rows: Sequence[PointRow], path: str) -> str | None:
     ax.set(title=f"{task}, T={t:g} (— measured, -- cost model, ·· Thm 3.8)", xlabel="gamma",
            ylabel="speedup over baseline")
     ax.legend(fontsize="small")
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def fig_measured_vs_predicted(rows: Sequence[PointRow], path: str) -> str:
@@ -81,7 +83,7 @@ def fig_measured_vs_predicted(rows: Sequence[PointRow], path: str) -> str:
                   label=f"±{tolerance:.0%}")
   ax.set(xlim=(0, hi), ylim=(0, hi), xlabel="predicted speedup", ylabel="measured speedup")
   ax.legend(fontsize="small")
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def fig_speedup_vs_batch(rows: Sequence[PointRow], path: str) -> str | None:
@@ -97,7 +99,7 @@ def fig_speedup_vs_batch(rows: Sequence[PointRow], path: str) -> str | None:
     ax.axhline(1, color="gray", lw=0.8)
     ax.set(xscale="log", title=task, xlabel="batch size", ylabel="measured speedup")
     ax.legend(fontsize="small")
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def fig_speedup_vs_alpha(rows: Sequence[PointRow], path: str) -> str:
@@ -118,7 +120,7 @@ def fig_speedup_vs_alpha(rows: Sequence[PointRow], path: str) -> str:
   ax.axhline(1, color="gray", lw=0.8)
   ax.set(xlabel="alpha (mean beta)", ylabel="speedup", xlim=(0, 1))
   ax.legend(fontsize="small")
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def fig_verify_cost(rows: Sequence[PointRow], path: str) -> str:
@@ -130,7 +132,7 @@ def fig_verify_cost(rows: Sequence[PointRow], path: str) -> str:
   ax.set(xlabel="tokens scored in one target call (k = gamma + 1)",
          ylabel="T_verify(k) / T_step", ylim=(0, None))
   ax.legend(fontsize="small")
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def fig_example(row: PointRow, path: str) -> str:
@@ -158,7 +160,7 @@ def fig_example(row: PointRow, path: str) -> str:
       x += t.get_window_extent(renderer).width / ax.get_window_extent(renderer).width
   ax.set_title(f"{row.task}, {row.draft}, T={row.temperature:g}, γ={row.gamma}: "
                "green = draft token accepted, red = sampled by the target", fontsize=9)
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def fig2_expected_tokens(path: str) -> str:
@@ -168,7 +170,7 @@ def fig2_expected_tokens(path: str) -> str:
     ax.plot(ALPHA_GRID, theory.expected_tokens_per_iteration(ALPHA_GRID, g), label=f"γ={g}")
   ax.set(xlabel="alpha", ylabel="expected tokens per iteration")
   ax.legend(fontsize="small")
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def fig3_optimal_gamma(path: str) -> str:
@@ -179,7 +181,7 @@ def fig3_optimal_gamma(path: str) -> str:
     ax.plot(ALPHA_GRID, [b.gamma if b.helps else np.nan for b in best], label=f"c={c:g}")
   ax.set(xlabel="alpha", ylabel="optimal gamma", yscale="log")
   ax.legend(fontsize="small")
-  return _save(fig, path)
+  return save_figure(fig, path)
 
 
 def model_calls_speedup(alpha: float, c: float, verify_ratio: Mapping[int, float]) -> float:
@@ -227,4 +229,4 @@ def fig_draft_tradeoff(record: dict, path: str) -> str:
                   fontsize="x-small", xytext=(3, 3), textcoords="offset points")
     ax.set(title=f"{t} (contours: the model calls' predicted speedup)",
            xlabel="c (draft step / target step, timed in turn)", ylabel="held-out alpha")
-  return _save(fig, path)
+  return save_figure(fig, path)

@@ -6,7 +6,6 @@ Apart from `regime_predictions` because it needs matplotlib, which the device ch
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-from specdec_jax.harness import results_io  # noqa: E402
+from specdec_jax.harness import figures, results_io  # noqa: E402
 from specdec_jax.harness.regime_rows import FamilyError, Prediction  # noqa: E402
 
 MIB = 2**20
@@ -67,7 +66,7 @@ def fig_regime_map(records: Sequence[Prediction], errors: Sequence[FamilyError],
     ax.set_xlabel("target's decoder weights read per call (MiB, log scale)")
   for row in axes:
     row[0].set_ylabel("predicted speedup at best gamma")
-  return _save(fig, path)
+  return figures.save_figure(fig, path)
 
 
 def _draw_panel(ax: plt.Axes, panel: Sequence[Prediction], colors: Mapping[str, str],
@@ -87,13 +86,3 @@ def _draw_panel(ax: plt.Axes, panel: Sequence[Prediction], colors: Mapping[str, 
   ax.set_xscale("log")
   ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
   ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-
-
-def _save(fig: plt.Figure, path: str) -> str:
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  tmp = path + ".tmp.png"
-  fig.savefig(tmp, dpi=120)
-  plt.close(fig)
-  os.replace(tmp, path)
-  return path
