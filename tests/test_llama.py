@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -116,6 +117,35 @@ def _ngram_draft(sequences: np.ndarray, order: int) -> NgramDraft:
   return NgramDraft.from_counts(np.bincount(flat, minlength=TEST_CONFIG.vocab_size),
                                 keys[:, 0].astype(np.int32), keys[:, 1].astype(np.int32), counts,
                                 order=order)
+
+
+def _vocab_wide_products(hlo: str, vocab: int) -> int:
+  """How many products (dots, the weight kernel's custom calls) in compiled HLO text
+  return an array with a `vocab`-wide dimension."""
+  wide = re.compile(rf"\[[^\]]*\b{vocab}\b[^\]]*\]\S* (dot|custom-call)\(")
+  return sum(bool(wide.search(line)) for line in hlo.splitlines())
+
+
+def test_the_compiled_prefill_computes_no_logits():
+  """`init_state` drops the prefill's logits, and XLA removes their head product; the
+  control, the same chunk with its logits returned, shows the check can see one."""
+  vocab = 1021  # A width no other array has.
+  model, params = _random_model(vocab_size=vocab)
+  weights = model.prepare(params)
+  prompts = jnp.asarray(pad_prompts(PROMPTS))
+
+  def prefill(weights, prompts):
+    scorer = LlamaScorer(model, weights)
+    return scorer.init_state(scorer.encode(prompts), MAX_LEN).cache
+
+  def chunk_logits(weights, prompts):
+    cache = model.init_cache(prompts.shape[0], MAX_LEN + prompts.shape[1])
+    return model.decode_chunk(weights, cache, prompts[:, :-1])[0]
+
+  prefill_hlo, control_hlo = (jax.jit(f).lower(weights, prompts).compile().as_text()
+                              for f in (prefill, chunk_logits))
+  assert _vocab_wide_products(prefill_hlo, vocab) == 0
+  assert _vocab_wide_products(control_hlo, vocab) >= 1
 
 
 def test_greedy_loops_give_the_teacher_forced_path_with_every_draft():
