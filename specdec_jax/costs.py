@@ -147,6 +147,39 @@ def draft_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, max_decod
       target_encoded=benchmarking.target_encoded_for(draft, target, inputs))
 
 
+def time_sequence_work(target: Scorer, draft: Draft, batches: Sequence[Array], *,
+                       cache_len: int, repeats: int) -> tuple[float, float]:
+  """Both models' work once per sequence: `LoopCosts.encode_target_s` and `encode_draft_s`.
+
+  The target's `encode` and the arrays its `init_state` makes
+  (`benchmarking.state_arrays`: an empty cache; a decoder-only target's prefill),
+  the draft's `init_state`, each timed `repeats` times per batch (the median).
+
+  Args:
+    target: the target's scorer.
+    draft: the draft.
+    batches: int32 `[batch, input_len]` checked batches, cut to their length bucket.
+    cache_len: the decoders' cache length.
+    repeats: timed calls of each.
+
+  Returns:
+    Seconds per batch of the target's work and of the draft's, the means over
+    `batches` (their lengths differ, and the encoders' cost with them).
+  """
+  init_draft = jax.jit(lambda d, x, encoded: d.init_state(x, cache_len, encoded))
+  encode_target = encode_draft = 0.0
+  for x in batches:
+    context = target.encode(x)
+    encode_target += (
+        benchmarking.time_calls(lambda x=x: target.encode(x), repeats).median_s
+        + benchmarking.time_calls(lambda c=context: benchmarking.state_arrays(
+            target, c, cache_len=cache_len), repeats).median_s) / len(batches)
+    encoded = benchmarking.target_encoded_for(draft, target, x)
+    encode_draft += benchmarking.time_calls(
+        lambda x=x, e=encoded: init_draft(draft, x, e), repeats).median_s / len(batches)
+  return encode_target, encode_draft
+
+
 def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *, gamma: int,
                        warp: Warp, max_decode_len: int, eos_id: int,
                        t_chunk: Mapping[int, float], t_draft: float, rng: Array, repeats: int,
@@ -196,19 +229,10 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
   timings, outputs = benchmarking.time_interleaved(
       decoders, len(batches), 1, fetch=distributed.fetch,
       warmup=benchmarking.first_of_each_shape(batches))
-  cache_len, _ = timing_geometry(max_decode_len, gammas[-1])
-  init_draft = jax.jit(lambda d, x, encoded: d.init_state(x, cache_len, encoded))
   n = len(batches)
-  encode_target = encode_draft = 0.0  # Means over the batches: their lengths differ.
-  for x in batches:
-    context = target.encode(x)
-    encode_target += (
-        benchmarking.time_calls(lambda x=x: target.encode(x), repeats).median_s
-        + benchmarking.time_calls(lambda c=context: benchmarking.state_arrays(
-            target, c, cache_len=cache_len), repeats).median_s) / n
-    encoded = benchmarking.target_encoded_for(draft, target, x)
-    encode_draft += benchmarking.time_calls(
-        lambda x=x, e=encoded: init_draft(draft, x, e), repeats).median_s / n
+  encode_target, encode_draft = time_sequence_work(
+      target, draft, batches, cache_len=timing_geometry(max_decode_len, gammas[-1])[0],
+      repeats=repeats)
   steps = sum(int(np.max(o.lengths)) for o in outputs["baseline"])
   overhead = {}  # {gamma: seconds per iteration beyond the model calls}
   for g in gammas:

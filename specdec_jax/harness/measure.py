@@ -8,8 +8,9 @@ batches, the speedup per generated token, and at T > 0 every pass samples new
 texts, `_Draws`). The row (`record.PointRow`) holds the measured speedup, alpha by both
 estimators, tokens per call and c (`specdec_jax.stats`), the measured step
 costs, and the speedups predicted by Theorem 3.8, by `CostModel` on the model
-calls alone (steps only), and by `CostModel` with the loops' own work and the
-encoders, timed apart on held-out examples (`costs.measure_loop_costs`).
+calls alone (steps only), and by `CostModel` with the loops' own work, timed apart
+on held-out examples (`costs.measure_loop_costs`), and the encoders, timed apart on
+the measured examples (`costs.time_sequence_work`).
 The step costs are timed as gamma = 'auto' times them (`specdec_jax.costs`).
 
 Any target kind (`harness.targets`): the target is a `targets.LoadedTarget`
@@ -281,7 +282,7 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
     verify_idle_check: the guard's record of their timing (`measure_target_costs`).
     max_gamma: the largest gamma of the run (sets the timing cache length).
     held_out: batches of the same shape outside the measured examples, on which
-      the loops' overheads and the encoders are timed for the cost model
+      the loops' overheads are timed for the cost model
       (`costs.measure_loop_costs`); empty: the first measured batch.
     choice: gamma = 'auto''s choice that set `point.gamma`, if any (recorded).
 
@@ -303,9 +304,15 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
         warp=Warp(point.temperature), max_decode_len=exp.max_decode_len,
         eos_id=target.eos_id, t_chunk=verify.t_chunk, t_draft=draft_cost.seconds,
         rng=jax.random.PRNGKey(exp.seed), repeats=exp.timing_repeats, held_out=bool(held_out))
+    # The once-per-sequence work at the measured examples' own lengths: the few held-out
+    # batches' lengths need not be theirs (man-page inputs run from 16 to 128 tokens).
+    encode_target, encode_draft = costs.time_sequence_work(
+        target.scorer, draft, batches, repeats=exp.timing_repeats,
+        cache_len=costs.timing_geometry(exp.max_decode_len, point.gamma)[0])
   # Tokens per batch as the loops run them, on the measured examples: until the longest row ends.
-  loop_costs = dataclasses.replace(loop_costs, loop_tokens=float(
-      np.mean([int(np.max(o.lengths)) for o in outputs["baseline"]])))
+  loop_costs = dataclasses.replace(
+      loop_costs, encode_target_s=encode_target, encode_draft_s=encode_draft,
+      loop_tokens=float(np.mean([int(np.max(o.lengths)) for o in outputs["baseline"]])))
   pooled = stats.Pooled.of(outputs["speculative"])
   return PointRow(
       **_identity(exp, point), **_times(timings, draws.tokens), **_acceptance(pooled),

@@ -249,7 +249,9 @@ def family_errors(rows: Sequence[regime_rows.Row], measured: Mapping[str, Sequen
                   settings: regime_map.MapSettings) -> list[FamilyError]:
   """The cost model against our family's measured speedups: per measured batch-1 row of a
   pair this run measured (at a gamma it prices), the speedup predicted from this run's
-  costs with the row's alpha, gamma and output length, and the error predicted / measured - 1.
+  costs with the row's alpha, gamma, output length and encoders (timed on the row's own
+  inputs: a task's inputs are not the map's `prompt_len`), and the error
+  predicted / measured - 1.
 
   A row measured on another CPU than this run's (`same_cpu` False) carries the two
   machines' difference in its error too.
@@ -266,7 +268,10 @@ def family_errors(rows: Sequence[regime_rows.Row], measured: Mapping[str, Sequen
       pair_row = pair_rows.get((r.draft, r.target, float(r.temperature)))
       if pair_row is None or r.batch_size != 1 or r.gamma > settings.max_gamma:
         continue
-      loops = loop_costs(pair_row, models, pair_rows, settings, output_tokens(r))
+      loops = dataclasses.replace(  # The encoders at the row's own inputs' lengths.
+          loop_costs(pair_row, models, pair_rows, settings, output_tokens(r)),
+          encode_target_s=r.cost_model_terms.encode_target_s,
+          encode_draft_s=r.cost_model_terms.encode_draft_s)
       choice = predict(models[r.target], pair_row, loops, r.alpha_beta, settings.max_gamma)
       predicted = choice.speedup_cost_model[r.gamma]
       env, here = r.environment, pair_row.environment
