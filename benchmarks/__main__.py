@@ -22,6 +22,7 @@ BENCHMARKS = {
     "panel_dot": "the decode step's weight products alone, k rows at a time, against a dense "
                  "yardstick",
     "profile_loops": "every op of both compiled loop bodies, by phase and kind",
+    "prompt_prefix": "a chat target's system turn prefilled once against in every prompt",
     "student_shapes": "a decoder-only draft's candidate shapes priced (c) before training",
     "train_step": "a draft's distillation step: target in the step, stored signals, on-policy",
     "vocab_ops": "the decoders' operations over the vocabulary against their one-pass forms",

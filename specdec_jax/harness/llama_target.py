@@ -82,10 +82,11 @@ class PromptCache:
     shared_prefix: prefill the chat template's system turn, the tokens every prompt
       starts with (`chat_prompts.shared_prefix`), once at load and copy it into every
       row (`LlamaScorer.with_prefix`), rather than prefill it per prompt. Both
-      decoders use the target's scorer, so both get it.
+      decoders use the target's scorer, so both get it. On by default: it measured
+      faster (`python -m benchmarks prompt_prefix`; results/README.md).
   """
 
-  shared_prefix: bool = False
+  shared_prefix: bool = True
 
 
 @gin.configurable
