@@ -31,6 +31,7 @@ from specdec_jax.harness import (
     results_io,
     runner,
     settings,
+    suite,
     t5_target,
     tables,
 )
@@ -377,8 +378,9 @@ def test_every_committed_row_loads_and_writes_back_the_same_json():
 
 
 @pytest.mark.parametrize("name,points", [
-    ("quickstart", 2), ("sweep_gamma", 144), ("sweep_draft_size", 28), ("trivial_drafts", 24),
-    ("paper_table2", 48), ("sweep_batch", 24), ("llama_smollm2", 48)])
+    ("quickstart_t5", 2), ("quickstart_smollm2", 4), ("sweep_gamma", 144),
+    ("sweep_draft_size", 28), ("trivial_drafts", 24), ("paper_table2", 48),
+    ("sweep_batch", 24), ("llama_smollm2", 48)])
 def test_shipped_experiment_configs_parse_and_plan(name, points):
   gin.clear_config()
   gin.add_config_file_search_path(layout.REPO_ROOT)
@@ -395,14 +397,21 @@ def test_shipped_experiment_configs_parse_and_plan(name, points):
   assert all(exp.num_examples % b == 0 for b in exp.batch_sizes)
 
 
+def test_the_readme_main_command_is_a_suite_of_both_pairs():
+  assert suite.listed_experiments([os.path.join(layout.REPO_ROOT, "gin_configs",
+                                                "quickstart.gin")], []) == (
+      "gin_configs/quickstart_t5.gin", "gin_configs/quickstart_smollm2.gin")
+  gin.clear_config()
+
+
 def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
-  """The README's first command on the shipped family, cut to a tiny budget (one example,
-  T = 0, eight tokens, γ = 'auto' among 1..3 calibrated on two examples in one round): it
-  measures although results/quickstart holds the same points, and ends with the summary
-  table, the committed reference speedup beside the measured one."""
-  out = tmp_path / "quickstart"
+  """The README's first command's T5 pair on the shipped family, cut to a tiny budget (one
+  example, T = 0, eight tokens, γ = 'auto' among 1..3 calibrated on two examples in one
+  round): it measures although results/quickstart_t5 holds the same points, and ends with
+  the summary table, the committed reference speedup beside the measured one."""
+  out = tmp_path / "quickstart_t5"
   done = subprocess.run(
-      [sys.executable, "-m", "experiments.run", "--gin_file=gin_configs/quickstart.gin",
+      [sys.executable, "-m", "experiments.run", "--gin_file=gin_configs/quickstart_t5.gin",
        f"--output_dir={out}", "--gin.Experiment.num_examples=1",
        "--gin.Experiment.temperatures=[0.0]", "--gin.Experiment.repetitions=1",
        "--gin.Experiment.max_decode_len=8", "--gin.Experiment.timing_calls=2",
@@ -410,7 +419,7 @@ def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
        "--gin.Experiment.auto_max_gamma=3", "--gin.Experiment.auto_calibration_examples=2"],
       cwd=layout.REPO_ROOT, capture_output=True, text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-3000:]
-  assert "quickstart: 1 points, 0 already in" in done.stdout + done.stderr
+  assert "quickstart_t5: 1 points, 0 already in" in done.stdout + done.stderr
   rows = results_io.read_points(str(out / results_io.RESULTS_FILE))
   assert len(rows) == 1 and rows[0].speedup_measured > 0 and rows[0].greedy_identical
   head = ("| task | draft | T | gamma | batch | base ms/tok | spec ms/tok | speedup | "
@@ -425,7 +434,7 @@ def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
   low, mid, high = row.speedup_spread  # One example: its speedup is every percentile.
   assert low == mid == high and f"| {low:.2f}-{high:.2f}X |" in line
   assert f"| {row.efficiency:.2f} |" in line
-  reference = results_io.read_points(os.path.join(layout.REPO_ROOT, "results", "quickstart",
+  reference = results_io.read_points(os.path.join(layout.REPO_ROOT, "results", "quickstart_t5",
                                                   results_io.RESULTS_FILE))
   committed = next(r for r in reference if r.temperature == 0)
   assert line.endswith(f"| {committed.speedup_measured:.2f}X |")

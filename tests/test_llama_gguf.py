@@ -3,7 +3,10 @@
 transformers reads the same file with its own GGUF loader (`gguf_file=`), so
 the weights, the teacher-forced logits and the greedy tokens of `generate`
 are an independent reference for `gguf_loader` (names, the query / key row
-order, dequantization) and for `models.llama` (the math).
+order, dequantization) and for `models.llama` (the math). The shipped draft
+(assets/models/draft_smollm2) keeps both exact on the real model: greedy tokens
+equal `generate`'s, and sampled tokens follow transformers' distribution, which
+a wrong acceptance rule fails.
 """
 
 from __future__ import annotations
@@ -15,22 +18,32 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from scipy import stats as scipy_stats
+from test_speculative import accept_all
 from transformers import AutoModelForCausalLM
 
+from specdec_jax.data import layout
 from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.sampling import Warp
+from specdec_jax.distillation.teacher import teacher_sha256
 from specdec_jax.models.llama import (
     LayerSkipDraft,
     LlamaModel,
     LlamaScorer,
     gguf_loader,
     pad_prompts,
+    student_io,
 )
+from specdec_jax.models.llama.student import Student, StudentDraft
 
 # Teacher-forced logits (magnitudes up to ~40) agree to 1.2e-4 on these prompts: float32
 # sums in another order over 30 layers.
 ATOL = 5e-4
 GEN_LEN = 24
+SHIPPED_DRAFT = os.path.join(layout.ASSETS_DIR, "models", "draft_smollm2")
+# Samples of one position's token at T = 1: enough that the wrong rule, whose tokens
+# follow the draft where it should follow the target, fails by far.
+SAMPLES = 512
 MESSAGES = ["What is the capital of France?",
             "Translate to German: The file is saved.",
             "Summarize: cp copies files and directories."]
@@ -118,7 +131,21 @@ def test_teacher_forced_logits_match_transformers(checkpoint, hf, prompts):
                                rtol=0)
 
 
-def test_greedy_tokens_equal_transformers_generate_and_both_loops(checkpoint, hf, prompts):
+@pytest.fixture(scope="module")
+def draft(checkpoint) -> StudentDraft:
+  """The shipped draft, checked to be the one trained for this file."""
+  saved = student_io.load_student(SHIPPED_DRAFT)
+  path = gguf_loader.smollm2_path()
+  student_io.check_target(saved, SHIPPED_DRAFT, teacher_sha256(path),
+                          checkpoint.config.vocab_size, checkpoint.config.d_model,
+                          os.path.basename(path))
+  student = Student(saved.config)
+  return StudentDraft(student.llama, student.prepare(
+      saved.params, checkpoint.params["token_embedder"]["embedding"], saved.head_tokens))
+
+
+def test_greedy_tokens_equal_transformers_generate_and_both_loops(checkpoint, hf, prompts,
+                                                                  draft):
   eos = checkpoint.vocabulary.eos_id
   want = []
   for prompt in prompts:
@@ -134,9 +161,67 @@ def test_greedy_tokens_equal_transformers_generate_and_both_loops(checkpoint, hf
   for row, path in enumerate(want):
     assert int(base.lengths[row]) == len(path)
     np.testing.assert_array_equal(base.sequences[row, :len(path)], path)
-  out = speculative.speculative_decode(LlamaScorer(model, weights),
-                                       LayerSkipDraft(model, weights, 8), inputs,
-                                       jax.random.PRNGKey(0), gamma=3, max_decode_len=GEN_LEN,
-                                       warp=Warp(), eos_id=eos, draft_inputs=inputs)
-  np.testing.assert_array_equal(out.sequences, base.sequences)
-  np.testing.assert_array_equal(out.lengths, base.lengths)
+  for proposer, gamma in ((LayerSkipDraft(model, weights, 8), 3), (draft, 6)):
+    out = speculative.speculative_decode(LlamaScorer(model, weights), proposer, inputs,
+                                         jax.random.PRNGKey(0), gamma=gamma,
+                                         max_decode_len=GEN_LEN, warp=Warp(), eos_id=eos,
+                                         draft_inputs=inputs)
+    np.testing.assert_array_equal(out.sequences, base.sequences)
+    np.testing.assert_array_equal(out.lengths, base.lengths)
+    if proposer is draft:  # The trained draft agrees with the target often (untrained: ~0).
+      assert float(np.mean(out.stats.alpha_empirical())) > 0.25
+
+
+@pytest.fixture(scope="module")
+def sampled_position(checkpoint, hf, prompts, draft):
+  """One position of a real output at T = 1: the chat prompt of MESSAGES[2] and the first
+  greedy tokens of its answer as the prompt, transformers' probabilities of the next token
+  (float64 `[vocab]`), and `sample(verify)`: SAMPLES draws of that token through the
+  speculative loop with the shipped draft (gamma 3)."""
+  prompt = prompts[2]
+  with torch.no_grad():
+    answer = hf.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
+    prompt = answer[0].tolist()
+    logits = hf(torch.tensor([prompt])).logits[0, -1].double()
+  p = torch.softmax(logits, -1).numpy()
+  model = LlamaModel(checkpoint.config)
+  # The shared prompt prefilled once; each row then feeds only its last token.
+  target = LlamaScorer(model, model.prepare(checkpoint.params)).with_prefix(
+      jnp.asarray(prompt[:-1]))
+  inputs = jnp.asarray(np.tile(prompt, (SAMPLES, 1)), jnp.int32)
+
+  def sample(verify=None) -> np.ndarray:
+    rule = {} if verify is None else {"verify": verify}
+    out = speculative.speculative_decode(target, draft, inputs, jax.random.PRNGKey(0),
+                                         gamma=3, max_decode_len=1, warp=Warp(1.0),
+                                         eos_id=checkpoint.vocabulary.eos_id,
+                                         draft_inputs=inputs, **rule)
+    return np.asarray(out.sequences)[:, 0]
+
+  draft_logits, _ = draft.scorer.score(
+      draft.scorer.init_state(draft.scorer.encode(inputs[:1]), 1), inputs[:1, -1:])
+  q = np.asarray(jax.nn.softmax(jnp.asarray(draft_logits[0, 0], jnp.float64)))
+  return p, q, sample
+
+
+def _chi_square_p_value(tokens: np.ndarray, p: np.ndarray) -> float:
+  """Goodness of fit of sampled tokens to `p`, the cells of expectation < 5 pooled."""
+  counts = np.bincount(tokens, minlength=len(p)).astype(np.float64)
+  expected = p * len(tokens)
+  large = expected >= 5
+  obs = np.append(counts[large], counts[~large].sum())
+  exp = np.append(expected[large], expected[~large].sum())
+  return float(scipy_stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+
+
+def test_sampled_tokens_follow_the_targets_distribution(sampled_position):
+  p, _, sample = sampled_position
+  assert _chi_square_p_value(sample(), p) > 1e-3
+
+
+def test_accept_everything_fails_the_same_test_with_the_shipped_draft(sampled_position):
+  """Negative control: the draft differs from the target here by a total variation the
+  wrong rule cannot hide."""
+  p, q, sample = sampled_position
+  assert 0.5 * np.abs(p - q).sum() > 0.2
+  assert _chi_square_p_value(sample(accept_all), p) < 1e-6

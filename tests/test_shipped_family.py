@@ -18,7 +18,8 @@ from transformers import T5ForConditionalGeneration
 from experiments import export_family
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import layout, prompts, vocab
-from specdec_jax.harness.family import FAMILY, SHARED_ENCODER
+from specdec_jax.harness.family import FAMILY, GGUF_DRAFTS, SHARED_ENCODER
+from specdec_jax.models.llama import gguf_loader, student_io
 from specdec_jax.models.t5 import (
   T5Model,
   cached_decoder,
@@ -29,13 +30,15 @@ from specdec_jax.models.t5 import (
 
 MODELS_DIR = os.path.join(layout.ASSETS_DIR, "models")
 SHIPPED = [name for name in FAMILY if os.path.isdir(os.path.join(MODELS_DIR, name))]
+SHIPPED_GGUF_DRAFTS = [name for name in GGUF_DRAFTS
+                       if os.path.isdir(os.path.join(MODELS_DIR, name))]
 HF_FORMAT = [name for name in SHIPPED if name not in SHARED_ENCODER]
 FILES = ("README.md", "config.json", "model.safetensors", "spiece.model")
 
 
 def test_the_family_is_shipped_within_the_size_cap():
   assert "target" in SHIPPED and "draft_small" in SHIPPED, SHIPPED
-  assert sorted(os.listdir(MODELS_DIR)) == sorted(SHIPPED)
+  assert sorted(os.listdir(MODELS_DIR)) == sorted(SHIPPED + SHIPPED_GGUF_DRAFTS)
   total = export_family.folder_bytes(MODELS_DIR)
   assert total <= export_family.MAX_TOTAL_MB * 1e6, f"{total / 1e6:.1f} MB"
 
@@ -54,6 +57,21 @@ def test_member_has_its_files_vocabulary_and_measured_card(name):
     assert row in card, row
   if name != "target":
     assert "| task | α (T=0) | α (T=1) |" in card and "Not measured yet" not in card
+
+
+@pytest.mark.parametrize("name", SHIPPED_GGUF_DRAFTS)
+def test_decoder_only_draft_has_its_files_card_and_target(name):
+  path = os.path.join(MODELS_DIR, name)
+  assert sorted(os.listdir(path)) == sorted(
+      ("README.md", student_io.CONFIG, student_io.WEIGHTS))
+  saved = student_io.load_student(path)
+  assert saved.target.file == gguf_loader.SMOLLM2_FILE.rsplit("/", 1)[-1]
+  assert len(np.unique(saved.head_tokens)) == saved.config.head_size
+  with open(os.path.join(path, "README.md"), encoding="utf-8") as f:
+    card = f.read()
+  for row in ("| parameters (own) |", "| shortlist |", "| training |",
+              "| held-out alpha (validation outputs) |"):
+    assert row in card, row
 
 
 @pytest.mark.parametrize("name", HF_FORMAT)

@@ -8,3 +8,6 @@ DRAFTS = FAMILY[1:]
 # "shared_encoder" in their training config).
 SHARED_ENCODER = ("draft_shared_enc", "draft_shared_enc_long", "draft_shared_enc_signals",
                   "draft_shared_enc_d192")
+# Decoder-only drafts of a GGUF target (`models.llama.student`: they read the target's
+# embedding), shipped beside the family in the same folder.
+GGUF_DRAFTS = ("draft_smollm2",)

@@ -66,7 +66,7 @@ class MapPredictions:
 
   measured_rows: tuple[str, ...] = tuple(
       os.path.join("results", name, results_io.RESULTS_FILE)
-      for name in ("quickstart", "distilled_drafts", "paper_table2"))
+      for name in ("quickstart_t5", "distilled_drafts", "paper_table2"))
   alpha_draft: str = "draft_shared_enc_d192"
   paper_tokens: Mapping[str, float] = dataclasses.field(
       default_factory=lambda: {"ende": 32.0, "cnndm": 64.0})
