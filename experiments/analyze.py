@@ -1,6 +1,6 @@
 """Tables and figures in the paper's form, from results files alone.
 
-  python -m experiments.analyze [--results_dir=results/quickstart ...] [--results_root=results] \
+  python -m experiments.analyze [--results_dir=results/quickstart_t5 ...] [--results_root=results] \
       [--output_dir=/tmp/analysis]
   python -m experiments.analyze --alpha_curves=checkpoints/RUN,... [--output_dir=results/alpha]
 

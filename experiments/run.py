@@ -2,7 +2,7 @@
 
   python -m experiments.run --gin_file=gin_configs/quickstart.gin \
       [--gin.Experiment.gammas=[1,2,3]] [--gin_bindings="Experiment.seed = 1"] \
-      [--output_dir=results/quickstart]
+      [--output_dir=results/quickstart_t5]
 
 Everything about a run is `specdec_jax.harness.settings.Experiment`, bound in
 gin (its shared fields also by `Settings.*`). The run is checked before any
