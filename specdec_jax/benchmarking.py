@@ -305,11 +305,22 @@ def initial_state(target: Scorer, context: Context, cache_len: int) -> Any:
 
 
 def target_encoded_for(draft: Draft, target: Scorer, inputs: Array) -> EncoderOutputs:
-  """The target's encoder outputs of `inputs` if `draft` reads them, else None (what
-  `draft_token_time`'s `target_encoded` wants)."""
+  """The target's encoder outputs of `inputs` if `draft` reads them, its features of
+  them if the draft reads those, else None (what `draft_token_time`'s `target_encoded`
+  wants)."""
+  if draft.reads_target_features:
+    return target.init_state_with_features(target.encode(inputs), 1)[1]
   if not draft.reads_target_encoder:
     return None
   return target.encoder_outputs(target.encode(inputs))
+
+
+def _verified_features(draft: Draft, batch: int, gamma: int) -> Array | None:
+  """Zero features of a verified chunk `[batch, gamma + 1, F]` for a draft that reads
+  them (its `commit` runs the chunk as in the loop), else None."""
+  if not draft.reads_target_features:
+    return None
+  return jnp.zeros((batch, gamma + 1, draft.feature_size), jnp.float32)
 
 
 def draft_token_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cache_len: int,
@@ -392,7 +403,8 @@ def propose_loop(draft: Draft, state: Any, tokens: Array, lengths: Array, rng: A
     state, acc = carry
     state, proposals, _ = draft.propose(state, tokens, lengths, jax.random.fold_in(rng, i),
                                         gamma=gamma, warp=warp)
-    return draft.commit(state, lengths), acc + proposals.sum()
+    features = _verified_features(draft, tokens.shape[0], gamma)
+    return draft.commit(state, lengths, tokens, features), acc + proposals.sum()
 
   return jax.lax.fori_loop(0, calls, body, (state, jnp.zeros((), jnp.int32)))[1]
 
@@ -431,7 +443,7 @@ def propose_verify_time(target: Scorer, draft: Draft, inputs: Array, *, gamma: i
   context = target.encode(inputs)
   target_state = initial_state(target, context, cache_len)
   draft_state = draft.init_state(inputs if draft_inputs is None else draft_inputs, cache_len,
-                                 target.encoder_outputs(context))
+                                 target_encoded_for(draft, target, inputs))
   batch = inputs.shape[0]
   lengths = jnp.full((batch,), position, jnp.int32)
   tokens = jnp.ones((batch, cache_len + 1), jnp.int32)
@@ -452,8 +464,13 @@ def pair_loop(target: Scorer, draft: Draft, target_state: Any, draft_state: Any,
                                               jax.random.fold_in(rng, i), gamma=gamma,
                                               warp=warp)
     chunk = jnp.concatenate([tokens[:, :1], proposals], axis=1)  # [batch, gamma + 1]
-    logits, target_state = target.score(target.rewind(target_state, lengths), chunk)
-    return target_state, draft.commit(draft_state, lengths), acc + logits[:, -1, 0].sum()
+    target_state = target.rewind(target_state, lengths)
+    if draft.reads_target_features:
+      logits, features, target_state = target.score_with_features(target_state, chunk)
+    else:
+      (logits, target_state), features = target.score(target_state, chunk), None
+    return (target_state, draft.commit(draft_state, lengths, tokens, features),
+            acc + logits[:, -1, 0].sum())
 
   zero = jnp.zeros((), jnp.float32)
   return jax.lax.fori_loop(0, calls, body, (target_state, draft_state, zero))[2]

@@ -445,20 +445,23 @@ def check_scorer_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma
   """
   args = check_scorer_decode_args(target, inputs, max_decode_len=max_decode_len, eos_id=eos_id,
                                   temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
-  return _speculative_args(args, draft, gamma, draft_inputs, target.vocab_size, None)
+  return _speculative_args(args, draft, gamma, draft_inputs, target.vocab_size, None,
+                           target.feature_size)
 
 
 def _speculative_args(args: DecodeArgs, draft: Any, gamma: Any, draft_inputs: Any,
-                      vocab_size: int, encoder_width: int | None) -> SpeculativeArgs:
+                      vocab_size: int, encoder_width: int | None,
+                      feature_size: int = 0) -> SpeculativeArgs:
   """`args` with gamma and the draft checked against the target (`check_draft`)."""
   gamma = as_int("gamma", gamma, minimum=1, what="proposals per target call")
-  draft_inputs = check_draft(draft, vocab_size, args.inputs, draft_inputs, encoder_width)
+  draft_inputs = check_draft(draft, vocab_size, args.inputs, draft_inputs, encoder_width,
+                             feature_size)
   return SpeculativeArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args)},
                          gamma=gamma, draft_inputs=draft_inputs)
 
 
 def check_draft(draft: Any, vocab_size: int, inputs: Array, draft_inputs: Any,
-                encoder_width: int | None = None) -> Array:
+                encoder_width: int | None = None, feature_size: int = 0) -> Array:
   """Checks a speculative draft against the target; returns the draft's inputs.
 
   Args:
@@ -469,14 +472,16 @@ def check_draft(draft: Any, vocab_size: int, inputs: Array, draft_inputs: Any,
     encoder_width: the width of the target's encoder outputs (a T5's
       d_model), which a draft that reads them must match; None: the target
       has no encoder.
+    feature_size: the width of the features the target gives
+      (`Scorer.feature_size`; 0: none), which a draft that reads them must match.
 
   Returns:
     int32 `[batch, draft_input_len]`: `draft_inputs` checked, or `inputs`.
 
   Raises:
     ValueError: `draft` is not a draft, its vocabulary differs from the
-      target's, it reads another target's encoder outputs, or `draft_inputs`
-      are bad or have another batch size.
+      target's, it reads another target's encoder outputs or features, or
+      `draft_inputs` are bad or have another batch size.
   """
   if not all(callable(getattr(draft, m, None)) for m in ("init_state", "propose", "commit")):
     raise ValueError(f"draft must be a specdec_jax.decoding.drafts.Draft, e.g. "
@@ -491,6 +496,11 @@ def check_draft(draft: Any, vocab_size: int, inputs: Array, draft_inputs: Any,
     raise ValueError(f"The draft reads encoder outputs {width} wide, but the target {target}: "
                      "a shared-encoder draft works only with the target it was trained on (see "
                      "its model card).")
+  if getattr(draft, "reads_target_features", False) and draft.feature_size != feature_size:
+    target = "gives none" if not feature_size else f"gives them {feature_size} wide"
+    raise ValueError(f"The draft reads target features {draft.feature_size} wide, but the "
+                     f"target {target}: a feature-reading draft works only with the target it "
+                     "was trained on (see its model card).")
   if draft_inputs is None:
     return inputs
   draft_inputs = check_token_ids("draft_inputs", draft_inputs, vocab_size)

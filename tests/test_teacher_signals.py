@@ -193,13 +193,23 @@ def test_a_decoder_only_targets_signals_are_its_teacher_forced_log_probs():
   prompts = [[5, 6, 7, 8], [11, 12]]
   outputs = np.random.RandomState(1).randint(1, 97, size=(2, 3, 5)).astype(np.int32)
   decoder_inputs = np.pad(outputs[..., :-1], ((0, 0), (0, 0), (1, 0)))
-  ids, logprobs, rest = (np.asarray(x) for x in teacher.llama_signals(
+  prompt_features, ids, logprobs, rest, features = (np.asarray(x) for x in teacher.llama_signals(
       scorer, pad_prompts(prompts), decoder_inputs, top_k=4))
   assert ids.shape == (2, 3, 5, 4) and rest.shape == (2, 3, 5)
+  assert prompt_features.shape == (2, 4, 32) and features.shape == (2, 3, 5, 32)
+  embedding = np.asarray(params["token_embedder"]["embedding"], np.float64)  # The tied head.
   for row, prompt in enumerate(prompts):
     for d in range(3):
       text = np.asarray([prompt + outputs[row, d, :-1].tolist()], np.int32)
-      logits = np.asarray(model.logits(params, text), np.float64)[0, len(prompt) - 1:]
+      every = np.asarray(model.logits(params, text), np.float64)[0]
+      # The features are what the head reads: along the prompt but its last token, then
+      # along the decoding; 0 in the prompt's padding.
+      n = len(prompt)
+      np.testing.assert_allclose(prompt_features[row, :n - 1] @ embedding.T, every[:n - 1],
+                                 atol=1e-3)
+      assert not prompt_features[row, n - 1:].any()
+      np.testing.assert_allclose(features[row, d] @ embedding.T, every[n - 1:], atol=1e-3)
+      logits = every[len(prompt) - 1:]
       logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))            # [5, V]
       top = -np.sort(-logp, axis=-1)[:, :4]
       np.testing.assert_allclose(np.take_along_axis(logp, ids[row, d], -1), top, atol=1e-4)

@@ -13,13 +13,17 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specdec_jax.data import layout
+from specdec_jax.decoding import baseline, speculative
+from specdec_jax.decoding.sampling import Warp
 from specdec_jax.distillation import decode, signals, teacher
 from specdec_jax.harness import train_student
-from specdec_jax.models.llama import TEST_CONFIG, LlamaModel, LlamaScorer
+from specdec_jax.models.llama import TEST_CONFIG, LlamaModel, LlamaScorer, pad_prompts
+from specdec_jax.models.llama.feature_draft import FeatureDraft
 from specdec_jax.models.llama.student import Student
 from specdec_jax.models.llama.student_io import TargetId, check_target, load_student
 from specdec_jax.training import shortlist, student_distill
@@ -38,6 +42,7 @@ class _TinyTeacher(teacher.LlamaTeacher):
     self.params = model.init_params(jax.random.PRNGKey(0))
     self.path, self.sha256, self.tokenizer_sha256 = "tiny.gguf", "ab" * 32, "ab" * 32
     self.vocab_size, self.eos_id = TEST_CONFIG.vocab_size, EOS
+    self.d_model = self.feature_size = TEST_CONFIG.d_model
     self.config = model.config
     self.scorer = LlamaScorer(model, model.prepare(self.params))
 
@@ -119,7 +124,9 @@ def test_the_target_outputs_and_signals_agree(data):
     valid = np.arange(length) < s["output_lengths"][:, 0, None]
     np.testing.assert_array_equal(s["topk_ids"][:, 0, :, 0][valid],
                                   s["outputs"][:, 0, :length][valid])
-    assert s["encoder_hidden"].shape[2] == 0
+    # The target's features along the prompts and outputs (what a feature draft reads).
+    assert s["encoder_hidden"].shape[2] == s["decoder_hidden"].shape[3] == TEST_CONFIG.d_model
+    assert s["decoder_hidden"][:, 0][valid].any(axis=-1).all()
 
 
 def test_training_resumes_estimates_alpha_and_exports(data, tmp_path, monkeypatch):
@@ -168,6 +175,41 @@ def test_training_resumes_estimates_alpha_and_exports(data, tmp_path, monkeypatc
   assert tokens > 0 and estimate["alpha_t0"] == pytest.approx(hits / tokens, abs=1e-6)
   # The export is float16: its estimate is close to the run's last one.
   assert abs(estimate["alpha_t0"] - curve["points"][-1]["alpha_t0"]) < 0.1
+
+
+def test_a_feature_reading_draft_trains_on_the_stored_features_and_exports(data, tmp_path,
+                                                                           monkeypatch):
+  """`reads_features`: the packed batches carry the features, the feature loss falls, and
+  the export builds a `FeatureDraft` whose greedy tokens through the loop are the
+  target's."""
+  tiny, root = data
+  monkeypatch.setattr(train_student, "_load_target", lambda name: _target(tiny))
+  model_dir = str(tmp_path / "features")
+  summary = train_student.train_student(model_dir, _config(root, reads_features=True,
+                                                           passes=4.0))
+  assert summary["steps"] == summary["total_steps"]
+  saved = load_student(os.path.join(model_dir, train_student.EXPORT))
+  assert saved.config.feature_size == TEST_CONFIG.d_model
+  student = Student(saved.config)
+  embedding = np.asarray(tiny.params["token_embedder"]["embedding"])
+  train = train_student.read_packed(("mansum", "explain"), root=root, with_hidden=True)
+  batches = train_student.SignalsBatches(train, batch_size=4, seed=0)
+  index = shortlist.shortlist_index(saved.head_tokens, 97)
+  batch = shortlist.to_shortlist(batches.batch(batches.plan(0)[0]), index)
+  assert batch["decoder_hidden"].shape[-1] == TEST_CONFIG.d_model
+  untrained = student.init_params(jax.random.PRNGKey(0))
+  losses = [float(student_distill.student_outputs(student, p, embedding, saved.head_tokens,
+                                                  batch)[1]) for p in (untrained, saved.params)]
+  assert losses[1] < losses[0], losses
+  draft = student.draft(saved.params, embedding, saved.head_tokens)
+  assert isinstance(draft, FeatureDraft)
+  prompts = jnp.asarray(pad_prompts([[5, 6, 7], [9, 10, 11, 12]]))
+  base = baseline.decode(tiny.scorer, prompts, jax.random.PRNGKey(0), max_decode_len=8,
+                         warp=Warp(), eos_id=EOS)
+  out = speculative.speculative_decode(tiny.scorer, draft, prompts, jax.random.PRNGKey(0),
+                                       gamma=3, max_decode_len=8, warp=Warp(), eos_id=EOS,
+                                       draft_inputs=prompts)
+  np.testing.assert_array_equal(out.sequences, base.sequences)
 
 
 def test_the_shortlist_moves_outside_mass_to_the_rest():

@@ -18,7 +18,15 @@ A signals shard holds, for the `n` rows and `D` decodings of its distillation sh
                                             (`T5Model.encode(...).hidden`); L_in = the
                                             shard's largest `input_lengths`; 0 from
                                             position input_length on. A decoder-only
-                                            target has no encoder: d = 0 (no bytes)
+                                            target: its final-normed hidden states at
+                                            the prompt's positions 0 .. n - 2 (its
+                                            prefill: `LlamaScorer.init_state_with_features`),
+                                            0 from n - 1 on
+  decoder_hidden  float16 [n, D, L_out, f]  a decoder-only target's final-normed hidden
+                                            state at output position t of decoding d
+                                            (the one its logits there come from; what a
+                                            `drafts.FeatureDraft` reads); f = 0 (no
+                                            bytes) for a T5 target, and in format /2
   topk_ids        int32   [n, D, L_out, k]  at position t of decoding d: the k most probable
                                             next tokens given the input and
                                             outputs[:, d, :t], most probable first (teacher
@@ -46,12 +54,15 @@ import numpy as np
 from specdec_jax import atomic_io
 from specdec_jax.data import distill, npz_io
 
-FORMAT = "specdec_signals/2"  # /1 stored topk_ids as int16.
+FORMAT = "specdec_signals/3"
+# /2 (no decoder_hidden) reads as f = 0; /1 stored topk_ids as int16.
+READABLE = (FORMAT, "specdec_signals/2")
 MANIFEST = "manifest.json"
 SUBDIR = "signals"
-SIGNAL_FIELDS = ("index", "encoder_hidden", "topk_ids", "topk_logprobs", "rest_logprob")
-DTYPES = {"index": np.int64, "encoder_hidden": np.float16, "topk_ids": np.int32,
-          "topk_logprobs": np.float16, "rest_logprob": np.float32}
+SIGNAL_FIELDS = ("index", "encoder_hidden", "decoder_hidden", "topk_ids", "topk_logprobs",
+                 "rest_logprob")
+DTYPES = {"index": np.int64, "encoder_hidden": np.float16, "decoder_hidden": np.float16,
+          "topk_ids": np.int32, "topk_logprobs": np.float16, "rest_logprob": np.float32}
 RUN_COMMAND = "python -m experiments.teacher_signals"
 # The floor of rest_logprob: log of the smallest normal float32.
 LOG_TINY = float(np.log(np.finfo(np.float32).tiny))
@@ -111,7 +122,7 @@ def read_manifest(directory: str) -> dict:
   except (OSError, ValueError) as e:
     raise SignalError(f"{path} is not readable JSON ({e}): delete {directory} and rerun "
                       f"{_rerun(corpus)}.") from e
-  if manifest.get("format") != FORMAT:
+  if manifest.get("format") not in READABLE:
     raise SignalError(f"{path} has format {manifest.get('format')!r}, not {FORMAT!r}: delete "
                       f"{directory} and rerun {_rerun(corpus)}.")
   return manifest
@@ -165,13 +176,18 @@ def read_signal_shard(directory: str, entry: dict, *,
     raise SignalError(f"{path} does not match the sha256 in its manifest (corrupt or "
                       f"overwritten): {fix}")
   try:
-    arrays = npz_io.load_npz(data, SIGNAL_FIELDS)
+    if entry.get("format", "specdec_signals/2") == FORMAT:
+      arrays = npz_io.load_npz(data, SIGNAL_FIELDS)
+    else:  # /2: no decoder features.
+      arrays = npz_io.load_npz(data, tuple(f for f in SIGNAL_FIELDS if f != "decoder_hidden"))
+      arrays["decoder_hidden"] = np.zeros(arrays["rest_logprob"].shape + (0,), np.float16)
   except ValueError as e:
     raise SignalError(f"{path} is not a readable signals shard ({e}): {fix}") from e
   n, d = entry["count"], entry["decodings"]
   expected = {
       "index": (n,), "encoder_hidden": (n, entry["input_length"], None),
       "topk_ids": (n, d, entry["output_length"], None),
+      "decoder_hidden": (n, d, entry["output_length"], None),
       "topk_logprobs": arrays["topk_ids"].shape, "rest_logprob": (n, d, entry["output_length"])}
   for name, shape in expected.items():
     got = arrays[name].shape

@@ -66,6 +66,13 @@ class Draft(abc.ABC):
     return False
 
   @property
+  def reads_target_features(self) -> bool:
+    """Whether it reads the target's features (EAGLE-style: `models.llama.FeatureDraft`):
+    then `init_state` takes the prompts' and `commit` each verified chunk's
+    (`Scorer.init_state_with_features`, `Scorer.score_with_features`)."""
+    return False
+
+  @property
   def compiler_options(self) -> tuple[tuple[str, Any], ...]:
     """XLA options of a loop that times this draft alone (`programs.loop_jit`): a model
     draft's are its model's; none for a table look-up."""
@@ -82,7 +89,9 @@ class Draft(abc.ABC):
       cache_len: positions the decoder may reach (max_decode_len + gamma + 1).
       target_encoded: what the target's scorer gives drafts of the same
         examples (`Scorer.encoder_outputs`, e.g. a T5 target's encoder
-        outputs); required iff `reads_target_encoder`.
+        outputs); required iff `reads_target_encoder`. A draft that
+        `reads_target_features` takes the target's features of the prompts
+        here (`Scorer.init_state_with_features`; None: zeros, to time it alone).
     """
 
   @abc.abstractmethod
@@ -103,9 +112,17 @@ class Draft(abc.ABC):
       `[batch, gamma, vocab]` that proposal j was sampled from (warped by `warp`).
     """
 
-  def commit(self, state: Any, lengths: Array) -> Any:
-    """Rewinds the state to `lengths [batch]` generated tokens (accepted text)."""
-    del lengths
+  def commit(self, state: Any, lengths: Array, tokens: Array | None = None,
+             features: Array | None = None) -> Any:
+    """Rewinds the state to `lengths [batch]` generated tokens (accepted text).
+
+    A draft that `reads_target_features` also takes the text, int32 `tokens
+    [batch, buffer_len]` (as `propose`'s, with this iteration's tokens written), and
+    the features `[batch, gamma + 1, F]` the target computed for the chunk it just
+    verified (positions m ... m + gamma, m the lengths `propose` was given; zeros to
+    time the draft alone); other drafts ignore both.
+    """
+    del lengths, tokens, features
     return state
 
 
@@ -175,9 +192,11 @@ class ScorerDraft(Draft):
                                axis=1)  # [batch, gamma, V]
     return state, proposals, q_logits
 
-  def commit(self, state: Any, lengths: Array) -> Any:
+  def commit(self, state: Any, lengths: Array, tokens: Array | None = None,
+             features: Array | None = None) -> Any:
     # After `propose` the cache holds m + gamma positions; the accepted text
     # needs lengths = m + n + 1 of them, of which only m + gamma exist if n == gamma.
+    del tokens, features
     scorer = self.scorer
     return scorer.rewind(state, jnp.minimum(lengths, scorer.cached_lengths(state)))
 

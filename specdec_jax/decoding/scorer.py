@@ -139,3 +139,25 @@ class Scorer(abc.ABC):
     """The encoder outputs a draft may read (`Draft.reads_target_encoder`), or None."""
     del context
     return None
+
+  # Features: an addition a draft that reads the target's hidden states (`drafts.FeatureDraft`)
+  # needs, and that scorers without them (a T5's, a table) leave as is.
+
+  @property
+  def feature_size(self) -> int:
+    """The width F of the features `score_with_features` gives (0: none)."""
+    return 0
+
+  def init_state_with_features(self, context: Context, cache_len: int) -> tuple[Any, Array]:
+    """`init_state`, and float32 features `[batch, context_len, F]` of the context's
+    positions (a decoder-only model's prefill)."""
+    raise NotImplementedError(f"{type(self).__name__} gives no features (feature_size 0): "
+                              "a draft that reads the target's features needs a target "
+                              "that gives them, e.g. models.llama.LlamaScorer.")
+
+  def score_with_features(self, state: Any, tokens: Array) -> tuple[Array, Array, Any]:
+    """`score`, and float32 features `[batch, k, F]`: the model's final hidden state at
+    each position, the one its logits are computed from."""
+    raise NotImplementedError(f"{type(self).__name__} gives no features (feature_size 0): "
+                              "a draft that reads the target's features needs a target "
+                              "that gives them, e.g. models.llama.LlamaScorer.")

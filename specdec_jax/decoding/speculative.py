@@ -10,6 +10,12 @@ Each iteration of the `lax.while_loop`:
   write:  n + 1 tokens per row (fewer if EOS or max_decode_len falls inside them)
   rewind: both caches' per-row lengths set to the accepted length; no copies
 
+A draft that reads the target's features (`Draft.reads_target_features`, EAGLE-style)
+gets them where the target computes them anyway: its prompt's from the target's
+prefill (`Scorer.init_state_with_features`), and each verified chunk's from the same
+scoring call (`Scorer.score_with_features`, passed to `Draft.commit`); the rule that
+accepts is unchanged.
+
 Every row advances by its own accepted count; finished rows stop changing
 while the others go on. At temperature 0, p and q are one-hot and the output is
 token for token the target's greedy decoding.
@@ -200,7 +206,11 @@ def _speculative_sample(target: Scorer, context: object, draft: Draft, draft_inp
   """The loop, given the target's context (`target.encode(inputs)`)."""
   cache_len = max_decode_len + gamma + 1
   with jax.named_scope("init"):
-    target_state = target.init_state(context, cache_len)
+    if draft.reads_target_features:
+      target_state, target_encoded = target.init_state_with_features(context, cache_len)
+    else:
+      target_state = target.init_state(context, cache_len)
+      target_encoded = target.encoder_outputs(context)
     batch = target.cached_lengths(target_state).shape[0]
     buffer = jnp.full((batch, max_decode_len + gamma + 2), target.pad_id, jnp.int32)
     # An iteration emits at least one token per unfinished row: at most max_decode_len run.
@@ -211,7 +221,7 @@ def _speculative_sample(target: Scorer, context: object, draft: Draft, draft_inp
         lengths=jnp.zeros((batch,), jnp.int32),
         done=jnp.zeros((batch,), bool),
         target_state=target_state,
-        draft_state=draft.init_state(draft_inputs, cache_len, target.encoder_outputs(context)),
+        draft_state=draft.init_state(draft_inputs, cache_len, target_encoded),
         rng=rng,
         records=IterationRecords(
             accepted=records, emitted=records,
@@ -303,7 +313,10 @@ def _speculative_step(target: Scorer, draft: Draft, state: SpeculativeLoopState,
   with jax.named_scope("verify"):
     last = jnp.take_along_axis(state.tokens, m[:, None], axis=1)  # [batch, 1]
     chunk = jnp.concatenate([last, proposals], axis=1)  # [batch, gamma + 1]
-    p_logits, target_state = target.score(state.target_state, chunk)
+    if draft.reads_target_features:
+      p_logits, features, target_state = target.score_with_features(state.target_state, chunk)
+    else:
+      (p_logits, target_state), features = target.score(state.target_state, chunk), None
   with jax.named_scope("accept"):
     if warp.temperature == 0:
       verdict = acceptance.verify_greedy(proposals, p_logits)
@@ -340,7 +353,7 @@ def _speculative_step(target: Scorer, draft: Draft, state: SpeculativeLoopState,
 
   with jax.named_scope("rewind"):
     target_state = target.rewind(target_state, new_lengths)
-    draft_state = draft.commit(draft_state, new_lengths)
+    draft_state = draft.commit(draft_state, new_lengths, tokens, features)
   return SpeculativeLoopState(
       iteration=state.iteration + 1,
       tokens=tokens,

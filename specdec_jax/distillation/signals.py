@@ -141,6 +141,7 @@ def shard_signals(teacher: Teacher, arrays: dict[str, np.ndarray], top_k: int,
   l_in, l_out = int(in_len.max()), int(out_len.max())
   decoder_inputs = np.pad(outputs[..., :-1], ((0, 0), (0, 0), (1, 0)))   # [n, D, W_out]
   hidden = np.zeros((n, l_in, teacher.d_model), np.float32)
+  features = np.zeros((n, d, l_out, teacher.feature_size), np.float32)
   ids = np.zeros((n, d, l_out, top_k), np.int32)
   logprobs = np.zeros((n, d, l_out, top_k), np.float32)
   rest = np.zeros((n, d, l_out), np.float32)
@@ -150,20 +151,23 @@ def shard_signals(teacher: Teacher, arrays: dict[str, np.ndarray], top_k: int,
     out = teacher.signals(inputs[rows, :batch.input_bucket],
                           decoder_inputs[rows, :, :batch.output_bucket], top_k)
     a, b = min(batch.input_bucket, l_in), min(batch.output_bucket, l_out)
-    if out.encoder_hidden is not None:
-      hidden[batch.rows, :a] = out.encoder_hidden[:m, :a]
+    hidden[batch.rows, :a] = out.encoder_hidden[:m, :a]
+    if out.decoder_hidden is not None:
+      features[batch.rows, :, :b] = out.decoder_hidden[:m, :, :b]
     ids[batch.rows, :, :b] = out.topk_ids[:m, :, :b]
     logprobs[batch.rows, :, :b] = out.topk_logprobs[:m, :, :b]
     rest[batch.rows, :, :b] = out.rest_logprob[:m, :, :b]
   in_mask = np.arange(l_in) < in_len[:, None]                            # [n, L_in]
   out_mask = np.arange(l_out) < out_len[..., None]                       # [n, D, L_out]
   hidden = np.where(in_mask[..., None], hidden, 0)
-  largest = float(np.abs(hidden).max(initial=0.0))
+  features = np.where(out_mask[..., None], features, 0)
+  largest = max(float(np.abs(hidden).max(initial=0.0)), float(np.abs(features).max(initial=0.0)))
   if largest > np.finfo(np.float16).max:
-    raise ValueError(f"the target's encoder outputs reach {largest:.4g}, beyond float16's "
+    raise ValueError(f"the target's hidden states reach {largest:.4g}, beyond float16's "
                      f"range; {ts.FORMAT} stores them as float16.")
   return {
       "index": arrays["index"].astype(np.int64), "encoder_hidden": hidden.astype(np.float16),
+      "decoder_hidden": features.astype(np.float16),
       "topk_ids": np.where(out_mask[..., None], ids, 0).astype(np.int32),
       "topk_logprobs": np.where(out_mask[..., None], logprobs, 0).astype(np.float16),
       "rest_logprob": np.where(out_mask, rest, 0).astype(np.float32)}
@@ -263,7 +267,7 @@ def _compute_shard(teacher: Teacher, state: _CorpusState, entry: dict,
   atomic_io.atomic_write_bytes(os.path.join(state.signals_dir, name), data)
   seconds = time.perf_counter() - t0
   n, d, l_out = signals["rest_logprob"].shape
-  return {"shard": entry["shard"], "file": name, "count": n, "decodings": d,
+  return {"shard": entry["shard"], "file": name, "format": ts.FORMAT, "count": n, "decodings": d,
           "input_length": signals["encoder_hidden"].shape[1], "output_length": l_out,
           "sha256": distill.sha256_bytes(data), "distill_file": entry["file"],
           "distill_sha256": entry["sha256"], "seconds": round(seconds, 3),

@@ -88,17 +88,21 @@ class Signals:
   """A batch's teacher-forced signals (`Teacher.signals`).
 
   Attributes:
-    encoder_hidden: float32 `[b, L_in, d_model]`, the target's final encoder outputs;
-      None for a decoder-only target.
+    encoder_hidden: float32 `[b, L_in, d_model]`, the target's final encoder outputs (a
+      decoder-only target's hidden states along the prompt: specdec_jax/data/
+      teacher_signals.py).
     topk_ids: int32 `[b, D, L_out, k]`, most probable first.
     topk_logprobs: float32 `[b, D, L_out, k]`.
     rest_logprob: float32 `[b, D, L_out]`.
+    decoder_hidden: float32 `[b, D, L_out, feature_size]`, a decoder-only target's
+      hidden states along each decoding; None for a T5.
   """
 
-  encoder_hidden: np.ndarray | None
+  encoder_hidden: np.ndarray
   topk_ids: np.ndarray
   topk_logprobs: np.ndarray
   rest_logprob: np.ndarray
+  decoder_hidden: np.ndarray | None = None
 
 
 class Teacher(abc.ABC):
@@ -111,7 +115,8 @@ class Teacher(abc.ABC):
     vocab_size: the size of its vocabulary.
     eos_id: its end-of-sequence id.
     tokenizer_sha256: identifies how inputs are tokenized (None: it cannot tokenize).
-    d_model: the width of `Signals.encoder_hidden` (0: none stored).
+    d_model: the width of `Signals.encoder_hidden`.
+    feature_size: the width of `Signals.decoder_hidden` (0: none stored).
   """
 
   kind: str
@@ -121,6 +126,7 @@ class Teacher(abc.ABC):
   eos_id: int
   tokenizer_sha256: str | None
   d_model: int
+  feature_size: int = 0
 
   @property
   @abc.abstractmethod
@@ -257,7 +263,7 @@ class T5Teacher(Teacher):
 
 @functools.partial(jax.jit, static_argnames=("top_k",))
 def llama_signals(scorer: LlamaScorer, prompts: Array, decoder_inputs: Array, *, top_k: int
-                  ) -> tuple[Array, Array, Array]:
+                  ) -> tuple[Array, Array, Array, Array, Array]:
   """A decoder-only target's signals, each prompt prefilled once for all its decodings.
 
   Args:
@@ -268,10 +274,17 @@ def llama_signals(scorer: LlamaScorer, prompts: Array, decoder_inputs: Array, *,
     top_k: log-probabilities kept per position.
 
   Returns:
-    `top_k_logprobs`'s arrays, `[b, D, L_out, k]`, `[b, D, L_out, k]`, `[b, D, L_out]`.
+    The features along the prompts `[b, L_in, d_model]` (0 from each row's n - 1 on),
+    `top_k_logprobs`'s arrays, `[b, D, L_out, k]`, `[b, D, L_out, k]`, `[b, D, L_out]`,
+    and the features along the decodings `[b, D, L_out, d_model]`.
   """
   b, d, length = decoder_inputs.shape
-  state = scorer.init_state(scorer.encode(prompts), length)              # b rows
+  context = scorer.encode(prompts)
+  state, prompt_features = scorer.init_state_with_features(context, length)  # b rows
+  prompt_features = jnp.where(
+      (jnp.arange(prompts.shape[1] - 1) < context.lengths[:, None] - 1)[..., None],
+      prompt_features, 0.0)
+  prompt_features = jnp.pad(prompt_features, ((0, 0), (0, 1), (0, 0)))  # [b, L_in, d_model]
 
   def repeat(x: Array) -> Array:  # Row-major leading axis ([b], [b * heads] or [b, heads]).
     return jnp.repeat(x.reshape(b, -1, *x.shape[1:]), d, axis=0).reshape(-1, *x.shape[1:])
@@ -280,17 +293,18 @@ def llama_signals(scorer: LlamaScorer, prompts: Array, decoder_inputs: Array, *,
       context=state.context.replace(prompts=repeat(state.context.prompts),
                                     lengths=repeat(state.context.lengths)),
       cache=jax.tree.map(repeat, state.cache))                            # b * D rows
-  logits, _ = scorer.score(state, decoder_inputs.reshape(b * d, length))  # [b * D, L_out, V]
+  logits, features, _ = scorer.score_with_features(
+      state, decoder_inputs.reshape(b * d, length))                     # [b * D, L_out, V]
   ids, logprobs, rest = top_k_logprobs(logits.astype(jnp.float32), top_k)
-  return (ids.reshape(b, d, length, top_k), logprobs.reshape(b, d, length, top_k),
-          rest.reshape(b, d, length))
+  return (prompt_features, ids.reshape(b, d, length, top_k),
+          logprobs.reshape(b, d, length, top_k), rest.reshape(b, d, length),
+          features.reshape(b, d, length, -1))
 
 
 class LlamaTeacher(Teacher):
   """A GGUF Llama: inputs are chat prompts (`data.chat_prompts`) in the file's template."""
 
   kind = "llama_gguf"
-  d_model = 0
 
   def __init__(self, path: str):
     """Loads the file (dequantized to float32) and prepares its weights once.
@@ -313,6 +327,7 @@ class LlamaTeacher(Teacher):
     self.tokenizer = checkpoint.vocabulary.tokenizer()
     config = checkpoint.config
     self.vocab_size, self.eos_id = config.vocab_size, checkpoint.vocabulary.eos_id
+    self.d_model = self.feature_size = config.d_model
     model = LlamaModel(config)
     self.scorer = LlamaScorer(model, model.prepare(checkpoint.params))
 
@@ -341,7 +356,7 @@ class LlamaTeacher(Teacher):
   def signals(self, inputs: np.ndarray, decoder_inputs: np.ndarray, top_k: int) -> Signals:
     out = llama_signals(self.scorer, jnp.asarray(inputs), jnp.asarray(decoder_inputs),
                         top_k=top_k)
-    return Signals(None, *(np.asarray(x) for x in out))
+    return Signals(*(np.asarray(x) for x in out))
 
 
 def gguf_file(path: str) -> str:

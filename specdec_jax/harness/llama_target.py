@@ -61,6 +61,7 @@ from specdec_jax.models.llama import (
   pad_prompts,
   student_io,
 )
+from specdec_jax.models.llama.feature_draft import FeatureDraft
 from specdec_jax.models.llama.student import Student, StudentDraft
 from specdec_jax.models.options import DecodeOptions
 
@@ -324,14 +325,13 @@ def _check_student(exp: Experiment, spec: str, target_vocab: int) -> None:
                           read_config(exp).d_model, os.path.basename(path))
 
 
-def _build_student(target: LlamaTarget, spec: str, task: str) -> StudentDraft:
+def _build_student(target: LlamaTarget, spec: str, task: str) -> StudentDraft | FeatureDraft:
   del task  # One draft for every task.
   saved = student_io.load_student(_student_dir(target.settings, spec))
   student = Student(dataclasses.replace(saved.config, blocks=saved.config.blocks.replace(
       dtype=target.settings.dtype, param_dtype=target.settings.param_dtype)),
                     options=target.model.options)
-  weights = student.prepare(saved.params, target.weights.embedding, saved.head_tokens)
-  return StudentDraft(student.llama, weights)
+  return student.draft(saved.params, target.weights.embedding, saved.head_tokens)
 
 
 STUDENT = DraftKind(

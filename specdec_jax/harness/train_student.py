@@ -14,6 +14,11 @@ kept; written once to `<model_dir>/head_tokens.npy`, so a resumed run keeps it).
 appended to `<model_dir>/alpha_curve.json`; checkpoints every `checkpoint_every`
 steps and on SIGTERM / Ctrl-C (`training.checkpointing`). At the end the draft is
 saved (float16) to `<model_dir>/export/` (`student_io`), with the curve.
+
+With `reads_features` the draft also reads the target's features (EAGLE-style:
+`models.llama.feature_draft`), stored along the prompts and outputs by
+`experiments.teacher_signals`; its held-out alpha is then that of the first proposal
+of each iteration (teacher-forced: every input feature is the target's own).
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ class StudentTrainConfig:
     head_dim: per attention head.
     kv_groups: query heads per key/value head.
     head_size: the shortlist's length.
+    reads_features: read the target's features (`StudentConfig.feature_size`).
+    feature_weight: the weight of the feature loss (`student_distill.student_outputs`).
     batch_size: (example, decoding) pairs per step.
     passes: passes over the training pairs.
     peak_lr: the learning rate after warmup (cosine decay to a tenth).
@@ -80,6 +87,8 @@ class StudentTrainConfig:
   head_dim: int = 64
   kv_groups: int = 2
   head_size: int = 8192
+  reads_features: bool = False
+  feature_weight: float = 1.0
   batch_size: int = 32
   passes: float = 5.0
   peak_lr: float = 2e-3
@@ -161,8 +170,13 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   """
   t0 = time.time()
   target = _load_target(config.target)
-  train = read_packed(config.tasks, root=config.train_root, with_hidden=False)
-  held_out = read_packed(config.tasks, root=config.held_out_root, with_hidden=False)
+  train = read_packed(config.tasks, root=config.train_root, with_hidden=config.reads_features)
+  held_out = read_packed(config.tasks, root=config.held_out_root,
+                         with_hidden=config.reads_features)
+  if config.reads_features and train.output_hidden is None:
+    raise ValueError(f"StudentTrainConfig.reads_features: {config.train_root} holds no "
+                     "features along the outputs; recompute its signals (python -m "
+                     "experiments.teacher_signals, format specdec_signals/3).")
   head_path = os.path.join(model_dir, HEAD)
   if os.path.exists(head_path):
     head = np.load(head_path)
@@ -174,7 +188,8 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   index = shortlist.shortlist_index(head, target.id.vocab_size)
   student = Student(student_config(target.config, d_model=config.d_model,
                                    num_layers=config.num_layers, head_size=config.head_size,
-                                   head_dim=config.head_dim, kv_groups=config.kv_groups))
+                                   head_dim=config.head_dim, kv_groups=config.kv_groups,
+                                   reads_features=config.reads_features))
   batches = SignalsBatches(train, batch_size=config.batch_size, seed=config.seed)
   eval_batches = SignalsBatches(held_out, batch_size=config.batch_size, seed=0)
   total = int(round(config.passes * batches.steps_per_pass))
@@ -184,7 +199,8 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
                                         weight_decay=config.weight_decay)
   loss_cfg = LossConfig(z_loss=0.0, distill_weight=1.0,
                         distill_divergence=config.divergence)
-  step_fn = student_distill.make_train_step(student, optimizer, loss_cfg)
+  step_fn = student_distill.make_train_step(student, optimizer, loss_cfg,
+                                            feature_weight=config.feature_weight)
   eval_step = student_distill.make_eval_step(student)
   embedding = jax.device_put(target.embedding)
   head_tokens = jax.device_put(head)

@@ -43,7 +43,8 @@ class PackedSignals:
     input_tokens: int32 `[N_in]`.
     input_offsets: int64 `[n]`.
     input_lengths: int32 `[n]`.
-    hidden: float16 `[N_in, d]`, the target's encoder outputs, or None (not packed).
+    hidden: float16 `[N_in, d]`, the target's encoder outputs (a decoder-only target's
+      features along the prompt), or None (not packed).
     pair_example: int64 `[m]`, each pair's example.
     pair_decoding: int32 `[m]`, each pair's decoding (0: the greedy one).
     output_tokens: int32 `[N_out]`, the target's output tokens.
@@ -52,6 +53,8 @@ class PackedSignals:
     topk_ids: int32 `[N_out, k]`, the target's k most probable next tokens.
     topk_logprobs: float16 `[N_out, k]`, their log-probabilities (T=1).
     rest_logprob: float32 `[N_out]`, the log of the mass outside them.
+    output_hidden: float16 `[N_out, f]`, a decoder-only target's features along its
+      outputs, or None (not packed, or a T5's: f = 0).
   """
 
   input_tokens: np.ndarray
@@ -66,6 +69,7 @@ class PackedSignals:
   topk_ids: np.ndarray
   topk_logprobs: np.ndarray
   rest_logprob: np.ndarray
+  output_hidden: np.ndarray | None = None
 
   @property
   def num_examples(self) -> int:
@@ -97,7 +101,9 @@ class PackedSignals:
       shards: per shard `inputs [n, >= L_in]`, `input_lengths [n]`, `outputs [n, D,
         >= L_out]`, `output_lengths [n, D]`, `encoder_hidden [n, L_in, d]`, `topk_ids`,
         `topk_logprobs [n, D, L_out, k]` and `rest_logprob [n, D, L_out]`.
-      with_hidden: pack `encoder_hidden` (a shared-encoder student reads it).
+      with_hidden: pack `encoder_hidden` (a shared-encoder student reads it) and, where
+        the shards hold features along the outputs (`decoder_hidden [n, D, L_out, f]`,
+        f > 0), those (a feature-reading student reads both).
 
     Raises:
       ValueError: no shards, shards of different k or encoder width, or a pair without
@@ -129,13 +135,21 @@ class PackedSignals:
       parts["output_lengths"].append(flat_len)
       for name in ("topk_ids", "topk_logprobs", "rest_logprob"):
         parts[name].append(shard[name][out_valid])
+      features = shard.get("decoder_hidden")  # Absent or 0 wide: none stored.
+      if with_hidden and features is not None and features.shape[-1]:
+        parts["output_hidden"].append(features[out_valid])
       n_in += int(in_len.sum())
       n_out += int(flat_len.sum())
       examples += len(in_len)
     if not parts["input_lengths"]:
       raise ValueError("No shards to pack: the signals directories list none; run "
                        "`python -m experiments.teacher_signals` first.")
-    for name, what in (("topk_ids", "top-k sizes"), ("hidden", "encoder widths")):
+    if parts["output_hidden"] and len(parts["output_hidden"]) != len(parts["input_lengths"]):
+      raise ValueError("Some shards hold the target's features along the outputs and some "
+                       "do not: recompute the older ones (python -m "
+                       "experiments.teacher_signals).")
+    for name, what in (("topk_ids", "top-k sizes"), ("hidden", "encoder widths"),
+                       ("output_hidden", "feature widths")):
       widths = {a.shape[1] for a in parts[name]}
       if len(widths) > 1:
         raise ValueError(f"The shards hold {what} {sorted(widths)}: signals of different "
@@ -218,7 +232,8 @@ class SignalsBatches:
 
     Returns:
       `encoder_input_tokens` int32 `[b, Li]`, `encoder_hidden` float16 `[b, Li, d]` (if
-      packed), `decoder_input_tokens`, `decoder_target_tokens`, `decoder_loss_weights`
+      packed), `decoder_hidden` float16 `[b, Lt, f]` (if packed), `decoder_input_tokens`,
+      `decoder_target_tokens`, `decoder_loss_weights`
       int32 `[b, Lt]`, `teacher_topk_ids` int32 / `teacher_topk_logprobs` float16
       `[b, Lt, k]` and `teacher_rest_logprob` float32 `[b, Lt]`; Li, Lt bucket lengths;
       zeros past each row's length and in the filler rows' loss weights.
@@ -245,6 +260,8 @@ class SignalsBatches:
     }
     if data.hidden is not None:
       batch["encoder_hidden"] = _masked(data.hidden, in_idx, in_valid)
+    if data.output_hidden is not None:
+      batch["decoder_hidden"] = _masked(data.output_hidden, out_idx, out_valid)
     return batch
 
   def batches(self, start_step: int = 0) -> Iterator[Batch]:

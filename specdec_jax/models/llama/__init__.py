@@ -4,6 +4,8 @@
   gguf_loader.py  a GGUF file (llama.cpp's format) -> config, parameters, vocabulary
   scorer.py       `LlamaScorer`: the model behind `decoding.scorer.Scorer`, its prompt as context
   drafts.py       `LayerSkipDraft`: the target's first layers as the draft
+  student.py      `Student`: a small trained draft that reads the target's embedding
+  feature_draft.py  `FeatureDraft`: a trained draft that also reads the target's features
 """
 
 from specdec_jax.models.llama.drafts import LayerSkipDraft

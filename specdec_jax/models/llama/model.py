@@ -351,9 +351,12 @@ def _layer(config: LlamaConfig, w: LlamaLayerWeights, x: Array, *, positions: Ar
   return x + dense(swiglu(h[..., :config.d_ff], h[..., config.d_ff:]), w.wo), cache_k, cache_v
 
 
-def decode_chunk(config: LlamaConfig, options: DecodeOptions, weights: LlamaWeights,
-                 cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:
-  """Scores `tokens [batch, k]`, row b at positions `cache.lengths[b] ... + k - 1`.
+def decode_hidden(config: LlamaConfig, options: DecodeOptions, weights: LlamaWeights,
+                  cache: DecoderCache, tokens: Array, extra: Array | None = None
+                  ) -> tuple[Array, DecoderCache]:
+  """Runs `tokens [batch, k]` through every layer, row b at positions `cache.lengths[b]`
+  ... + k - 1, up to the final norm; `extra [batch, k, d_model]`, if given, is added
+  to the tokens' embeddings (a draft's projected target features: `feature_draft`).
 
   Every layer of `weights` runs (a layer-skip draft passes fewer); the cache
   holds as many. The caller keeps `cache.lengths + k <= cache.max_len`.
@@ -362,14 +365,16 @@ def decode_chunk(config: LlamaConfig, options: DecodeOptions, weights: LlamaWeig
   (`DecodeOptions.row_dots`); the weights and the cache were made by them.
 
   Returns:
-    Logits `[batch, k, vocab]` (compute dtype; logits[:, i] predict the token
-    after tokens[:, i]) and the cache with every row's length advanced by k.
+    The final-normed hidden states `[batch, k, d_model]` (compute dtype; what the
+    head reads: `logits_of`) and the cache with every row's length advanced by k.
   """
   batch, k = tokens.shape
   by_row = options.row_dots(batch * k)
   positions = cache.lengths[:, None] + jnp.arange(k)[None]  # [batch, k]
   mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]  # [b, k, max_len]
   x = jnp.take(weights.embedding, tokens, axis=0)  # [batch, k, d_model]
+  if extra is not None:
+    x = x + extra.astype(x.dtype)
   keys, values = [], []
   for i, w in enumerate(weights.layers):
     x, cache_k, cache_v = _layer(config, w, x, positions=positions, mask=mask,
@@ -378,13 +383,29 @@ def decode_chunk(config: LlamaConfig, options: DecodeOptions, weights: LlamaWeig
     keys.append(cache_k)
     values.append(cache_v)
   x = layers.rms_norm(x, weights.final_norm, config.layer_norm_epsilon, config.compute_dtype)
-  logits = kernels.dense(x, weights.logits, by_row)
+  return x, DecoderCache(tuple(keys), tuple(values), cache.lengths + k)
+
+
+def logits_of(config: LlamaConfig, options: DecodeOptions, weights: LlamaWeights,
+              hidden: Array) -> Array:
+  """The head: logits `[batch, k, vocab]` (compute dtype) of final-normed `hidden
+  [batch, k, d_model]`; -inf off a shortlist (`LlamaWeights.head_tokens`)."""
+  batch, k = hidden.shape[:2]
+  logits = kernels.dense(hidden, weights.logits, options.row_dots(batch * k))
   if weights.logits_bias is not None:
     logits = logits + weights.logits_bias
   if weights.head_tokens is not None:
     logits = jnp.full(logits.shape[:-1] + (config.vocab_size,), -jnp.inf, logits.dtype).at[
         ..., weights.head_tokens].set(logits, unique_indices=True)
-  return logits, DecoderCache(tuple(keys), tuple(values), cache.lengths + k)
+  return logits
+
+
+def decode_chunk(config: LlamaConfig, options: DecodeOptions, weights: LlamaWeights,
+                 cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:
+  """`decode_hidden`, then the head: logits `[batch, k, vocab]` (compute dtype;
+  logits[:, i] predict the token after tokens[:, i]) and the advanced cache."""
+  hidden, cache = decode_hidden(config, options, weights, cache, tokens)
+  return logits_of(config, options, weights, hidden), cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,6 +479,15 @@ class LlamaModel:
     """`decode_chunk` with float32 logits `[batch, k, vocab]`."""
     logits, cache = decode_chunk(self.config, self.options, weights, cache, tokens)
     return logits.astype(jnp.float32), cache
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def decode_features(self, weights: LlamaWeights, cache: DecoderCache, tokens: Array
+                      ) -> tuple[Array, Array, DecoderCache]:
+    """`decode_chunk` with its final-normed hidden states: float32 logits `[batch, k,
+    vocab]`, float32 features `[batch, k, d_model]` and the advanced cache."""
+    hidden, cache = decode_hidden(self.config, self.options, weights, cache, tokens)
+    logits = logits_of(self.config, self.options, weights, hidden)
+    return logits.astype(jnp.float32), hidden.astype(jnp.float32), cache
 
   @functools.partial(jax.jit, static_argnums=0)
   def logits(self, params: dict, tokens: Array) -> Array:

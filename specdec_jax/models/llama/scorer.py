@@ -85,11 +85,14 @@ class PromptPrefix:
     keys: per layer, one row's keys at positions 0..P-1 (`[kv_heads, head_dim, P]`,
       or `[1, kv_heads, head_dim, P]` with split heads: `DecodeOptions.split_heads`).
     values: per layer, one row's values (`[kv_heads, P, head_dim]`, or 4-D).
+    features: float32 `[P, d_model]`, the final-normed hidden states at 0..P-1
+      (`LlamaScorer.init_state_with_features`).
   """
 
   tokens: Array
   keys: tuple[Array, ...]
   values: tuple[Array, ...]
+  features: Array
 
   @property
   def length(self) -> int:
@@ -187,9 +190,9 @@ class LlamaScorer(Scorer):
     weights = self.model.prepare(self.weights)
     ids = jnp.asarray(tokens, jnp.int32)[None]                            # [1, P]
     cache = self.model.init_cache(1, ids.shape[1], len(weights.layers))
-    _, cache = self.model.decode_chunk(weights, cache, ids)
+    _, features, cache = self.model.decode_features(weights, cache, ids)
     return self.replace(weights=weights,
-                        prefix=PromptPrefix(ids[0], cache.keys, cache.values))
+                        prefix=PromptPrefix(ids[0], cache.keys, cache.values, features[0]))
 
   def check_prompts(self, prompts: np.ndarray) -> None:
     """Raises ValueError unless every prompt (int `[batch, width]`) starts with the prefix
@@ -204,22 +207,43 @@ class LlamaScorer(Scorer):
       raise ValueError(f"every prompt must start with the scorer's {len(prefix)}-token prefix "
                        "and be longer; build the scorer without `with_prefix` for these.")
 
+  @property
+  def feature_size(self) -> int:
+    return self.model.config.d_model
+
   def init_state(self, context: LlamaContext, cache_len: int) -> LlamaScorerState:
+    # Inside the loops' jit the features nobody reads are not computed.
+    return self.init_state_with_features(context, cache_len)[0]
+
+  def init_state_with_features(self, context: LlamaContext, cache_len: int
+                               ) -> tuple[LlamaScorerState, Array]:
+    """`init_state`, and float32 features `[batch, prompt_len - 1, d_model]`: the
+    final-normed hidden states of the prefill, row b's valid at 0 .. n_b - 2 (its
+    prompt but the last token, which stands at the loops' position 0)."""
     batch, width = context.prompts.shape
     cache = self.model.init_cache(batch, width - 1 + cache_len, len(context.weights.layers))
+    features = jnp.zeros((batch, 0, self.feature_size), jnp.float32)
     start = 0
     if self.prefix is not None:  # Copied, not computed again.
       cache, start = self.prefix.fill(cache), self.prefix.length
+      features = jnp.broadcast_to(self.prefix.features, (batch,) + self.prefix.features.shape)
     if width - 1 > start:  # Prefill the rest but the last prompt column; no logits are used.
-      _, cache = self.model.decode_chunk(context.weights, cache, context.prompts[:, start:-1])
-    return LlamaScorerState(context, cache.rewind(context.lengths - 1))
+      _, rest, cache = self.model.decode_features(context.weights, cache,
+                                                  context.prompts[:, start:-1])
+      features = jnp.concatenate([features, rest], axis=1)
+    return LlamaScorerState(context, cache.rewind(context.lengths - 1)), features[:, :width - 1]
 
   def score(self, state: LlamaScorerState, tokens: Array) -> tuple[Array, LlamaScorerState]:
+    logits, _, state = self.score_with_features(state, tokens)
+    return logits, state
+
+  def score_with_features(self, state: LlamaScorerState, tokens: Array
+                          ) -> tuple[Array, Array, LlamaScorerState]:
     context = state.context
     positions = self.cached_lengths(state)[:, None] + jnp.arange(tokens.shape[1])
     tokens = jnp.where(positions == 0, context.last_tokens[:, None], tokens)
-    logits, cache = self.model.decode_chunk(context.weights, state.cache, tokens)
-    return logits, state.replace(cache=cache)
+    logits, features, cache = self.model.decode_features(context.weights, state.cache, tokens)
+    return logits, features, state.replace(cache=cache)
 
   def cached_lengths(self, state: LlamaScorerState) -> Array:
     return state.cache.lengths - (state.context.lengths - 1)

@@ -21,6 +21,15 @@ SwiGLU) of the draft's own width. Parameter tree (T5X-style names, kernels `[in,
   logits_bias                               [head]
   decoder/layers_N/...                      as `model.LlamaTransformer`'s
   decoder/decoder_norm/scale                [d_model]
+  feature_projection/kernel                 [F, d_model]   (feature_size F > 0 only)
+  feature_output/kernel                     [d_model, F]   (feature_size F > 0 only)
+
+With `feature_size` F > 0 the draft also reads its target's features, as EAGLE (Li et
+al. 2024) does: the input at position t is the token's projected embedding plus the
+projected final-normed hidden state the target computed at position t - 1 (the one
+that predicted token t; 0 at position 0), and the draft predicts the target's feature
+at t (`feature_output`), which it reads in place of the target's while it proposes
+beyond the verified text (`feature_draft.FeatureDraft`).
 
 For generation the draft is a `LlamaModel` of its blocks' config with prepared
 `LlamaWeights` (`Student.prepare`): the projected table `E W_in [vocab, d_model]` as
@@ -41,6 +50,7 @@ from flax import struct
 
 from specdec_jax.decoding.drafts import ScorerDraft
 from specdec_jax.models import layers
+from specdec_jax.models.llama.feature_draft import FeatureDraft
 from specdec_jax.models.llama.model import LlamaConfig, LlamaDecoder, LlamaModel, LlamaWeights
 from specdec_jax.models.llama.scorer import LlamaScorer
 from specdec_jax.models.options import DecodeOptions
@@ -57,32 +67,37 @@ class StudentConfig:
       target's: the tokens it reads and the ids its outputs carry).
     embed_dim: the width of the target's embedding table.
     head_size: tokens its output layer scores (the shortlist's length).
+    feature_size: the width F of the target's features it reads (0: none).
   """
 
   blocks: LlamaConfig
   embed_dim: int
   head_size: int
+  feature_size: int = 0
 
   def __post_init__(self):
     for name in ("embed_dim", "head_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"StudentConfig.{name} must be >= 1, got {getattr(self, name)}.")
+    if self.feature_size < 0:
+      raise ValueError(f"StudentConfig.feature_size must be >= 0, got {self.feature_size}.")
     if self.head_size > self.blocks.vocab_size:
       raise ValueError(f"StudentConfig.head_size={self.head_size} exceeds the target's "
                        f"vocabulary ({self.blocks.vocab_size}).")
 
   def to_dict(self) -> dict:
     return {"blocks": dataclasses.asdict(self.blocks), "embed_dim": self.embed_dim,
-            "head_size": self.head_size}
+            "head_size": self.head_size, "feature_size": self.feature_size}
 
   @classmethod
   def from_dict(cls, d: dict) -> StudentConfig:
-    return cls(LlamaConfig(**d["blocks"]), int(d["embed_dim"]), int(d["head_size"]))
+    return cls(LlamaConfig(**d["blocks"]), int(d["embed_dim"]), int(d["head_size"]),
+               int(d.get("feature_size", 0)))
 
 
 def student_config(target: LlamaConfig, *, d_model: int, num_layers: int, head_size: int,
-                   head_dim: int = 64, kv_groups: int = 2, d_ff: int | None = None
-                   ) -> StudentConfig:
+                   head_dim: int = 64, kv_groups: int = 2, d_ff: int | None = None,
+                   reads_features: bool = False) -> StudentConfig:
   """A draft's config for `target`: its vocabulary, special ids and RoPE base.
 
   Args:
@@ -93,6 +108,7 @@ def student_config(target: LlamaConfig, *, d_model: int, num_layers: int, head_s
     head_dim: per attention head.
     kv_groups: query heads per key/value head.
     d_ff: SwiGLU width (default: 8/3 d_model, rounded up to a multiple of 64).
+    reads_features: read the target's features (width: its d_model).
 
   Raises:
     ValueError: `d_model` not a multiple of `head_dim`, or heads not a multiple of
@@ -108,7 +124,8 @@ def student_config(target: LlamaConfig, *, d_model: int, num_layers: int, head_s
   blocks = dataclasses.replace(target, d_model=d_model, num_layers=num_layers,
                                num_heads=heads, num_kv_heads=heads // kv_groups,
                                head_dim=head_dim, d_ff=d_ff)
-  return StudentConfig(blocks, target.d_model, head_size)
+  return StudentConfig(blocks, target.d_model, head_size,
+                       target.d_model if reads_features else 0)
 
 
 class StudentTransformer(nn.Module):
@@ -118,8 +135,8 @@ class StudentTransformer(nn.Module):
 
   @nn.compact
   def __call__(self, embedding: Array, head_tokens: Array, tokens: Array, positions: Array,
-               mask: Array) -> Array:
-    """Logits of every position.
+               mask: Array, features: Array | None = None) -> tuple[Array, Array | None]:
+    """Logits of every position, and the target features it predicts.
 
     Args:
       embedding: `[vocab, embed_dim]`, the target's token embedding (not trained).
@@ -127,9 +144,13 @@ class StudentTransformer(nn.Module):
       tokens: int32 `[batch, L]`.
       positions: int32 `[batch, L]`, each token's RoPE position.
       mask: bool `[batch, L, L]`, True where a query may read a key.
+      features: `[batch, L, F]`, the target's feature of each token's previous
+        position (`feature_inputs`); required iff `feature_size` > 0.
 
     Returns:
-      float32 `[batch, L, head]`: logits[b, i, j] scores head_tokens[j] after tokens[b, i].
+      float32 `[batch, L, head]`: logits[b, i, j] scores head_tokens[j] after tokens[b, i];
+      and float32 `[batch, L, F]`, the predicted feature at each position (None
+      without features).
     """
     cfg = self.config
     blocks = cfg.blocks
@@ -143,9 +164,19 @@ class StudentTransformer(nn.Module):
                       (cfg.head_size,), blocks.parameter_dtype)
     table = jax.lax.stop_gradient(jnp.asarray(embedding, dtype))
     x = jnp.take(table, tokens, axis=0) @ jnp.asarray(w_in, dtype)       # [b, L, d]
+    if cfg.feature_size:
+      w_fin = self.param("feature_projection", init, (cfg.feature_size, blocks.d_model),
+                         blocks.parameter_dtype)
+      x = x + jnp.asarray(features, dtype) @ jnp.asarray(w_fin, dtype)
     x = LlamaDecoder(blocks, name="decoder")(x, positions, mask)
     head = jnp.take(table, head_tokens, axis=0) @ jnp.asarray(w_out, dtype)  # [head, d]
-    return (x @ head.T + jnp.asarray(bias, dtype)).astype(jnp.float32)
+    logits = (x @ head.T + jnp.asarray(bias, dtype)).astype(jnp.float32)
+    if not cfg.feature_size:
+      return logits, None
+    w_fout = self.param("feature_output", layers.declare(nn.initializers.lecun_normal(),
+                                                         ("mlp", "embed")),
+                        (blocks.d_model, cfg.feature_size), blocks.parameter_dtype)
+    return logits, (x @ jnp.asarray(w_fout, dtype)).astype(jnp.float32)
 
 
 def prompt_and_outputs(prompts: Array, prompt_lengths: Array, decoder_inputs: Array
@@ -183,6 +214,32 @@ def prompt_and_outputs(prompts: Array, prompt_lengths: Array, decoder_inputs: Ar
   return tokens, positions.astype(jnp.int32), mask
 
 
+def feature_inputs(prompt_features: Array, prompt_lengths: Array, decoder_features: Array
+                   ) -> Array:
+  """The target features each column of `prompt_and_outputs` reads: its previous position's.
+
+  Args:
+    prompt_features: `[batch, Lp, F]`, the target's features at the prompt's positions
+      (row b's valid at 0 .. n_b - 2: its prefill).
+    prompt_lengths: int32 `[batch]`, n_b >= 1.
+    decoder_features: `[batch, T, F]`, the target's features at decoder positions 0 ..
+      T - 1 (model positions n - 1, n, ...).
+
+  Returns:
+    `[batch, Lp + T, F]`: prompt column i reads position i - 1's (0 at i = 0), decoder
+    column 0 the prompt's position n - 2 (0 if n = 1), decoder column t > 0 decoder
+    position t - 1's.
+  """
+  batch, width, size = prompt_features.shape
+  zero = jnp.zeros((batch, 1, size), prompt_features.dtype)
+  before_last = jnp.take_along_axis(prompt_features, jnp.maximum(prompt_lengths - 2, 0)[:, None,
+                                                                                        None],
+                                    axis=1)                                   # [b, 1, F]
+  before_last = jnp.where((prompt_lengths >= 2)[:, None, None], before_last, 0)
+  return jnp.concatenate([zero, prompt_features[:, :width - 1], before_last,
+                          decoder_features[:, :-1].astype(prompt_features.dtype)], axis=1)
+
+
 @dataclasses.dataclass(frozen=True)
 class Student:
   """Functional API of a draft that reads its target's embedding (hashable: a static
@@ -213,20 +270,34 @@ class Student:
     tokens = jnp.zeros((1, 4), jnp.int32)
     positions = jnp.arange(4)[None]
     mask = jnp.tril(jnp.ones((4, 4), bool))[None]
-    params = jax.jit(self.module.init)(rng, embedding, head, tokens, positions, mask)
+    features = jnp.zeros((1, 4, cfg.feature_size), jnp.float32) if cfg.feature_size else None
+    params = jax.jit(self.module.init)(rng, embedding, head, tokens, positions, mask, features)
     return layers.unbox(params["params"])
 
   def param_count(self, params: dict) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(params))
 
-  @functools.partial(jax.jit, static_argnums=0)
   def logits(self, params: dict, embedding: Array, head_tokens: Array, prompts: Array,
              prompt_lengths: Array, decoder_inputs: Array) -> Array:
     """Teacher-forced float32 logits `[batch, T, head]` after each decoder input
-    (`prompt_and_outputs` gives the layout)."""
+    (`prompt_and_outputs` gives the layout) of a draft without features."""
+    return self.outputs(params, embedding, head_tokens, prompts, prompt_lengths,
+                        decoder_inputs)[0][:, prompts.shape[1]:]
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def outputs(self, params: dict, embedding: Array, head_tokens: Array, prompts: Array,
+              prompt_lengths: Array, decoder_inputs: Array, prompt_features: Array | None = None,
+              decoder_features: Array | None = None) -> tuple[Array, Array | None]:
+    """Teacher-forced outputs of every column of `prompt_and_outputs` (`[batch, Lp + T]`):
+    float32 logits `[batch, Lp + T, head]` and the predicted features `[batch, Lp + T, F]`
+    (None without). A draft that reads features takes the target's along the prompts
+    `[batch, Lp, F]` and along the decoder positions `[batch, T, F]` (`feature_inputs`)."""
     tokens, positions, mask = prompt_and_outputs(prompts, prompt_lengths, decoder_inputs)
-    out = self.module.apply({"params": params}, embedding, head_tokens, tokens, positions, mask)
-    return out[:, prompts.shape[1]:]
+    features = None
+    if self.config.feature_size:
+      features = feature_inputs(prompt_features, prompt_lengths, decoder_features)
+    return self.module.apply({"params": params}, embedding, head_tokens, tokens, positions,
+                             mask, features)
 
   def prepare(self, params: dict, embedding: Array, head_tokens: Array) -> LlamaWeights:
     """The draft's weights for generation (`LlamaModel.decode_chunk` of `self.llama`).
@@ -246,6 +317,17 @@ class Student:
     return weights.replace(logits=head.T.astype(dtype),
                            logits_bias=jnp.asarray(params["logits_bias"], dtype),
                            head_tokens=jnp.asarray(head_tokens, jnp.int32))
+
+  def draft(self, params: dict, embedding: Array, head_tokens: Array
+            ) -> StudentDraft | FeatureDraft:
+    """The draft for generation (`prepare`'s arguments): a `FeatureDraft` if it reads
+    the target's features, else a `StudentDraft`."""
+    weights = self.prepare(params, embedding, head_tokens)
+    if not self.config.feature_size:
+      return StudentDraft(self.llama, weights)
+    dtype = self.config.blocks.compute_dtype
+    return FeatureDraft(self.llama, weights, jnp.asarray(params["feature_projection"], dtype),
+                        jnp.asarray(params["feature_output"], dtype))
 
 
 @struct.dataclass
