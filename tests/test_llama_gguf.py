@@ -3,10 +3,11 @@
 transformers reads the same file with its own GGUF loader (`gguf_file=`), so
 the weights, the teacher-forced logits and the greedy tokens of `generate`
 are an independent reference for `gguf_loader` (names, the query / key row
-order, dequantization) and for `models.llama` (the math). The shipped draft
-(assets/models/draft_smollm2) keeps both exact on the real model: greedy tokens
-equal `generate`'s, and sampled tokens follow transformers' distribution, which
-a wrong acceptance rule fails.
+order, dequantization) and for `models.llama` (the math). Each shipped draft
+(assets/models/draft_smollm2, and draft_smollm2_eagle, which reads the target's
+features) keeps both exact on the real model: greedy tokens equal `generate`'s,
+and sampled tokens follow transformers' distribution, which a wrong acceptance
+rule fails.
 """
 
 from __future__ import annotations
@@ -24,23 +25,25 @@ from transformers import AutoModelForCausalLM
 
 from specdec_jax.data import layout
 from specdec_jax.decoding import baseline, speculative
+from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.distillation.teacher import teacher_sha256
 from specdec_jax.models.llama import (
-    LayerSkipDraft,
-    LlamaModel,
-    LlamaScorer,
-    gguf_loader,
-    pad_prompts,
-    student_io,
+  LayerSkipDraft,
+  LlamaModel,
+  LlamaScorer,
+  gguf_loader,
+  pad_prompts,
+  student_io,
 )
-from specdec_jax.models.llama.student import Student, StudentDraft
+from specdec_jax.models.llama.feature_draft import FeatureDraft
+from specdec_jax.models.llama.student import Student
 
 # Teacher-forced logits (magnitudes up to ~40) agree to 1.2e-4 on these prompts: float32
 # sums in another order over 30 layers.
 ATOL = 5e-4
 GEN_LEN = 24
-SHIPPED_DRAFT = os.path.join(layout.ASSETS_DIR, "models", "draft_smollm2")
+SHIPPED_DRAFTS = ("draft_smollm2", "draft_smollm2_eagle")
 # Samples of one position's token at T = 1: enough that the wrong rule, whose tokens
 # follow the draft where it should follow the target, fails by far.
 SAMPLES = 512
@@ -131,17 +134,17 @@ def test_teacher_forced_logits_match_transformers(checkpoint, hf, prompts):
                                rtol=0)
 
 
-@pytest.fixture(scope="module")
-def draft(checkpoint) -> StudentDraft:
-  """The shipped draft, checked to be the one trained for this file."""
-  saved = student_io.load_student(SHIPPED_DRAFT)
+@pytest.fixture(scope="module", params=SHIPPED_DRAFTS)
+def draft(checkpoint, request) -> Draft:
+  """A shipped draft, checked to be one trained for this file."""
+  directory = os.path.join(layout.ASSETS_DIR, "models", request.param)
+  saved = student_io.load_student(directory)
   path = gguf_loader.smollm2_path()
-  student_io.check_target(saved, SHIPPED_DRAFT, teacher_sha256(path),
+  student_io.check_target(saved, directory, teacher_sha256(path),
                           checkpoint.config.vocab_size, checkpoint.config.d_model,
                           os.path.basename(path))
-  student = Student(saved.config)
-  return StudentDraft(student.llama, student.prepare(
-      saved.params, checkpoint.params["token_embedder"]["embedding"], saved.head_tokens))
+  return Student(saved.config).draft(
+      saved.params, checkpoint.params["token_embedder"]["embedding"], saved.head_tokens)
 
 
 def test_greedy_tokens_equal_transformers_generate_and_both_loops(checkpoint, hf, prompts,
@@ -198,9 +201,15 @@ def sampled_position(checkpoint, hf, prompts, draft):
                                          draft_inputs=inputs, **rule)
     return np.asarray(out.sequences)[:, 0]
 
-  draft_logits, _ = draft.scorer.score(
-      draft.scorer.init_state(draft.scorer.encode(inputs[:1]), 1), inputs[:1, -1:])
-  q = np.asarray(jax.nn.softmax(jnp.asarray(draft_logits[0, 0], jnp.float64)))
+  if isinstance(draft, FeatureDraft):  # Its first q reads the target's prefill features.
+    _, features = target.init_state_with_features(target.encode(inputs[:1]), 1)
+    draft_logits = draft.init_state(inputs[:1], 1, features).logits[0]
+  else:
+    draft_logits = draft.scorer.score(
+        draft.scorer.init_state(draft.scorer.encode(inputs[:1]), 1), inputs[:1, -1:])[0][0, 0]
+  logits = np.asarray(draft_logits, np.float64)
+  q = np.exp(logits - logits.max())
+  q /= q.sum()
   return p, q, sample
 
 

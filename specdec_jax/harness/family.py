@@ -9,5 +9,5 @@ DRAFTS = FAMILY[1:]
 SHARED_ENCODER = ("draft_shared_enc", "draft_shared_enc_long", "draft_shared_enc_signals",
                   "draft_shared_enc_d192")
 # Decoder-only drafts of a GGUF target (`models.llama.student`: they read the target's
-# embedding), shipped beside the family in the same folder.
-GGUF_DRAFTS = ("draft_smollm2",)
+# embedding; the _eagle one its features too), shipped beside the family in the same folder.
+GGUF_DRAFTS = ("draft_smollm2", "draft_smollm2_eagle")

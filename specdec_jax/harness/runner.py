@@ -168,7 +168,7 @@ class _Bench:
     """The draft of `point`, checked against the target on a batch of its inputs."""
     draft = kind.build(self.target, point.draft, point.task if kind.per_task else "")
     validation.check_draft(draft, self.target.scorer.vocab_size, inputs, None,
-                           self.target.encoder_width)
+                           self.target.encoder_width, self.target.scorer.feature_size)
     return draft
 
   def _choose(self, point: settings.Point, draft: Draft, examples: _Examples,

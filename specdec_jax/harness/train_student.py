@@ -267,7 +267,14 @@ def model_card(config: StudentTrainConfig, student: Student, summary: dict) -> s
       "(`specdec_jax/models/llama/student.py`). It owns no vocabulary-wide matrix: it reads "
       "the target's token embedding through a learned projection, and its output layer "
       f"scores the {student.config.head_size} tokens the target emits most often "
-      "(probability 0 elsewhere, which keeps speculative sampling exact).", "",
+      "(probability 0 elsewhere, which keeps speculative sampling exact)."
+      + (" It also reads the target's features, as EAGLE (Li et al. 2024) does: each "
+         "position's input adds the projected final-normed hidden state the target computed "
+         "one position earlier, and it predicts the target's next one (smooth-L1, weight "
+         f"{config.feature_weight}), which it reads while it proposes beyond the verified "
+         "text (`specdec_jax/models/llama/feature_draft.py`). Its held-out alpha below is "
+         "teacher-forced with the target's own features: that of each iteration's first "
+         "proposal." if config.reads_features else ""), "",
       "| | |", "|---|---|",
       f"| parameters (own) | {summary['parameters'] / 1e6:.2f}M |",
       f"| layers / d_model / heads / kv heads / d_ff | {blocks.num_layers} / {blocks.d_model} / "
