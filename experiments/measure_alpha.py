@@ -251,7 +251,7 @@ def main(argv: list[str]) -> None:
         if key not in drafts:
           drafts[key] = draft_kind.build(target, spec, key[1])
           validation.check_draft(drafts[key], target.scorer.vocab_size, inputs[task][0], None,
-                                 target.encoder_width)
+                                 target.encoder_width, target.scorer.feature_size)
         for temperature in exp.temperatures:
           row = measure(target, drafts[key], inputs[task], gamma=exp.gamma,
                         max_decode_len=exp.max_decode_len, temperature=temperature,

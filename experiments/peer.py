@@ -147,6 +147,10 @@ def _llama_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
     assisted = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 3}
   elif kind is llama_target.STUDENT:
     llama_target.STUDENT.check(shared, spec, llama_target.read_config(shared).vocab_size)
+    if student_io.load_student(shared.checkpoint_dir(spec)).config.feature_size:
+      raise app.UsageError(f"--draft={spec} reads the target's features (EAGLE-style); "
+                           "transformers' assisted generation hands its assistant only tokens. "
+                           "Compare a token-only draft, such as --draft=draft_smollm2.")
   else:
     raise app.UsageError(f"--draft={spec}: transformers has no {kind.name} draft; use "
                          "layer_skip_<L>, prompt_lookup or a trained draft_<name>.")

@@ -142,3 +142,17 @@ def test_the_transformers_export_scores_as_the_draft_does():
     logits = hf(torch.tensor([prompt + outputs[:-1]])).logits.numpy()[0, len(prompt) - 1:]
   np.testing.assert_allclose(logits[:, head], forced, atol=1e-4, rtol=0)
   assert np.all(np.isneginf(np.delete(logits, head, axis=1)))
+
+
+def test_the_transformers_export_refuses_a_feature_reading_draft():
+  """transformers' assistant sees only tokens: a draft that reads the target's features
+  cannot be exported as one, and says so rather than dropping its feature weights."""
+  from specdec_jax.models.llama.student_hf import to_transformers  # noqa: PLC0415
+
+  model, params = _random_model()
+  config = student_config(model.config, d_model=16, num_layers=1, head_size=8, head_dim=8,
+                          reads_features=True)
+  assert config.feature_size == model.config.d_model
+  with pytest.raises(ValueError, match="reads its target's features"):
+    to_transformers(config, {}, np.asarray(params["token_embedder"]["embedding"]),
+                    np.arange(8, dtype=np.int32))

@@ -50,7 +50,15 @@ def to_transformers(config: StudentConfig, params: dict, embedding: np.ndarray,
     params: its parameters (`student_io.load_student`'s, float32).
     embedding: `[vocab, embed_dim]`, the target's token embedding.
     head_tokens: int `[head]`, its shortlist.
+
+  Raises:
+    ValueError: the draft reads its target's features (`config.feature_size`),
+      which transformers' assistant interface cannot hand it.
   """
+  if config.feature_size:
+    raise ValueError(f"This draft reads its target's features (feature_size="
+                     f"{config.feature_size}); a transformers Llama assistant sees only tokens. "
+                     "Export a token-only draft (feature_size 0), such as draft_smollm2.")
   blocks = config.blocks
   hf_config = transformers.LlamaConfig(
       vocab_size=blocks.vocab_size, hidden_size=blocks.d_model,
