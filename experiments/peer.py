@@ -147,7 +147,8 @@ def _llama_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
     assisted = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 3}
   elif kind is llama_target.STUDENT:
     llama_target.STUDENT.check(shared, spec, llama_target.read_config(shared).vocab_size)
-    if student_io.load_student(shared.checkpoint_dir(spec)).config.feature_size:
+    saved = student_io.load_student(shared.checkpoint_dir(spec))
+    if saved.config.feature_size:
       raise app.UsageError(f"--draft={spec} reads the target's features (EAGLE-style); "
                            "transformers' assisted generation hands its assistant only tokens. "
                            "Compare a token-only draft, such as --draft=draft_smollm2.")
@@ -158,7 +159,6 @@ def _llama_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
   target = llama_target.load(shared, mesh)
   draft, eos = kind.build(target, spec, task), target.eos_id
   if kind is llama_target.STUDENT:  # The same weights as a transformers Llama model.
-    saved = student_io.load_student(shared.checkpoint_dir(spec))
     assistant = to_transformers(saved.config, saved.params, np.asarray(target.weights.embedding),
                                 saved.head_tokens)
     assistant.generation_config.num_assistant_tokens = gamma
