@@ -182,9 +182,18 @@ def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, pair_dir):
 
 def test_run_with_gamma_auto_records_the_choice(tmp_path, pair_dir, monkeypatch):
   exp = runner.load_experiment([_gin(tmp_path, pair_dir, "['auto']")], [])
+  timed = []
+  real_measure_loop_costs = costs.measure_loop_costs
+  monkeypatch.setattr(costs, "measure_loop_costs",
+                      lambda *a, **k: timed.append(1) or real_measure_loop_costs(*a, **k))
   path = runner.run(exp, str(tmp_path / "out"))
   (row,) = results_io.read_rows(path)
   choice = row["gamma_choice"]
+  # The loops' own work is timed once, by the calibration, and the row prices with it.
+  assert len(timed) == 1
+  terms = PointRow.from_json(row).cost_model_terms
+  for name in ("step_overhead_s", "iteration_overhead_s", "proposal_overhead_s"):
+    assert getattr(terms, name) == choice["loop_costs"][name]
   assert row["gamma_auto"] is True and row["gamma"] == choice["gamma"] in (1, 2)
   assert set(choice["speedup_cost_model"]) == {"1", "2"}
   assert set(choice["verify_ratio"]) == {"1", "2", "3"}

@@ -44,6 +44,7 @@ from specdec_jax.models.llama.student import Student
 ATOL = 5e-4
 GEN_LEN = 24
 SHIPPED_DRAFTS = ("draft_smollm2", "draft_smollm2_eagle")
+QUICKSTART_DRAFT = "draft_smollm2_eagle"  # gin_configs/quickstart_smollm2.gin's
 # Samples of one position's token at T = 1: enough that the wrong rule, whose tokens
 # follow the draft where it should follow the target, fails by far.
 SAMPLES = 512
@@ -134,10 +135,9 @@ def test_teacher_forced_logits_match_transformers(checkpoint, hf, prompts):
                                rtol=0)
 
 
-@pytest.fixture(scope="module", params=SHIPPED_DRAFTS)
-def draft(checkpoint, request) -> Draft:
-  """A shipped draft, checked to be one trained for this file."""
-  directory = os.path.join(layout.ASSETS_DIR, "models", request.param)
+def _shipped_draft(checkpoint, name: str) -> Draft:
+  """The shipped draft `name`, checked to be one trained for this file."""
+  directory = os.path.join(layout.ASSETS_DIR, "models", name)
   saved = student_io.load_student(directory)
   path = gguf_loader.smollm2_path()
   student_io.check_target(saved, directory, teacher_sha256(path),
@@ -147,8 +147,17 @@ def draft(checkpoint, request) -> Draft:
       saved.params, checkpoint.params["token_embedder"]["embedding"], saved.head_tokens)
 
 
-def test_greedy_tokens_equal_transformers_generate_and_both_loops(checkpoint, hf, prompts,
-                                                                  draft):
+@pytest.fixture(scope="module")
+def target(checkpoint) -> tuple[LlamaModel, LlamaScorer]:
+  """Our model and its scorer over the file's weights, prepared once."""
+  model = LlamaModel(checkpoint.config)
+  return model, LlamaScorer(model, model.prepare(checkpoint.params))
+
+
+@pytest.fixture(scope="module")
+def greedy(checkpoint, hf, prompts, target):
+  """transformers' greedy `generate` tokens of each prompt (GEN_LEN at most), the prompts
+  as one right-padded batch (int32 `[rows, length]`) and our baseline's decoding of it."""
   eos = checkpoint.vocabulary.eos_id
   want = []
   for prompt in prompts:
@@ -156,58 +165,78 @@ def test_greedy_tokens_equal_transformers_generate_and_both_loops(checkpoint, hf
       out = hf.generate(torch.tensor([prompt]), max_new_tokens=GEN_LEN, do_sample=False,
                         eos_token_id=eos, pad_token_id=eos)
     want.append(out[0, len(prompt):].tolist())
-  model = LlamaModel(checkpoint.config)
-  weights = model.prepare(checkpoint.params)
   inputs = jnp.asarray(pad_prompts(prompts))  # One batch: rows of different lengths.
-  base = baseline.decode(LlamaScorer(model, weights), inputs, jax.random.PRNGKey(0),
-                         max_decode_len=GEN_LEN, warp=Warp(), eos_id=eos)
+  base = baseline.decode(target[1], inputs, jax.random.PRNGKey(0), max_decode_len=GEN_LEN,
+                         warp=Warp(), eos_id=eos)
+  return want, inputs, base
+
+
+def _speculative_greedy(checkpoint, target, inputs: jax.Array, proposer: Draft, gamma: int):
+  return speculative.speculative_decode(target[1], proposer, inputs, jax.random.PRNGKey(0),
+                                        gamma=gamma, max_decode_len=GEN_LEN, warp=Warp(),
+                                        eos_id=checkpoint.vocabulary.eos_id,
+                                        draft_inputs=inputs)
+
+
+def test_greedy_baseline_equals_transformers_generate(greedy):
+  want, _, base = greedy
   for row, path in enumerate(want):
     assert int(base.lengths[row]) == len(path)
     np.testing.assert_array_equal(base.sequences[row, :len(path)], path)
-  for proposer, gamma in ((LayerSkipDraft(model, weights, 8), 3), (draft, 6)):
-    out = speculative.speculative_decode(LlamaScorer(model, weights), proposer, inputs,
-                                         jax.random.PRNGKey(0), gamma=gamma,
-                                         max_decode_len=GEN_LEN, warp=Warp(), eos_id=eos,
-                                         draft_inputs=inputs)
-    np.testing.assert_array_equal(out.sequences, base.sequences)
-    np.testing.assert_array_equal(out.lengths, base.lengths)
-    if proposer is draft:  # The trained draft agrees with the target often (untrained: ~0).
-      assert float(np.mean(out.stats.alpha_empirical())) > 0.25
+
+
+def test_greedy_speculative_with_a_layer_skip_draft_equals_the_baseline(checkpoint, target,
+                                                                      greedy):
+  _, inputs, base = greedy
+  model, scorer = target
+  out = _speculative_greedy(checkpoint, target, inputs,
+                            LayerSkipDraft(model, scorer.weights, 8), 3)
+  np.testing.assert_array_equal(out.sequences, base.sequences)
+  np.testing.assert_array_equal(out.lengths, base.lengths)
+
+
+@pytest.mark.parametrize("name", SHIPPED_DRAFTS)
+def test_greedy_speculative_with_each_shipped_draft_equals_the_baseline(checkpoint, target,
+                                                                       greedy, name):
+  _, inputs, base = greedy
+  out = _speculative_greedy(checkpoint, target, inputs, _shipped_draft(checkpoint, name), 6)
+  np.testing.assert_array_equal(out.sequences, base.sequences)
+  np.testing.assert_array_equal(out.lengths, base.lengths)
+  # The trained draft agrees with the target often (untrained: ~0).
+  assert float(np.mean(out.stats.alpha_empirical())) > 0.25
 
 
 @pytest.fixture(scope="module")
-def sampled_position(checkpoint, hf, prompts, draft):
-  """One position of a real output at T = 1: the chat prompt of MESSAGES[2] and the first
-  greedy tokens of its answer as the prompt, transformers' probabilities of the next token
-  (float64 `[vocab]`), and `sample(verify)`: SAMPLES draws of that token through the
-  speculative loop with the shipped draft (gamma 3)."""
+def sampled_position(checkpoint, hf, prompts, target):
+  """One position of a real output at T = 1 with the quickstart's draft (QUICKSTART_DRAFT;
+  the token-only draft's sampling is proved exact on a tiny vocabulary in test_student):
+  the chat prompt of MESSAGES[2] and the first greedy tokens of its answer as the prompt,
+  transformers' probabilities of the next token (float64 `[vocab]`), the draft's (float64
+  `[vocab]`), and `sample(verify)`: SAMPLES draws of that token through the speculative
+  loop (gamma 3)."""
   prompt = prompts[2]
   with torch.no_grad():
     answer = hf.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
     prompt = answer[0].tolist()
     logits = hf(torch.tensor([prompt])).logits[0, -1].double()
   p = torch.softmax(logits, -1).numpy()
-  model = LlamaModel(checkpoint.config)
   # The shared prompt prefilled once; each row then feeds only its last token.
-  target = LlamaScorer(model, model.prepare(checkpoint.params)).with_prefix(
-      jnp.asarray(prompt[:-1]))
+  scorer = target[1].with_prefix(jnp.asarray(prompt[:-1]))
   inputs = jnp.asarray(np.tile(prompt, (SAMPLES, 1)), jnp.int32)
+  draft = _shipped_draft(checkpoint, QUICKSTART_DRAFT)
+  assert isinstance(draft, FeatureDraft)
 
   def sample(verify=None) -> np.ndarray:
     rule = {} if verify is None else {"verify": verify}
-    out = speculative.speculative_decode(target, draft, inputs, jax.random.PRNGKey(0),
+    out = speculative.speculative_decode(scorer, draft, inputs, jax.random.PRNGKey(0),
                                          gamma=3, max_decode_len=1, warp=Warp(1.0),
                                          eos_id=checkpoint.vocabulary.eos_id,
                                          draft_inputs=inputs, **rule)
     return np.asarray(out.sequences)[:, 0]
 
-  if isinstance(draft, FeatureDraft):  # Its first q reads the target's prefill features.
-    _, features = target.init_state_with_features(target.encode(inputs[:1]), 1)
-    draft_logits = draft.init_state(inputs[:1], 1, features).logits[0]
-  else:
-    draft_logits = draft.scorer.score(
-        draft.scorer.init_state(draft.scorer.encode(inputs[:1]), 1), inputs[:1, -1:])[0][0, 0]
-  logits = np.asarray(draft_logits, np.float64)
+  # Its first q reads the target's prefill features.
+  _, features = scorer.init_state_with_features(scorer.encode(inputs[:1]), 1)
+  logits = np.asarray(draft.init_state(inputs[:1], 1, features).logits[0], np.float64)
   q = np.exp(logits - logits.max())
   q /= q.sum()
   return p, q, sample

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specdec_jax.data import teacher_signals
 from specdec_jax.training.batching import bucket_lengths
-from specdec_jax.training.signals_source import PackedSignals, SignalsBatches
+from specdec_jax.training.signals_source import PackedSignals, SignalsBatches, read_packed
 
 D_MODEL, TOP_K, DECODINGS = 6, 3, 2
 
@@ -73,6 +74,25 @@ def test_packing_keeps_every_token_and_no_padding(shards, packed):
   np.testing.assert_array_equal(packed.hidden[start:start + shard["input_lengths"][1]],
                                 shard["encoder_hidden"][1, :shard["input_lengths"][1]])
   assert PackedSignals.from_shards(shards, with_hidden=False).hidden is None
+
+
+def test_a_fraction_keeps_whole_examples_drawn_once_from_the_seed(shards, monkeypatch):
+  monkeypatch.setattr(teacher_signals, "iter_joined", lambda task, data_dir, root: shards)
+  whole = read_packed(["t"], root="r")
+  half = read_packed(["t"], root="r", fraction=0.5, seed=3)
+  assert whole.num_examples == 21 and 0 < half.num_examples < 21
+  assert half.num_pairs == half.num_examples * DECODINGS  # Every decoding of a kept example.
+  again = read_packed(["t"], root="r", fraction=0.5, seed=3)
+  np.testing.assert_array_equal(again.output_tokens, half.output_tokens)
+  # The kept examples are whole ones of the data: each output is one of the shards'.
+  def outputs(data: PackedSignals) -> set[tuple[int, ...]]:
+    return {tuple(data.output_tokens[o:o + n])
+            for o, n in zip(data.output_offsets, data.output_lengths, strict=True)}
+
+  kept, every = outputs(half), outputs(whole)
+  assert kept <= every
+  with pytest.raises(ValueError, match="fraction must lie in"):
+    read_packed(["t"], root="r", fraction=0.0)
 
 
 def test_mixed_settings_and_empty_outputs_are_refused(shards):

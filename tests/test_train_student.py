@@ -175,6 +175,13 @@ def test_training_resumes_estimates_alpha_and_exports(data, tmp_path, monkeypatc
   assert tokens > 0 and estimate["alpha_t0"] == pytest.approx(hits / tokens, abs=1e-6)
   # The export is float16: its estimate is close to the run's last one.
   assert abs(estimate["alpha_t0"] - curve["points"][-1]["alpha_t0"]) < 0.1
+  # The same estimate through `teacher_forced_alpha`, beside the training pairs' own.
+  both = train_student.teacher_forced_alpha(os.path.join(model_dir, train_student.EXPORT),
+                                            config)
+  assert both["validation"]["alpha_t0"] == pytest.approx(estimate["alpha_t0"], abs=1e-6)
+  assert both["validation"]["pairs"] == held_out.num_pairs
+  assert both["train"]["pairs"] == second["train_pairs"]
+  assert 0.0 <= both["train"]["alpha_t0"] <= 1.0
 
 
 def test_a_feature_reading_draft_trains_on_the_stored_features_and_exports(data, tmp_path,

@@ -283,8 +283,10 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
     max_gamma: the largest gamma of the run (sets the timing cache length).
     held_out: batches of the same shape outside the measured examples, on which
       the loops' overheads are timed for the cost model
-      (`costs.measure_loop_costs`); empty: the first measured batch.
-    choice: gamma = 'auto''s choice that set `point.gamma`, if any (recorded).
+      (`costs.measure_loop_costs`); empty: the first measured batch. Unused when
+      `choice` carries loop costs: its calibration timed them on held-out batches.
+    choice: gamma = 'auto''s choice that set `point.gamma`, if any (recorded; its
+      `loop_costs`, if any, are the row's).
 
   Returns:
     The row.
@@ -299,11 +301,18 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
         draft, batches[0], gamma=point.gamma, warp=Warp(point.temperature),
         max_decode_len=exp.max_decode_len, max_gamma=max_gamma, calls=exp.timing_calls,
         repeats=exp.timing_repeats, seed=exp.seed, target=target.scorer)
-    loop_costs, _ = costs.measure_loop_costs(
-        target.scorer, draft, list(held_out) or list(batches[:1]), gamma=point.gamma,
-        warp=Warp(point.temperature), max_decode_len=exp.max_decode_len,
-        eos_id=target.eos_id, t_chunk=verify.t_chunk, t_draft=draft_cost.seconds,
-        rng=jax.random.PRNGKey(exp.seed), repeats=exp.timing_repeats, held_out=bool(held_out))
+    if choice is not None and choice.loop_costs is not None:
+      # gamma = 'auto' timed them just now, on held-out batches at this temperature and at
+      # two gammas (a part per iteration and one per proposal): timing them again would
+      # decode the same batches with the same programs.
+      loop_costs = choice.loop_costs
+    else:
+      loop_costs, _ = costs.measure_loop_costs(
+          target.scorer, draft, list(held_out) or list(batches[:1]), gamma=point.gamma,
+          warp=Warp(point.temperature), max_decode_len=exp.max_decode_len,
+          eos_id=target.eos_id, t_chunk=verify.t_chunk, t_draft=draft_cost.seconds,
+          rng=jax.random.PRNGKey(exp.seed), repeats=exp.timing_repeats,
+          held_out=bool(held_out))
     # The once-per-sequence work at the measured examples' own lengths: the few held-out
     # batches' lengths need not be theirs (man-page inputs run from 16 to 128 tokens).
     encode_target, encode_draft = costs.time_sequence_work(

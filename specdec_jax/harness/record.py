@@ -210,8 +210,9 @@ class PointRow:
     if row["speedup_spread"] is None:  # Rows from before it was recorded stay as they were.
       del row["speedup_spread"]
     if row["cost_model_terms"]["proposal_overhead_s"] == 0.0:
-      # A row times its loop at its own gamma alone, so it has no per-proposal term, and
-      # rows from before the term existed stay as they were.
+      # A row that times its loop at its own gamma alone has no per-proposal term (one
+      # priced by gamma = 'auto''s calibration, at two gammas, has), and rows from before
+      # the term existed stay as they were.
       del row["cost_model_terms"]["proposal_overhead_s"]
     return row
 

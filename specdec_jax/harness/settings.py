@@ -166,9 +166,10 @@ class Experiment(Settings):
       (held out from timing) on which gamma = 'auto' calibrates, once per
       (task, batch size, draft, temperature), in batches of the point's batch
       size: alpha, the loops' own work and the encoders (4 examples gave
-      alphas up to 0.15 off the measured examples' in the gamma sweep); every
-      point also times its loops' own work and the encoders on up to 4 batches
-      of them for its row's cost model (`costs.measure_loop_costs`).
+      alphas up to 0.15 off the measured examples' in the gamma sweep); a point
+      at a fixed gamma also times its loops' own work on up to 4 batches of them
+      for its row's cost model (`costs.measure_loop_costs`), and a point at
+      'auto' prices with its calibration's.
     repetitions: timed passes over the examples per decoder.
     timing_calls: calls per jitted loop when timing step costs.
     timing_repeats: timed runs of each such loop (median used).

@@ -38,7 +38,7 @@ from specdec_jax.distillation.head_tokens import frequent_tokens
 from specdec_jax.distillation.teacher import default_root, gguf_file, teacher_sha256
 from specdec_jax.models.llama import gguf_loader
 from specdec_jax.models.llama.student import Student, student_config
-from specdec_jax.models.llama.student_io import TargetId, save_student
+from specdec_jax.models.llama.student_io import TargetId, check_target, load_student, save_student
 from specdec_jax.training import optimizer as optimizers
 from specdec_jax.training import shortlist, student_distill
 from specdec_jax.training.checkpointing import Checkpointer, StopFlag
@@ -69,6 +69,9 @@ class StudentTrainConfig:
     feature_weight: the weight of the feature loss (`student_distill.student_outputs`).
     batch_size: (example, decoding) pairs per step.
     passes: passes over the training pairs.
+    train_fraction: the share of the training examples it trains on (each kept with
+      this probability, drawn from `seed`; for a data-scaling curve); validation is
+      always whole.
     peak_lr: the learning rate after warmup (cosine decay to a tenth).
     warmup_steps: linear warmup.
     weight_decay: AdamW's.
@@ -91,6 +94,7 @@ class StudentTrainConfig:
   feature_weight: float = 1.0
   batch_size: int = 32
   passes: float = 5.0
+  train_fraction: float = 1.0
   peak_lr: float = 2e-3
   warmup_steps: int = 200
   weight_decay: float = 0.01
@@ -170,7 +174,8 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   """
   t0 = time.time()
   target = _load_target(config.target)
-  train = read_packed(config.tasks, root=config.train_root, with_hidden=config.reads_features)
+  train = read_packed(config.tasks, root=config.train_root, with_hidden=config.reads_features,
+                      fraction=config.train_fraction, seed=config.seed)
   held_out = read_packed(config.tasks, root=config.held_out_root,
                          with_hidden=config.reads_features)
   if config.reads_features and train.output_hidden is None:
@@ -254,6 +259,42 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
     atomic_io.atomic_write_text(os.path.join(export, "README.md"),
                                 model_card(config, student, summary))
   return summary
+
+
+def teacher_forced_alpha(directory: str, config: StudentTrainConfig) -> dict:
+  """A trained draft's alpha estimates (as its training tracks them) along its own
+  training pairs and along the held-out validation pairs: a draft that fits its training
+  outputs far better than held-out ones is short of data; one that fits both alike is
+  short of capacity or steps.
+
+  Args:
+    directory: the exported draft (`save_student`'s).
+    config: its recipe (the target, tasks and signals roots; `train_fraction` ignored:
+      every training pair is scored).
+
+  Returns:
+    {"train" | "validation": {"alpha_t0", "alpha_t1_lower", "pairs"}}.
+
+  Raises:
+    As `student_io.check_target` (a draft of another target) and `read_packed`.
+  """
+  target = _load_target(config.target)
+  saved = load_student(directory)
+  check_target(saved, directory, target.id.sha256, target.id.vocab_size, target.id.embed_dim,
+               target.id.file)
+  student = Student(saved.config)
+  eval_step = student_distill.make_eval_step(student)
+  index = shortlist.shortlist_index(saved.head_tokens, target.id.vocab_size)
+  embedding, head_tokens = jax.device_put(target.embedding), jax.device_put(saved.head_tokens)
+  params = jax.device_put(saved.params)
+  out = {}
+  for split, root in (("train", config.train_root), ("validation", config.held_out_root)):
+    data = read_packed(config.tasks, root=root, with_hidden=saved.config.feature_size > 0)
+    out[split] = {**_estimate_alpha(eval_step, params, data,
+                                    SignalsBatches(data, batch_size=config.batch_size, seed=0),
+                                    index, embedding, head_tokens),
+                  "pairs": data.num_pairs}
+  return out
 
 
 def model_card(config: StudentTrainConfig, student: Student, summary: dict) -> str:

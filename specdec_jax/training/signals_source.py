@@ -158,7 +158,8 @@ class PackedSignals:
 
 
 def read_packed(tasks: Iterable[str], *, data_dir: str | None = None, root: str | None = None,
-                with_hidden: bool = True) -> PackedSignals:
+                with_hidden: bool = True, fraction: float = 1.0, seed: int = 0
+                ) -> PackedSignals:
   """The distillation data and signals of `tasks`, packed.
 
   Args:
@@ -167,14 +168,32 @@ def read_packed(tasks: Iterable[str], *, data_dir: str | None = None, root: str 
     data_dir: a prepared data directory; default `layout.default_data_dir()`.
     root: the distill root; default `<data_dir>/distill`.
     with_hidden: pack the target's encoder outputs.
+    fraction: each example (with all its decodings) is kept with this probability,
+      drawn once from `seed` (a data-scaling curve); 1 keeps every one.
+    seed: seeds that draw.
 
   Raises:
+    ValueError: `fraction` outside (0, 1].
     As `teacher_signals.iter_joined` (missing, unfinished or bad data) and
     `PackedSignals.from_shards`.
   """
+  if not 0.0 < fraction <= 1.0:
+    raise ValueError(f"fraction must lie in (0, 1], got {fraction}.")
   shards = (shard for task in tasks
             for shard in teacher_signals.iter_joined(task, data_dir, root=root))
+  if fraction < 1.0:
+    shards = _kept(shards, fraction, np.random.default_rng(seed))
   return PackedSignals.from_shards(shards, with_hidden=with_hidden)
+
+
+def _kept(shards: Iterable[dict[str, np.ndarray]], fraction: float, rng: np.random.Generator
+          ) -> Iterator[dict[str, np.ndarray]]:
+  """Each shard with its examples kept with probability `fraction` (shards are sorted by
+  input length, so a prefix would keep only the short prompts)."""
+  for shard in shards:
+    rows = len(shard["input_lengths"])
+    keep = rng.random(rows) < fraction
+    yield {name: a[keep] if a.ndim and a.shape[0] == rows else a for name, a in shard.items()}
 
 
 class SignalsBatches:
