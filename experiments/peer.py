@@ -51,7 +51,7 @@ from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.harness import gin_flags, llama_target, settings, targets
 from specdec_jax.models.llama import student_io
-from specdec_jax.models.llama.student_hf import to_transformers
+from specdec_jax.models.llama.student_hf import check_exportable, to_transformers
 from specdec_jax.models.t5 import T5Model, make_draft, speculative_sample, temperature_sample
 
 _DRAFT = flags.DEFINE_string(
@@ -148,10 +148,10 @@ def _llama_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
   elif kind is llama_target.STUDENT:
     llama_target.STUDENT.check(shared, spec, llama_target.read_config(shared).vocab_size)
     saved = student_io.load_student(shared.checkpoint_dir(spec))
-    if saved.config.feature_size:
-      raise app.UsageError(f"--draft={spec} reads the target's features (EAGLE-style); "
-                           "transformers' assisted generation hands its assistant only tokens. "
-                           "Compare a token-only draft, such as --draft=draft_smollm2.")
+    try:  # Before any weights load.
+      check_exportable(saved.config)
+    except ValueError as e:
+      raise app.UsageError(f"--draft={spec}: {e}") from None
   else:
     raise app.UsageError(f"--draft={spec}: transformers has no {kind.name} draft; use "
                          "layer_skip_<L>, prompt_lookup or a trained draft_<name>.")

@@ -148,14 +148,14 @@ def _shipped_draft(checkpoint, name: str) -> Draft:
 
 
 @pytest.fixture(scope="module")
-def target(checkpoint) -> tuple[LlamaModel, LlamaScorer]:
-  """Our model and its scorer over the file's weights, prepared once."""
+def scorer(checkpoint) -> LlamaScorer:
+  """Our model's scorer over the file's weights, prepared once."""
   model = LlamaModel(checkpoint.config)
-  return model, LlamaScorer(model, model.prepare(checkpoint.params))
+  return LlamaScorer(model, model.prepare(checkpoint.params))
 
 
 @pytest.fixture(scope="module")
-def greedy(checkpoint, hf, prompts, target):
+def greedy(checkpoint, hf, prompts, scorer):
   """transformers' greedy `generate` tokens of each prompt (GEN_LEN at most), the prompts
   as one right-padded batch (int32 `[rows, length]`) and our baseline's decoding of it."""
   eos = checkpoint.vocabulary.eos_id
@@ -166,13 +166,13 @@ def greedy(checkpoint, hf, prompts, target):
                         eos_token_id=eos, pad_token_id=eos)
     want.append(out[0, len(prompt):].tolist())
   inputs = jnp.asarray(pad_prompts(prompts))  # One batch: rows of different lengths.
-  base = baseline.decode(target[1], inputs, jax.random.PRNGKey(0), max_decode_len=GEN_LEN,
+  base = baseline.decode(scorer, inputs, jax.random.PRNGKey(0), max_decode_len=GEN_LEN,
                          warp=Warp(), eos_id=eos)
   return want, inputs, base
 
 
-def _speculative_greedy(checkpoint, target, inputs: jax.Array, proposer: Draft, gamma: int):
-  return speculative.speculative_decode(target[1], proposer, inputs, jax.random.PRNGKey(0),
+def _speculative_greedy(checkpoint, scorer, inputs: jax.Array, proposer: Draft, gamma: int):
+  return speculative.speculative_decode(scorer, proposer, inputs, jax.random.PRNGKey(0),
                                         gamma=gamma, max_decode_len=GEN_LEN, warp=Warp(),
                                         eos_id=checkpoint.vocabulary.eos_id,
                                         draft_inputs=inputs)
@@ -185,21 +185,20 @@ def test_greedy_baseline_equals_transformers_generate(greedy):
     np.testing.assert_array_equal(base.sequences[row, :len(path)], path)
 
 
-def test_greedy_speculative_with_a_layer_skip_draft_equals_the_baseline(checkpoint, target,
+def test_greedy_speculative_with_a_layer_skip_draft_equals_the_baseline(checkpoint, scorer,
                                                                       greedy):
   _, inputs, base = greedy
-  model, scorer = target
-  out = _speculative_greedy(checkpoint, target, inputs,
-                            LayerSkipDraft(model, scorer.weights, 8), 3)
+  out = _speculative_greedy(checkpoint, scorer, inputs,
+                            LayerSkipDraft(scorer.model, scorer.weights, 8), 3)
   np.testing.assert_array_equal(out.sequences, base.sequences)
   np.testing.assert_array_equal(out.lengths, base.lengths)
 
 
 @pytest.mark.parametrize("name", SHIPPED_DRAFTS)
-def test_greedy_speculative_with_each_shipped_draft_equals_the_baseline(checkpoint, target,
+def test_greedy_speculative_with_each_shipped_draft_equals_the_baseline(checkpoint, scorer,
                                                                        greedy, name):
   _, inputs, base = greedy
-  out = _speculative_greedy(checkpoint, target, inputs, _shipped_draft(checkpoint, name), 6)
+  out = _speculative_greedy(checkpoint, scorer, inputs, _shipped_draft(checkpoint, name), 6)
   np.testing.assert_array_equal(out.sequences, base.sequences)
   np.testing.assert_array_equal(out.lengths, base.lengths)
   # The trained draft agrees with the target often (untrained: ~0).
@@ -207,7 +206,7 @@ def test_greedy_speculative_with_each_shipped_draft_equals_the_baseline(checkpoi
 
 
 @pytest.fixture(scope="module")
-def sampled_position(checkpoint, hf, prompts, target):
+def sampled_position(checkpoint, hf, prompts, scorer):
   """One position of a real output at T = 1 with the quickstart's draft (QUICKSTART_DRAFT;
   the token-only draft's sampling is proved exact on a tiny vocabulary in test_student):
   the chat prompt of MESSAGES[2] and the first greedy tokens of its answer as the prompt,
@@ -221,7 +220,7 @@ def sampled_position(checkpoint, hf, prompts, target):
     logits = hf(torch.tensor([prompt])).logits[0, -1].double()
   p = torch.softmax(logits, -1).numpy()
   # The shared prompt prefilled once; each row then feeds only its last token.
-  scorer = target[1].with_prefix(jnp.asarray(prompt[:-1]))
+  scorer = scorer.with_prefix(jnp.asarray(prompt[:-1]))
   inputs = jnp.asarray(np.tile(prompt, (SAMPLES, 1)), jnp.int32)
   draft = _shipped_draft(checkpoint, QUICKSTART_DRAFT)
   assert isinstance(draft, FeatureDraft)

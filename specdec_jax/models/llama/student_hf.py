@@ -41,6 +41,19 @@ class ShortlistHead(torch.nn.Module):
     return logits.index_copy(-1, self.head_tokens, scores)
 
 
+def check_exportable(config: StudentConfig) -> None:
+  """Refuses a draft that transformers' assisted generation cannot run.
+
+  Raises:
+    ValueError: the draft reads its target's features (`config.feature_size`),
+      which transformers' assistant interface cannot hand it.
+  """
+  if config.feature_size:
+    raise ValueError(f"This draft reads its target's features (feature_size="
+                     f"{config.feature_size}); a transformers Llama assistant sees only tokens. "
+                     "Export a token-only draft (feature_size 0), such as draft_smollm2.")
+
+
 def to_transformers(config: StudentConfig, params: dict, embedding: np.ndarray,
                     head_tokens: np.ndarray) -> transformers.LlamaForCausalLM:
   """The draft as a float32 `LlamaForCausalLM` in eval mode.
@@ -52,13 +65,9 @@ def to_transformers(config: StudentConfig, params: dict, embedding: np.ndarray,
     head_tokens: int `[head]`, its shortlist.
 
   Raises:
-    ValueError: the draft reads its target's features (`config.feature_size`),
-      which transformers' assistant interface cannot hand it.
+    ValueError: from `check_exportable`.
   """
-  if config.feature_size:
-    raise ValueError(f"This draft reads its target's features (feature_size="
-                     f"{config.feature_size}); a transformers Llama assistant sees only tokens. "
-                     "Export a token-only draft (feature_size 0), such as draft_smollm2.")
+  check_exportable(config)
   blocks = config.blocks
   hf_config = transformers.LlamaConfig(
       vocab_size=blocks.vocab_size, hidden_size=blocks.d_model,
