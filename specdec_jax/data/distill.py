@@ -59,8 +59,8 @@ def distill_root(data_dir: str | None = None) -> str:
 
 def task_dir(root: str, task: str) -> str:
   """Directory of one task's shards and manifest under a distill root (a corpus for a
-  T5 teacher, a `chat_prompts` task for a chat model)."""
-  known = set(layout.CORPORA) | set(chat_prompts.TASKS)
+  T5 teacher, a `chat_prompts` task or the text corpus for a chat model)."""
+  known = set(layout.CORPORA) | set(chat_prompts.TASKS) | {layout.TEXT_CORPUS}
   if task not in known:
     raise ValueError(f"task={task!r} is unknown: use one of {sorted(known)}.")
   return os.path.join(root, task)

@@ -41,6 +41,8 @@ CORPORA = {
     "mansum": Corpus("mansum", "specdec_mansum", "summarize: "),
 }
 MIXTURE = "specdec_mix"
+# The chat-shaped text corpus for a chat target (`text_corpus`, `experiments.text_corpus`).
+TEXT_CORPUS = "docs"
 
 
 def default_data_dir() -> str:

@@ -182,10 +182,11 @@ def _check_config(config: SignalsConfig) -> None:
 
 
 def _check_teacher(config: SignalsConfig, teacher: Teacher) -> None:
-  unknown = sorted(set(config.task_names) - set(teacher.tasks))
+  known = set(teacher.tasks) | set(teacher.text_corpora)
+  unknown = sorted(set(config.task_names) - known)
   if unknown:
     raise DistillError(f"--tasks={list(config.task_names)}: the {teacher.kind} teacher knows "
-                       f"{sorted(teacher.tasks)}.")
+                       f"{sorted(known)}.")
   if config.top_k > teacher.vocab_size:
     raise DistillError(f"--top_k={config.top_k} exceeds the target's vocab_size "
                        f"{teacher.vocab_size}: pass a smaller --top_k.")

@@ -117,6 +117,7 @@ class Teacher(abc.ABC):
     tokenizer_sha256: identifies how inputs are tokenized (None: it cannot tokenize).
     d_model: the width of `Signals.encoder_hidden`.
     feature_size: the width of `Signals.decoder_hidden` (0: none stored).
+    text_corpora: the text corpora (`data.text_corpus`) whose stored text it can score.
   """
 
   kind: str
@@ -127,6 +128,7 @@ class Teacher(abc.ABC):
   tokenizer_sha256: str | None
   d_model: int
   feature_size: int = 0
+  text_corpora: tuple[str, ...] = ()
 
   @property
   @abc.abstractmethod
@@ -305,6 +307,7 @@ class LlamaTeacher(Teacher):
   """A GGUF Llama: inputs are chat prompts (`data.chat_prompts`) in the file's template."""
 
   kind = "llama_gguf"
+  text_corpora = (layout.TEXT_CORPUS,)
 
   def __init__(self, path: str):
     """Loads the file (dequantized to float32) and prepares its weights once.
