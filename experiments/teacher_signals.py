@@ -11,7 +11,10 @@ a T5's encoder outputs (float16) and, at every position of every stored output, 
 target's top-k log-probabilities and the log of the mass left over, written to
 `<root>/<task>/signals/` (format:
 `specdec_jax/data/teacher_signals.py`; the computation: `specdec_jax/distillation/signals.py`).
-Killed at any point, a rerun resumes after the shards already written. With `--follow` it
+The rows of each call are split over every device (a mesh's data axis, as the decoders
+split them), and the signals stay within --max_disk_gb. Each shard's line gives its tokens
+per hour. Killed at any point (kill -9 included), a rerun resumes after the shards already
+written. With `--follow` it
 trails a running `distill_data`, polling its manifest until the decoding is complete and
 every shard has its signals. The command registers itself
 (`specdec_jax.contention.register_job`), so every timing command pauses it while it times.
@@ -24,7 +27,7 @@ import time
 
 from absl import app, flags
 
-from specdec_jax import contention
+from specdec_jax import contention, partitioning
 from specdec_jax.data import distill, layout
 from specdec_jax.distillation.signals import SignalsConfig, compute_signals
 from specdec_jax.distillation.teacher import DEFAULT_TEACHER, DistillError
@@ -52,6 +55,9 @@ _BATCH_SIZE = flags.DEFINE_integer(
 _FOLLOW = flags.DEFINE_boolean(
     "follow", False, "Keep polling the distillation manifests (every 60 s) until the "
     "decoding is complete and every shard has its signals.", flag_values=_FLAGS)
+_MAX_DISK_GB = flags.DEFINE_float(
+    "max_disk_gb", 20.0, "The most the signals of all --tasks may take on disk (GB); a shard "
+    "that would pass it stops the run with an error.", flag_values=_FLAGS)
 _MAX_SHARDS = flags.DEFINE_integer(
     "max_shards", None, "Stop after writing this many new shards (a rerun resumes).",
     flag_values=_FLAGS)
@@ -69,18 +75,21 @@ def main(argv: list[str]) -> None:
       teacher=_TEACHER.value,
       data_dir=_DATA_DIR.value or layout.default_data_dir(), output_dir=_OUTPUT_DIR.value,
       tasks=tuple(_TASKS.value) if _TASKS.value else None, top_k=_TOP_K.value,
-      batch_size=_BATCH_SIZE.value)
+      batch_size=_BATCH_SIZE.value, max_disk_gb=_MAX_DISK_GB.value)
   t0 = time.time()
   contention.register_job("teacher_signals")  # Timing commands pause it (SIGSTOP / SIGCONT).
+  mesh = partitioning.make_mesh()  # Every device: the rows are split over them.
   try:
-    summary = compute_signals(config, follow=_FOLLOW.value, max_shards=_MAX_SHARDS.value,
+    summary = compute_signals(config, mesh=mesh, follow=_FOLLOW.value,
+                              max_shards=_MAX_SHARDS.value,
                               report=lambda line: print(line, flush=True))
   except (DistillError, distill.ShardError, FileNotFoundError) as e:
     sys.exit(f"teacher_signals: error: {e}")
   for corpus, s in summary.items():
     state = "complete" if s["complete"] else "incomplete (rerun to resume)"
-    ran = (f"this run computed {s['computed']} examples in {s['seconds']:.0f} s "
-           f"({s['examples_per_s']} examples/s)" if s["computed"] else "nothing to compute")
+    ran = (f"this run computed {s['computed']} examples, {s['tokens']:,} tokens in "
+           f"{s['seconds']:.0f} s ({s['tokens_per_hour']:,} tokens/hour)" if s["computed"]
+           else "nothing to compute")
     print(f"{corpus}: signals for {s['shards']} of {s['num_shards']} shards, {state}; {ran}")
   print(f"{config.root}: done in {time.time() - t0:.0f} s")
 

@@ -34,6 +34,9 @@ from specdec_jax.decoding import acceptance  # noqa: E402
 from specdec_jax.decoding.drafts import PromptLookupDraft  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
 from specdec_jax.decoding.speculative import _speculative_sample  # noqa: E402
+from specdec_jax.distillation import teacher  # noqa: E402
+from specdec_jax.models.llama import TEST_CONFIG as LLAMA_TEST_CONFIG  # noqa: E402
+from specdec_jax.models.llama import LlamaModel, LlamaScorer, pad_prompts  # noqa: E402
 from specdec_jax.models.options import DecodeOptions  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
     T5Draft,
@@ -203,6 +206,38 @@ def main(out_path: str) -> None:
     return ok, f"accepted with / without draft_inputs {accepted}; masks {detail}"
 
   check("dp_spec_draft_inputs", dp_draft_inputs)
+
+  def signals_split_rows():
+    # The teacher's signals with each call's rows over the 8 devices equal one device's.
+    mesh = partitioning.make_mesh(8, 1)
+    rng = np.random.RandomState(0)
+    t5_inputs = rng.randint(1, TARGET["vocab_size"], size=(8, 12)).astype(np.int32)
+    t5_decoder = rng.randint(1, TARGET["vocab_size"], size=(8, 2, 6)).astype(np.int32)
+    t5_params = jax.tree.map(lambda x: np.asarray(x, np.float32), target_params)
+    details, ok = [], True
+    want, got = (teacher._t5_signals_jit(target, 4, m, t5_params, t5_inputs, t5_decoder)
+                 for m in (None, mesh))
+    for name, a, b in zip(("hidden", "ids", "logprobs", "rest"), want, got, strict=True):
+      same = np.allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+      ok &= same
+      details.append(f"t5 {name} {same}")
+    llama = LlamaModel(LLAMA_TEST_CONFIG)
+    scorer = LlamaScorer(llama, llama.prepare(llama.init_params(jax.random.PRNGKey(0))))
+    prompts = pad_prompts([list(range(3, 3 + n)) for n in (4, 2, 5, 3, 6, 2, 4, 3)])
+    decoder = rng.randint(1, LLAMA_TEST_CONFIG.vocab_size, size=(8, 2, 5)).astype(np.int32)
+    want, got = (teacher.llama_signals(scorer, prompts, decoder, top_k=4, mesh=m)
+                 for m in (None, mesh))
+    split = len(got[-1].sharding.device_set) == 8
+    ok &= split
+    details.append(f"llama split over 8 devices {split}")
+    for name, a, b in zip(("prompt_features", "ids", "logprobs", "rest", "features"), want,
+                          got, strict=True):
+      same = np.allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+      ok &= same
+      details.append(f"llama {name} {same}")
+    return ok, "; ".join(details)
+
+  check("signals_split_rows", signals_split_rows)
   with open(out_path, "w") as f:
     json.dump(results, f, indent=1)
 

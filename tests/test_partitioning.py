@@ -25,7 +25,8 @@ CHECKS = (
     [f"{kind}_{tag}" for tag in MESH_TAGS for kind in ("param_bytes", "base_greedy",
                                                        "spec_greedy")]
     + ["cache_constraint_2x4", "spec_greedy_replicated_draft_2x4", "base_sampled_2x4",
-       "spec_sampled_2x4", "dp_spec_greedy", "dp_base_sampled", "dp_spec_draft_inputs"])
+       "spec_sampled_2x4", "dp_spec_greedy", "dp_base_sampled", "dp_spec_draft_inputs",
+       "signals_split_rows"])
 
 
 @pytest.fixture(scope="module")

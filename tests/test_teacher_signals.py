@@ -8,8 +8,10 @@ functions (random inputs and outputs: the signals do not care who wrote them).
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from unittest import mock
 
 import jax
@@ -225,8 +227,9 @@ def test_a_resumed_run_skips_finished_shards_and_writes_the_same_bytes(setup, fi
   lines = []
   second = signals.compute_signals(config, report=lines.append)
   assert second["ende"]["computed"] == 4 and second["mansum"]["computed"] == 4
-  assert [line.split(":")[0] for line in lines] == ["ende shard 2", "mansum shard 0"]
-  assert "examples/s" in lines[0]
+  assert [line.split(" (")[0] for line in lines] == ["ende shard 2", "mansum shard 0"]
+  assert "(3 of 3)" in lines[0] and "tokens/hour" in lines[0]
+  assert second["ende"]["tokens_per_hour"] > 0
   for corpus in _COUNTS:
     got = _files(ts.corpus_signals_dir(corpus, config.data_dir))
     want = _files(ts.corpus_signals_dir(corpus, finished.data_dir))
@@ -234,7 +237,7 @@ def test_a_resumed_run_skips_finished_shards_and_writes_the_same_bytes(setup, fi
     assert {k: v for k, v in got.items() if k != ts.MANIFEST} == {
         k: v for k, v in want.items() if k != ts.MANIFEST}
   entry = ts.signal_entries("ende", config.data_dir)[0]
-  assert entry["seconds"] > 0 and entry["examples_per_s"] > 0
+  assert entry["seconds"] > 0 and entry["examples_per_s"] > 0 and entry["tokens_per_hour"] > 0
   # A listed file that was damaged is computed again; the others are skipped.
   bad = os.path.join(ts.corpus_signals_dir("ende", config.data_dir), ts.signal_name(1))
   with open(bad, "wb") as f:
@@ -243,6 +246,57 @@ def test_a_resumed_run_skips_finished_shards_and_writes_the_same_bytes(setup, fi
   assert third["ende"]["computed"] == 4 and third["mansum"]["computed"] == 0
   assert _files(os.path.dirname(bad)) == _files(
       ts.corpus_signals_dir("ende", finished.data_dir)) | {ts.MANIFEST: mock.ANY}
+
+
+def _signal_files(config: signals.SignalsConfig) -> dict[str, dict[str, bytes]]:
+  return {c: {k: v for k, v in _files(ts.corpus_signals_dir(c, config.data_dir)).items()
+              if k != ts.MANIFEST} for c in _COUNTS}
+
+
+def test_the_command_killed_at_any_point_resumes_without_losing_or_repeating(setup, finished):
+  """kill -9 the command while it computes; the rerun keeps every shard written before
+  (the same file, not rewritten) and ends with the uninterrupted run's bytes."""
+  config = _fresh(setup, "killed")
+  command = [sys.executable, "-m", "experiments.teacher_signals", f"--teacher={config.teacher}",
+             f"--data_dir={config.data_dir}", f"--top_k={config.top_k}",
+             f"--batch_size={config.batch_size}"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  manifest = os.path.join(ts.corpus_signals_dir("ende", config.data_dir), ts.MANIFEST)
+  process = subprocess.Popen(command, cwd=layout.REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+  deadline = time.time() + 300
+  while process.poll() is None and time.time() < deadline:
+    if os.path.exists(manifest) and ts.read_manifest(os.path.dirname(manifest))["shards"]:
+      break  # One shard written, the next under way.
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert process.returncode == -signal.SIGKILL, "it finished before it could be killed"
+  kept = {e["file"]: os.stat(os.path.join(os.path.dirname(manifest), e["file"])).st_mtime_ns
+          for e in ts.read_manifest(os.path.dirname(manifest))["shards"]}
+  assert kept
+  rerun = subprocess.run(command, cwd=layout.REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert _signal_files(config) == _signal_files(finished)
+  assert {f: os.stat(os.path.join(os.path.dirname(manifest), f)).st_mtime_ns
+          for f in kept} == kept
+  recomputed = [line for line in rerun.stdout.splitlines() if line.startswith("ende shard")]
+  assert len(recomputed) == len(_files(os.path.dirname(manifest))) - 1 - len(kept)
+
+
+def test_the_disk_budget_stops_the_run_before_a_shard_passes_it(setup):
+  config = dataclasses.replace(_fresh(setup, "budget"), max_disk_gb=2e-5)  # 20 kB
+  with pytest.raises(DistillError, match="passes --max_disk_gb=2e-05"):
+    signals.compute_signals(config)
+  listed = ts.signal_entries("ende", config.data_dir)
+  used = sum(os.path.getsize(os.path.join(ts.corpus_signals_dir("ende", config.data_dir),
+                                          e["file"])) for e in listed)
+  assert used <= 2e4
+  assert sorted(os.listdir(ts.corpus_signals_dir("ende", config.data_dir))) == sorted(
+      [ts.MANIFEST, *(e["file"] for e in listed)])
+  with pytest.raises(DistillError, match="max_disk_gb"):
+    signals.compute_signals(dataclasses.replace(config, max_disk_gb=0))
 
 
 def test_follow_trails_an_unfinished_decoding(setup, finished):

@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import time
 from collections.abc import Callable
 
 import numpy as np
 from absl import logging
+from jax.sharding import Mesh
 
 from specdec_jax import atomic_io
 from specdec_jax.data import corpora, distill, layout
 from specdec_jax.data import teacher_signals as ts
 from specdec_jax.decoding.buckets import bucket_length
 from specdec_jax.distillation.teacher import (
+    DATA_AXIS,
     DEFAULT_TEACHER,
     DistillError,
     Teacher,
@@ -57,6 +60,8 @@ class SignalsConfig:
       mansum and explain for a GGUF one).
     top_k: log-probabilities stored per position.
     batch_size: examples per call (the target runs over batch_size x D rows).
+    max_disk_gb: the most the signals of all `tasks` may take on disk (GB, 1e9 bytes):
+      a shard that would pass it is not computed, and the run stops with an error.
   """
   teacher: str = DEFAULT_TEACHER
   data_dir: str = dataclasses.field(default_factory=layout.default_data_dir)
@@ -64,6 +69,7 @@ class SignalsConfig:
   tasks: tuple[str, ...] | None = None
   top_k: int = 32
   batch_size: int = 32
+  max_disk_gb: float = 20.0
 
   @property
   def root(self) -> str:
@@ -80,8 +86,8 @@ class Batch:
 
   Attributes:
     rows: int64 `[m]` the shard's rows.
-    padded: rows of the call (m, rounded up to a power of two, at most batch_size;
-      padded with copies of the last row).
+    padded: rows of the call (m, rounded up to a power of two, at most batch_size, then
+      to a multiple of the devices; padded with copies of the last row).
     input_bucket: encoder length of the call.
     output_bucket: decoder length of the call.
   """
@@ -92,7 +98,7 @@ class Batch:
 
 
 def plan_batches(input_lengths: np.ndarray, output_lengths: np.ndarray, input_width: int,
-                 output_width: int, batch_size: int) -> list[Batch]:
+                 output_width: int, batch_size: int, split: int = 1) -> list[Batch]:
   """A shard's rows grouped by (input bucket, output bucket), cut at `batch_size`.
 
   Args:
@@ -101,6 +107,8 @@ def plan_batches(input_lengths: np.ndarray, output_lengths: np.ndarray, input_wi
     input_width: the inputs' padded length (the largest bucket).
     output_width: the outputs' padded length.
     batch_size: most rows per batch.
+    split: the devices the rows are split over: each call's rows are padded to a
+      multiple of it.
   """
   in_b = np.array([bucket_length(int(v), input_width) for v in input_lengths])
   out_b = np.array([bucket_length(int(v), output_width) for v in output_lengths.max(axis=1)])
@@ -112,14 +120,14 @@ def plan_batches(input_lengths: np.ndarray, output_lengths: np.ndarray, input_wi
     while (hi < len(order) and hi - lo < batch_size
            and (in_b[order[hi]], out_b[order[hi]]) == key):
       hi += 1
-    padded = min(1 << (hi - lo - 1).bit_length(), batch_size)
+    padded = -(-min(1 << (hi - lo - 1).bit_length(), batch_size) // split) * split
     batches.append(Batch(order[lo:hi].astype(np.int64), padded, int(key[0]), int(key[1])))
     lo = hi
   return batches
 
 
 def shard_signals(teacher: Teacher, arrays: dict[str, np.ndarray], top_k: int,
-                  batch_size: int) -> dict[str, np.ndarray]:
+                  batch_size: int, mesh: Mesh | None = None) -> dict[str, np.ndarray]:
   """The signals of one distillation shard.
 
   Args:
@@ -127,6 +135,8 @@ def shard_signals(teacher: Teacher, arrays: dict[str, np.ndarray], top_k: int,
     arrays: the shard (`distill.load_shard`).
     top_k: log-probabilities kept per position.
     batch_size: most examples per call.
+    mesh: each call's rows are split over its data axis (`teacher.split_rows`); None:
+      one device.
 
   Returns:
     The signals shard's arrays (`ts.SIGNAL_FIELDS`, in `ts.DTYPES`; shapes in
@@ -145,11 +155,13 @@ def shard_signals(teacher: Teacher, arrays: dict[str, np.ndarray], top_k: int,
   ids = np.zeros((n, d, l_out, top_k), np.int32)
   logprobs = np.zeros((n, d, l_out, top_k), np.float32)
   rest = np.zeros((n, d, l_out), np.float32)
-  for batch in plan_batches(in_len, out_len, inputs.shape[1], outputs.shape[2], batch_size):
+  split = 1 if mesh is None else mesh.shape[DATA_AXIS]
+  for batch in plan_batches(in_len, out_len, inputs.shape[1], outputs.shape[2], batch_size,
+                            split):
     m = len(batch.rows)
     rows = np.concatenate([batch.rows, np.repeat(batch.rows[-1:], batch.padded - m)])
     out = teacher.signals(inputs[rows, :batch.input_bucket],
-                          decoder_inputs[rows, :, :batch.output_bucket], top_k)
+                          decoder_inputs[rows, :, :batch.output_bucket], top_k, mesh=mesh)
     a, b = min(batch.input_bucket, l_in), min(batch.output_bucket, l_out)
     hidden[batch.rows, :a] = out.encoder_hidden[:m, :a]
     if out.decoder_hidden is not None:
@@ -179,6 +191,41 @@ def _check_config(config: SignalsConfig) -> None:
   for name in ("top_k", "batch_size"):
     if getattr(config, name) < 1:
       raise DistillError(f"--{name}={getattr(config, name)} must be >= 1.")
+  if not config.max_disk_gb > 0:
+    raise DistillError(f"--max_disk_gb={config.max_disk_gb} must be > 0.")
+
+
+def shard_size_bound(arrays: dict[str, np.ndarray], teacher: Teacher, top_k: int) -> int:
+  """An upper bound on the bytes of a distillation shard's signals (`ts.SIGNAL_FIELDS`
+  at their stored dtypes, and 4 kB for the .npz's headers)."""
+  n, d, _ = arrays["outputs"].shape
+  l_in, l_out = int(arrays["input_lengths"].max()), int(arrays["output_lengths"].max())
+  per_position = 2 * teacher.feature_size + top_k * (4 + 2) + 4
+  return n * (8 + 2 * l_in * teacher.d_model + d * l_out * per_position) + 4096
+
+
+def _disk_used(states: dict[str, _CorpusState]) -> int:
+  """Bytes of the signals files listed by the runs' manifests."""
+  return sum(os.path.getsize(os.path.join(s.signals_dir, e["file"]))
+             for s in states.values() for e in s.done.values())
+
+
+def check_disk(bound: int, used: int, config: SignalsConfig, free: int) -> None:
+  """Refuses a shard of at most `bound` bytes when `used` bytes are written already.
+
+  Raises:
+    DistillError: the shard would pass `config.max_disk_gb`, or the disk's `free`
+      bytes; the message names --max_disk_gb and what is used.
+  """
+  budget = int(config.max_disk_gb * 1e9)
+  if used + bound > budget:
+    raise DistillError(
+        f"the signals take {used / 1e9:.2f} GB and the next shard up to {bound / 1e9:.2f} GB: "
+        f"that passes --max_disk_gb={config.max_disk_gb}; raise it, or pass --tasks with "
+        "fewer tasks.")
+  if bound > free:
+    raise DistillError(f"the next shard needs up to {bound / 1e9:.2f} GB and the disk has "
+                       f"{free / 1e9:.2f} GB free: free some space, then rerun to resume.")
 
 
 def _check_teacher(config: SignalsConfig, teacher: Teacher) -> None:
@@ -258,30 +305,38 @@ def _open_corpus(corpus: str, directory: str, distilled: dict, settings: dict) -
 
 
 def _compute_shard(teacher: Teacher, state: _CorpusState, entry: dict,
-                   config: SignalsConfig) -> dict:
-  """Computes and writes one shard's signals; returns its manifest entry."""
+                   config: SignalsConfig, mesh: Mesh | None, used: int) -> dict:
+  """Computes and writes one shard's signals, `used` bytes being written already;
+  returns its manifest entry."""
   t0 = time.perf_counter()
   arrays = distill.load_shard(state.directory, entry)
-  signals = shard_signals(teacher, arrays, config.top_k, config.batch_size)
+  os.makedirs(state.signals_dir, exist_ok=True)
+  check_disk(shard_size_bound(arrays, teacher, config.top_k), used, config,
+             shutil.disk_usage(state.signals_dir).free)
+  signals = shard_signals(teacher, arrays, config.top_k, config.batch_size, mesh)
   data = ts.shard_bytes(signals)
   name = ts.signal_name(entry["shard"])
   atomic_io.atomic_write_bytes(os.path.join(state.signals_dir, name), data)
   seconds = time.perf_counter() - t0
   n, d, l_out = signals["rest_logprob"].shape
+  tokens = int(arrays["input_lengths"].sum() + arrays["output_lengths"].sum())
   return {"shard": entry["shard"], "file": name, "format": ts.FORMAT, "count": n, "decodings": d,
           "input_length": signals["encoder_hidden"].shape[1], "output_length": l_out,
           "sha256": distill.sha256_bytes(data), "distill_file": entry["file"],
           "distill_sha256": entry["sha256"], "seconds": round(seconds, 3),
-          "examples_per_s": round(n / seconds, 2)}
+          "examples_per_s": round(n / seconds, 2), "tokens": tokens,
+          "tokens_per_hour": round(tokens * 3600 / seconds)}
 
 
-def compute_signals(config: SignalsConfig, *, follow: bool = False, poll_seconds: float = 60.0,
-                    max_shards: int | None = None,
+def compute_signals(config: SignalsConfig, *, mesh: Mesh | None = None, follow: bool = False,
+                    poll_seconds: float = 60.0, max_shards: int | None = None,
                     report: Callable[[str], None] | None = None) -> dict[str, dict]:
   """Computes (or resumes) the signals of every task in `config.task_names`.
 
   Args:
     config: the settings.
+    mesh: each call's rows are split over its data axis (None: one device); the
+      values do not depend on it.
     follow: keep polling the distillation manifests (every `poll_seconds`) until each
       says complete and every shard has its signals; without it, compute the signals of
       the shards listed now and return.
@@ -290,8 +345,9 @@ def compute_signals(config: SignalsConfig, *, follow: bool = False, poll_seconds
     report: called with a line per shard written and per wait.
 
   Returns:
-    Per corpus: {"shards", "num_shards", "complete", "computed", "seconds",
-    "examples_per_s"} (computed and seconds count only this run's shards).
+    Per corpus: {"shards", "num_shards", "complete", "computed", "tokens", "seconds",
+    "examples_per_s", "tokens_per_hour"} (computed, tokens and seconds count only this
+    run's shards; tokens: prompt and output tokens teacher-forced).
 
   Raises:
     DistillError: a bad setting or teacher, another run writing, signals of other
@@ -309,7 +365,7 @@ def compute_signals(config: SignalsConfig, *, follow: bool = False, poll_seconds
   lock = lock_directory(config.root, LOCK, "teacher_signals")
   try:
     states: dict[str, _CorpusState] = {}
-    summary = {c: {"computed": 0, "seconds": 0.0} for c in config.task_names}
+    summary = {c: {"computed": 0, "tokens": 0, "seconds": 0.0} for c in config.task_names}
     written = 0
     while True:
       waiting = []
@@ -333,16 +389,19 @@ def compute_signals(config: SignalsConfig, *, follow: bool = False, poll_seconds
             continue
           if max_shards is not None and written >= max_shards:
             break
-          done = _compute_shard(teacher, state, entry, config)
+          done = _compute_shard(teacher, state, entry, config, mesh, _disk_used(states))
           state.done[entry["shard"]] = done
           state.manifest["complete"] = False
           state.save()
           written += 1
           summary[corpus]["computed"] += done["count"]
+          summary[corpus]["tokens"] += done["tokens"]
           summary[corpus]["seconds"] += done["seconds"]
-          report(f"{corpus} shard {entry['shard']}: {done['count']} examples x "
-                 f"{done['decodings']} decodings in {done['seconds']:.1f} s "
-                 f"({done['examples_per_s']} examples/s)")
+          report(f"{corpus} shard {entry['shard']} ({len(state.done)} of "
+                 f"{distilled['num_shards']}): {done['count']} examples x {done['decodings']} "
+                 f"decodings, {done['tokens']:,} tokens in {done['seconds']:.1f} s "
+                 f"({done['tokens_per_hour']:,} tokens/hour); signals "
+                 f"{_disk_used(states) / 1e9:.2f} of {config.max_disk_gb} GB")
         state.manifest["complete"] = distilled["complete"] and all(
             state.current(e) for e in distilled["shards"])
         state.save()
@@ -362,5 +421,6 @@ def compute_signals(config: SignalsConfig, *, follow: bool = False, poll_seconds
              num_shards=state.manifest["num_shards"] if state else None,
              complete=bool(state and state.manifest["complete"]),
              seconds=round(s["seconds"], 1),
-             examples_per_s=round(s["computed"] / s["seconds"], 2) if s["seconds"] else None)
+             examples_per_s=round(s["computed"] / s["seconds"], 2) if s["seconds"] else None,
+             tokens_per_hour=round(s["tokens"] * 3600 / s["seconds"]) if s["seconds"] else None)
   return summary

