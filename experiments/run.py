@@ -20,13 +20,17 @@ import os
 
 from absl import app, flags
 
-from specdec_jax import distributed
+from specdec_jax import compilation_cache, distributed
 from specdec_jax.harness import gin_flags, results_io, runner, settings, suite
 from specdec_jax.harness.record import PointRow
 
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", None, "Where results.jsonl goes (default runs/<Experiment.name>: your own "
     "measurements; the committed reference rows in results/<name> are only read).")
+
+_COMPILATION_CACHE_DIR = flags.DEFINE_string(
+    "compilation_cache_dir", compilation_cache.default_dir(),
+    "Persistent XLA cache: a rerun reads its compiled programs back ('' = off).")
 
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None,
@@ -39,6 +43,7 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
   distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  compilation_cache.enable(_COMPILATION_CACHE_DIR.value)
   bindings = gin_flags.GIN_BINDINGS.value
   files = suite.listed_experiments(gin_flags.GIN_FILE.value, bindings)
   if files is None:  # One experiment.

@@ -20,10 +20,9 @@ import fcntl
 import os
 
 import gin
-import jax
 from absl import app, flags, logging
 
-from specdec_jax import contention
+from specdec_jax import compilation_cache, contention
 from specdec_jax.harness import gin_flags
 from specdec_jax.harness.train import train
 from specdec_jax.harness.train_student import train_student
@@ -32,7 +31,7 @@ _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Run directory (checkpoints,
 _EVAL_ONLY = flags.DEFINE_bool("eval_only", False,
                                "Evaluate and export the latest checkpoint; no training.")
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
-    "compilation_cache_dir", os.path.join(os.path.expanduser("~"), ".cache", "specdec_jax", "xla"),
+    "compilation_cache_dir", compilation_cache.default_dir(),
     "Persistent XLA cache: a resumed run reuses the compiled steps ('' = off).")
 
 LOCK = ".train.lock"
@@ -45,8 +44,7 @@ def main(argv: list[str]) -> None:
   if not model_dir:
     raise app.UsageError("--model_dir is required (the run directory).")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
-  if _COMPILATION_CACHE_DIR.value:
-    jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE_DIR.value)
+  compilation_cache.enable(_COMPILATION_CACHE_DIR.value)
   gin.parse_config_files_and_bindings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   os.makedirs(model_dir, exist_ok=True)
   with open(os.path.join(model_dir, LOCK), "w") as lock:
