@@ -26,21 +26,26 @@ from specdec_jax.models.llama.student import (
 )
 
 
-def _student(target_config, head_tokens, seed: int = 1, scale: float = 1.0) -> tuple:
-  """A random student of `target_config`'s vocabulary scoring `head_tokens`."""
-  config = student_config(target_config, d_model=16, num_layers=2, head_size=len(head_tokens),
-                          head_dim=8, kv_groups=2)
+def _student(target_config, head_tokens, seed: int = 1, scale: float = 1.0,
+             tied_io: bool = False) -> tuple:
+  """A random student of `target_config`'s vocabulary scoring `head_tokens` (with
+  `tied_io`, at the target's width on its own embedding and head rows)."""
+  config = student_config(target_config, d_model=target_config.d_model if tied_io else 16,
+                          num_layers=2, head_size=len(head_tokens), head_dim=8, kv_groups=2,
+                          tied_io=tied_io)
   student = Student(config)
   params = student.init_params(jax.random.PRNGKey(seed))
   params = jax.tree.map(lambda x: x * scale, params)
   return student, params
 
 
-def test_teacher_forcing_equals_generation_on_the_shortlist():
+@pytest.mark.parametrize("tied_io", [False, True])
+def test_teacher_forcing_equals_generation_on_the_shortlist(tied_io):
   model, params = _random_model()
   embedding = params["token_embedder"]["embedding"]
   head = jnp.asarray([1, 5, 9, 40, 41, 96], jnp.int32)
-  student, sparams = _student(model.config, head)
+  student, sparams = _student(model.config, head, tied_io=tied_io)
+  assert ("input_projection" in sparams) is not tied_io
   prompts = jnp.asarray(pad_prompts(PROMPTS))                         # [3, 5]
   lengths = jnp.asarray([len(p) for p in PROMPTS], jnp.int32)
   outputs = np.random.RandomState(0).randint(1, 97, size=(3, 6)).astype(np.int32)
@@ -119,9 +124,16 @@ def test_config_round_trips_and_bad_shapes_are_named():
     student_config(model.config, d_model=20, num_layers=1, head_size=8, head_dim=8)
   with pytest.raises(ValueError, match="head_size=200 exceeds"):
     student_config(model.config, d_model=16, num_layers=1, head_size=200, head_dim=8)
+  tied = student_config(model.config, d_model=model.config.d_model, num_layers=1, head_size=8,
+                        head_dim=8, tied_io=True)
+  assert StudentConfig.from_dict(tied.to_dict()) == tied and tied.tied_io
+  with pytest.raises(ValueError, match="tied_io needs the blocks at the target's width"):
+    student_config(model.config, d_model=16, num_layers=1, head_size=8, head_dim=8,
+                   tied_io=True)
 
 
-def test_the_transformers_export_scores_as_the_draft_does():
+@pytest.mark.parametrize("tied_io", [False, True])
+def test_the_transformers_export_scores_as_the_draft_does(tied_io):
   """The peer's copy of the draft (`student_hf`): the same logits on the shortlist, -inf
   elsewhere, teacher-forced over a prompt and an output."""
   import torch  # noqa: PLC0415  (the test extra; the draft's own tests need none)
@@ -131,7 +143,7 @@ def test_the_transformers_export_scores_as_the_draft_does():
   model, params = _random_model()
   embedding = np.asarray(params["token_embedder"]["embedding"])
   head = np.asarray([1, 5, 9, 40, 41, 96], np.int32)
-  student, sparams = _student(model.config, jnp.asarray(head))
+  student, sparams = _student(model.config, jnp.asarray(head), tied_io=tied_io)
   sparams = jax.tree.map(np.asarray, sparams)
   prompt, outputs = [5, 6, 7, 8, 9], [11, 12, 13, 14]
   forced = np.asarray(student.logits(

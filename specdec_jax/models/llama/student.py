@@ -14,10 +14,14 @@ embedding and head, so this one owns neither:
     distribution).
 
 In between: Llama blocks (`model.LlamaDecoder`: RMSNorm, RoPE, grouped-query attention,
-SwiGLU) of the draft's own width. Parameter tree (T5X-style names, kernels `[in, out]`):
+SwiGLU) of the draft's own width. With `tied_io`, as EAGLE's draft, the blocks run at
+the target's own width and there are no projections: the input is the target's
+embedding row itself and the head is the target's own tied rows `E[shortlist]`, both
+frozen and read from the target's file. Parameter tree (T5X-style names, kernels
+`[in, out]`):
 
-  input_projection/kernel                   [E_dim, d_model]
-  output_projection/kernel                  [E_dim, d_model]
+  input_projection/kernel                   [E_dim, d_model]   (not with tied_io)
+  output_projection/kernel                  [E_dim, d_model]   (not with tied_io)
   logits_bias                               [head]
   decoder/layers_N/...                      as `model.LlamaTransformer`'s
   decoder/decoder_norm/scale                [d_model]
@@ -33,7 +37,8 @@ beyond the verified text (`feature_draft.FeatureDraft`).
 
 For generation the draft is a `LlamaModel` of its blocks' config with prepared
 `LlamaWeights` (`Student.prepare`): the projected table `E W_in [vocab, d_model]` as
-its embedding, `(E[shortlist] W_out)^T [d_model, head]` as its logits matrix,
+its embedding, `(E[shortlist] W_out)^T [d_model, head]` as its logits matrix (`E` and
+`E[shortlist]^T` with `tied_io`),
 `logits_bias` and `head_tokens`; `StudentDraft` puts it behind the draft interface.
 It reads the same chat prompt as the target (the target's `inputs`).
 """
@@ -68,12 +73,15 @@ class StudentConfig:
     embed_dim: the width of the target's embedding table.
     head_size: tokens its output layer scores (the shortlist's length).
     feature_size: the width F of the target's features it reads (0: none).
+    tied_io: its input is the target's embedding row and its head the target's tied
+      rows over the shortlist, without projections (blocks at the target's width).
   """
 
   blocks: LlamaConfig
   embed_dim: int
   head_size: int
   feature_size: int = 0
+  tied_io: bool = False
 
   def __post_init__(self):
     for name in ("embed_dim", "head_size"):
@@ -84,20 +92,25 @@ class StudentConfig:
     if self.head_size > self.blocks.vocab_size:
       raise ValueError(f"StudentConfig.head_size={self.head_size} exceeds the target's "
                        f"vocabulary ({self.blocks.vocab_size}).")
+    if self.tied_io and self.blocks.d_model != self.embed_dim:
+      raise ValueError(f"StudentConfig.tied_io needs the blocks at the target's width: "
+                       f"d_model={self.blocks.d_model}, the target's {self.embed_dim}; pass "
+                       f"d_model={self.embed_dim} or tied_io=False.")
 
   def to_dict(self) -> dict:
     return {"blocks": dataclasses.asdict(self.blocks), "embed_dim": self.embed_dim,
-            "head_size": self.head_size, "feature_size": self.feature_size}
+            "head_size": self.head_size, "feature_size": self.feature_size,
+            "tied_io": self.tied_io}
 
   @classmethod
   def from_dict(cls, d: dict) -> StudentConfig:
     return cls(LlamaConfig(**d["blocks"]), int(d["embed_dim"]), int(d["head_size"]),
-               int(d.get("feature_size", 0)))
+               int(d.get("feature_size", 0)), bool(d.get("tied_io", False)))
 
 
 def student_config(target: LlamaConfig, *, d_model: int, num_layers: int, head_size: int,
                    head_dim: int = 64, kv_groups: int = 2, d_ff: int | None = None,
-                   reads_features: bool = False) -> StudentConfig:
+                   reads_features: bool = False, tied_io: bool = False) -> StudentConfig:
   """A draft's config for `target`: its vocabulary, special ids and RoPE base.
 
   Args:
@@ -109,10 +122,11 @@ def student_config(target: LlamaConfig, *, d_model: int, num_layers: int, head_s
     kv_groups: query heads per key/value head.
     d_ff: SwiGLU width (default: 8/3 d_model, rounded up to a multiple of 64).
     reads_features: read the target's features (width: its d_model).
+    tied_io: the target's embedding and tied head rows as they are (`StudentConfig`).
 
   Raises:
     ValueError: `d_model` not a multiple of `head_dim`, or heads not a multiple of
-      `kv_groups`.
+      `kv_groups`, or `tied_io` at another width than the target's.
   """
   if d_model % head_dim:
     raise ValueError(f"d_model={d_model} must be a multiple of head_dim={head_dim}.")
@@ -125,7 +139,7 @@ def student_config(target: LlamaConfig, *, d_model: int, num_layers: int, head_s
                                num_heads=heads, num_kv_heads=heads // kv_groups,
                                head_dim=head_dim, d_ff=d_ff)
   return StudentConfig(blocks, target.d_model, head_size,
-                       target.d_model if reads_features else 0)
+                       target.d_model if reads_features else 0, tied_io)
 
 
 class StudentTransformer(nn.Module):
@@ -156,20 +170,25 @@ class StudentTransformer(nn.Module):
     blocks = cfg.blocks
     dtype = blocks.compute_dtype
     init = layers.declare(nn.initializers.lecun_normal(), ("embed", "mlp"))
-    w_in = self.param("input_projection", init, (cfg.embed_dim, blocks.d_model),
-                      blocks.parameter_dtype)
-    w_out = self.param("output_projection", init, (cfg.embed_dim, blocks.d_model),
-                       blocks.parameter_dtype)
+    projections = None
+    if not cfg.tied_io:
+      projections = tuple(jnp.asarray(self.param(name, init, (cfg.embed_dim, blocks.d_model),
+                                                 blocks.parameter_dtype), dtype)
+                          for name in ("input_projection", "output_projection"))
     bias = self.param("logits_bias", layers.declare(nn.initializers.zeros, ("vocab",)),
                       (cfg.head_size,), blocks.parameter_dtype)
     table = jax.lax.stop_gradient(jnp.asarray(embedding, dtype))
-    x = jnp.take(table, tokens, axis=0) @ jnp.asarray(w_in, dtype)       # [b, L, d]
+    x = jnp.take(table, tokens, axis=0)                                  # [b, L, E_dim]
+    if projections:
+      x = x @ projections[0]                                             # [b, L, d]
     if cfg.feature_size:
       w_fin = self.param("feature_projection", init, (cfg.feature_size, blocks.d_model),
                          blocks.parameter_dtype)
       x = x + jnp.asarray(features, dtype) @ jnp.asarray(w_fin, dtype)
     x = LlamaDecoder(blocks, name="decoder")(x, positions, mask)
-    head = jnp.take(table, head_tokens, axis=0) @ jnp.asarray(w_out, dtype)  # [head, d]
+    head = jnp.take(table, head_tokens, axis=0)                         # [head, E_dim]
+    if projections:
+      head = head @ projections[1]                                       # [head, d]
     logits = (x @ head.T + jnp.asarray(bias, dtype)).astype(jnp.float32)
     if not cfg.feature_size:
       return logits, None
@@ -299,6 +318,17 @@ class Student:
     return self.module.apply({"params": params}, embedding, head_tokens, tokens, positions,
                              mask, features)
 
+  def io_matrices(self, params: dict, embedding: Array, head_tokens: Array
+                  ) -> tuple[Array, Array]:
+    """float32 (the input embedding `[vocab, d_model]`, the head's rows `[head, d_model]`):
+    the target's table and shortlist rows, projected unless `tied_io`."""
+    table = jnp.asarray(embedding, jnp.float32)
+    head = jnp.take(table, jnp.asarray(head_tokens), axis=0)
+    if self.config.tied_io:
+      return table, head
+    return (table @ jnp.asarray(params["input_projection"], jnp.float32),
+            head @ jnp.asarray(params["output_projection"], jnp.float32))
+
   def prepare(self, params: dict, embedding: Array, head_tokens: Array) -> LlamaWeights:
     """The draft's weights for generation (`LlamaModel.decode_chunk` of `self.llama`).
 
@@ -308,11 +338,9 @@ class Student:
       head_tokens: int32 `[head]`, the shortlist, distinct ids.
     """
     dtype = self.config.blocks.compute_dtype
-    table = jnp.asarray(embedding, jnp.float32)
-    projected = (table @ jnp.asarray(params["input_projection"], jnp.float32)).astype(dtype)
-    head = jnp.take(table, head_tokens, axis=0) @ jnp.asarray(params["output_projection"],
-                                                              jnp.float32)
-    tree = {"token_embedder": {"embedding": projected}, "decoder": params["decoder"]}
+    projected, head = self.io_matrices(params, embedding, head_tokens)
+    tree = {"token_embedder": {"embedding": projected.astype(dtype)},
+            "decoder": params["decoder"]}
     weights = self.llama.prepare(tree)
     return weights.replace(logits=head.T.astype(dtype),
                            logits_bias=jnp.asarray(params["logits_bias"], dtype),

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import transformers
 
-from specdec_jax.models.llama.student import StudentConfig
+from specdec_jax.models.llama.student import Student, StudentConfig
 
 
 class ShortlistHead(torch.nn.Module):
@@ -78,12 +78,13 @@ def to_transformers(config: StudentConfig, params: dict, embedding: np.ndarray,
       bos_token_id=blocks.bos_token_id, eos_token_id=blocks.eos_token_id,
       pad_token_id=blocks.pad_token_id, max_position_embeddings=8192)
   model = transformers.LlamaForCausalLM(hf_config)
-  table = np.asarray(embedding, np.float32)
+  table, head = (np.asarray(x, np.float32) for x in Student(config).io_matrices(
+      params, embedding, head_tokens))                  # [vocab, d_model], [head, d_model]
 
   def t(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(x, np.float32))  # A writable copy.
 
-  state = {"model.embed_tokens.weight": t(table @ params["input_projection"]),
+  state = {"model.embed_tokens.weight": t(table),
            "model.norm.weight": t(params["decoder"]["decoder_norm"]["scale"])}
   names = {"attention/query": "self_attn.q_proj", "attention/key": "self_attn.k_proj",
            "attention/value": "self_attn.v_proj", "attention/out": "self_attn.o_proj",
@@ -100,6 +101,5 @@ def to_transformers(config: StudentConfig, params: dict, embedding: np.ndarray,
   if unexpected or set(missing) != {"lm_head.weight"}:
     raise ValueError(f"internal: the draft's tensors do not map onto transformers' Llama "
                      f"(missing {missing}, unexpected {unexpected}).")
-  head = table[np.asarray(head_tokens)] @ params["output_projection"]       # [head, d_model]
   model.lm_head = ShortlistHead(head, params["logits_bias"], head_tokens, blocks.vocab_size)
   return model.eval()
