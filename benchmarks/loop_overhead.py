@@ -36,7 +36,7 @@ from specdec_jax import atomic_io, benchmarking, contention
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import gin_flags, settings
+from specdec_jax.experiment import gin_flags, settings
 from specdec_jax.models.t5 import (
     T5Model,
     T5Scorer,

@@ -33,7 +33,7 @@ from specdec_jax.checkpoints import load_model  # noqa: E402
 from specdec_jax.data import prompts  # noqa: E402
 from specdec_jax.decoding import acceptance, baseline, speculative  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
-from specdec_jax.harness import gin_flags, settings  # noqa: E402
+from specdec_jax.experiment import gin_flags, settings  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
   T5Scorer,
   make_draft,

@@ -49,7 +49,8 @@ from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import gin_flags, llama_target, settings, targets
+from specdec_jax.experiment import gin_flags, settings
+from specdec_jax.experiment.targets import interface, llama_target
 from specdec_jax.models.llama import student_io
 from specdec_jax.models.llama.student_hf import check_exportable, to_transformers
 from specdec_jax.models.t5 import T5Model, make_draft, speculative_sample, temperature_sample
@@ -143,7 +144,7 @@ def _llama_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
   if kind is llama_target.LAYER_SKIP:
     llama_target.LAYER_SKIP.check(shared, spec, 0)
     assisted = {"assistant_early_exit": llama_target.layer_skip_depth(spec)}
-  elif kind is targets.PROMPT_LOOKUP:
+  elif kind is interface.PROMPT_LOOKUP:
     assisted = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 3}
   elif kind is llama_target.STUDENT:
     llama_target.STUDENT.check(shared, spec, llama_target.read_config(shared).vocab_size)

@@ -30,7 +30,7 @@ T_verify(k), `Draft.propose` for T_draft, and `baseline.decode` /
 `speculative_decode` for the loops' own work. Nothing here checks that the
 machine is quiet: whoever times applies the guard (`contention.quiet`) around
 these calls and records its check beside the numbers (the runner,
-`harness.measure`; the commands).
+`experiment.measure`; the commands).
 """
 
 from __future__ import annotations

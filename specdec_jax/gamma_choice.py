@@ -27,7 +27,7 @@ reason.
 
 Why beside `theory` and not in it: theory is the paper's formulas; this module
 adds what a decision from measured times needs (the fit, the record, the
-checks). The results schema (`harness.record`) and the figures import this
+checks). The results schema (`experiment.record`) and the figures import this
 module only, not the measurement.
 """
 
@@ -159,7 +159,7 @@ class GammaChoice:
     speedup_thm38: {gamma: `theory.walltime_improvement`} (verification free).
     calibration_s: wall-clock seconds the calibration took (compilation included).
     idle_check: the `contention.Guard` record of the calibration's timings, set
-      by whoever guarded them (`harness.measure.calibrate`); None when
+      by whoever guarded them (`experiment.measure.calibrate`); None when
       unguarded.
     reason: one line: the choice, its neighbours' predictions, the terms that
       decided it, where the simpler models would differ and any gamma

@@ -71,7 +71,7 @@ def main(coordinator: str, num_processes: int, process_id: int, out_json: str,
     with open(out_json, "w") as f:
       json.dump(gathered, f)
   if gin_file:
-    from specdec_jax.harness import runner
+    from specdec_jax.experiment import runner
     runner.run(runner.load_experiment([gin_file], []), out_dir)
 
 

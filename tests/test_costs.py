@@ -10,8 +10,8 @@ from conftest import make_model
 
 from specdec_jax import benchmarking, costs, gamma_choice
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import measure, results_io, runner, settings
-from specdec_jax.harness.record import PointRow
+from specdec_jax.experiment import measure, results_io, runner, settings
+from specdec_jax.experiment.record import PointRow
 from specdec_jax.models.t5 import T5Draft, T5Scorer, choose_gamma
 
 # The module-scoped fixtures run once: every test of this file on one worker.

@@ -23,21 +23,21 @@ from experiments import analyze
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import (
-    gin_flags,
-    measure,
-    regime_map,
-    report,
-    results_io,
-    runner,
-    settings,
-    suite,
-    t5_target,
-    tables,
+from specdec_jax.experiment import (
+  gin_flags,
+  measure,
+  report,
+  results_io,
+  runner,
+  settings,
+  suite,
+  tables,
 )
-from specdec_jax.harness.record import PointRow
+from specdec_jax.experiment.record import PointRow
+from specdec_jax.experiment.targets import t5_target
 from specdec_jax.models import t5
 from specdec_jax.models.t5 import T5Draft
+from specdec_jax.regime_map import sweep
 
 VOCAB = 8192  # The committed SentencePiece model's size.
 
@@ -361,7 +361,7 @@ def test_every_committed_row_loads_and_writes_back_the_same_json():
   any depth) is a PointRow; a file of another kind (a benchmark's rows) holds none of them."""
   lines = []
   for path, rows in _committed_lines("*.jsonl").items():
-    if os.path.basename(path) == regime_map.ROWS_FILE:
+    if os.path.basename(path) == sweep.ROWS_FILE:
       continue  # The regime map's own rows (test_regime_map).
     points = [results_io.is_point_row(json.loads(line)) for line in rows]
     assert all(points) or not any(points), f"{path} mixes points with other rows"

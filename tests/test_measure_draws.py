@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from specdec_jax import benchmarking
-from specdec_jax.harness import measure
-from specdec_jax.harness.settings import Point
+from specdec_jax.experiment import measure
+from specdec_jax.experiment.settings import Point
 
 
 def _point(temperature: float) -> Point:

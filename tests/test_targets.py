@@ -18,15 +18,8 @@ import pytest
 
 from specdec_jax import partitioning
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
-from specdec_jax.harness import (
-    llama_target,
-    registry,
-    results_io,
-    runner,
-    settings,
-    t5_target,
-    targets,
-)
+from specdec_jax.experiment import results_io, runner, settings
+from specdec_jax.experiment.targets import interface, llama_target, registry, t5_target
 from specdec_jax.models import layers
 from specdec_jax.models.llama import LayerSkipDraft, LlamaConfig, LlamaModel, gguf_loader
 
@@ -125,7 +118,7 @@ def test_registry_names_each_kind_and_its_drafts():
     registry.target_kind("gpt")
   t5, llama = registry.TARGET_KINDS["t5"], registry.TARGET_KINDS["llama_gguf"]
   assert t5.draft_kind("bigram") is t5_target.NGRAM
-  assert t5.draft_kind("prompt_lookup") is targets.PROMPT_LOOKUP
+  assert t5.draft_kind("prompt_lookup") is interface.PROMPT_LOOKUP
   assert t5.draft_kind("assets/models/draft_small") is t5_target.CHECKPOINT
   assert llama.draft_kind("layer_skip_12") is llama_target.LAYER_SKIP
   assert llama.draft_kind("bigram") is llama_target.NGRAM
@@ -133,8 +126,8 @@ def test_registry_names_each_kind_and_its_drafts():
   with pytest.raises(ValueError, match=r"'t5_small', which no draft of a 'llama_gguf' target "
                                        r"is: use one of: prompt_lookup; layer_skip_<L>"):
     llama.draft_kind("t5_small")
-  assert targets.draft_key(t5_target.NGRAM, "bigram", "ende") == ("bigram", "ende")
-  assert targets.draft_key(llama_target.NGRAM, "bigram", "ende") == ("bigram", "")
+  assert interface.draft_key(t5_target.NGRAM, "bigram", "ende") == ("bigram", "ende")
+  assert interface.draft_key(llama_target.NGRAM, "bigram", "ende") == ("bigram", "")
 
 
 def _gin(tmp_path, gguf_path: str, **overrides) -> str:

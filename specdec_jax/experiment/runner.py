@@ -11,7 +11,7 @@ skipped, so an interrupted run resumes where it stopped. `summary_table` is
 the table the command prints.
 
 The target and drafts are whatever kind `Experiment.target_kind` names
-(`harness.registry`): the kind loads the target (its `Scorer`) and builds
+(`experiment.targets.registry`): the kind loads the target (its `Scorer`) and builds
 each draft from its spec; everything else here is the same for every kind.
 """
 
@@ -32,8 +32,9 @@ from specdec_jax import contention, costs, distributed, gamma_choice, partitioni
 from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft
-from specdec_jax.harness import measure, registry, results_io, settings, targets
-from specdec_jax.harness.record import PointRow
+from specdec_jax.experiment import measure, results_io, settings
+from specdec_jax.experiment.record import PointRow
+from specdec_jax.experiment.targets import interface, registry
 
 RESULTS_ROOT = "results"  # Committed reference measurements (commands: results/README.md).
 RUNS_ROOT = "runs"  # A user's own runs (not committed).
@@ -150,7 +151,7 @@ class _Bench:
     examples = self._once(("examples", point.task, point.batch_size),
                           lambda: self._examples(point.task, point.batch_size))
     draft_kind = self.kind.draft_kind(point.draft)
-    draft = self._once(("draft", *targets.draft_key(draft_kind, point.draft, point.task)),
+    draft = self._once(("draft", *interface.draft_key(draft_kind, point.draft, point.task)),
                        lambda: self._draft(draft_kind, point, examples.measured[0]))
     verify, verify_idle_check = self._once(
         ("verify", point.task, point.batch_size), lambda: measure.measure_target_costs(
@@ -164,7 +165,7 @@ class _Bench:
                                  verify_idle_check, self.max_gamma,
                                  examples.held_out[:HELD_OUT_BATCHES], choice)
 
-  def _draft(self, kind: targets.DraftKind, point: settings.Point, inputs: jax.Array) -> Draft:
+  def _draft(self, kind: interface.DraftKind, point: settings.Point, inputs: jax.Array) -> Draft:
     """The draft of `point`, checked against the target on a batch of its inputs."""
     draft = kind.build(self.target, point.draft, point.task if kind.per_task else "")
     validation.check_draft(draft, self.target.scorer.vocab_size, inputs, None,

@@ -27,9 +27,9 @@ from specdec_jax.data.distill import read_distilled
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.distillation import head_tokens
-from specdec_jax.harness import alpha_tracking
-from specdec_jax.harness.draft_ranking import INPUT_LEN, TASK
+from specdec_jax.draft_pricing.draft_ranking import INPUT_LEN, TASK
 from specdec_jax.models.t5 import T5Model, T5Scorer, make_draft
+from specdec_jax.training import alpha_tracking
 
 FULL = "full"
 

@@ -48,8 +48,7 @@ from specdec_jax.data import layout, prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import regime_rows, results_io
-from specdec_jax.harness.regime_rows import ModelRow, PairRow
+from specdec_jax.experiment import results_io
 from specdec_jax.models.layers import ParamInfo
 from specdec_jax.models.t5 import (
   DecodeWeights,
@@ -61,6 +60,8 @@ from specdec_jax.models.t5 import (
   get_config,
   make_draft,
 )
+from specdec_jax.regime_map import regime_rows
+from specdec_jax.regime_map.regime_rows import ModelRow, PairRow
 
 Array = jax.Array
 

@@ -21,8 +21,8 @@ import numpy as np
 from specdec_jax import benchmarking, costs
 from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets
-from specdec_jax.harness.settings import Experiment
-from specdec_jax.harness.targets import LoadedTarget
+from specdec_jax.experiment.settings import Experiment
+from specdec_jax.experiment.targets.interface import LoadedTarget
 from specdec_jax.models.t5 import T5Config
 
 Array = jax.Array

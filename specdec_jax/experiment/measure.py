@@ -13,7 +13,7 @@ on held-out examples (`costs.measure_loop_costs`), and the encoders, timed apart
 the measured examples (`costs.time_sequence_work`).
 The step costs are timed as gamma = 'auto' times them (`specdec_jax.costs`).
 
-Any target kind (`harness.targets`): the target is a `targets.LoadedTarget`
+Any target kind (`experiment.targets.interface`): the target is a `targets.LoadedTarget`
 (its `Scorer`, EOS id and token pieces), decoded by the generic loops
 (`baseline.decode`, `speculative.speculative_decode`) on batches the runner
 checked once against the vocabulary and cut to their length bucket.
@@ -38,9 +38,9 @@ from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer
-from specdec_jax.harness.record import Example, PointRow
-from specdec_jax.harness.settings import Experiment, Point, draft_name
-from specdec_jax.harness.targets import LoadedTarget
+from specdec_jax.experiment.record import Example, PointRow
+from specdec_jax.experiment.settings import Experiment, Point, draft_name
+from specdec_jax.experiment.targets.interface import LoadedTarget
 
 Array = jax.Array
 

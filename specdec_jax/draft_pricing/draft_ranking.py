@@ -1,7 +1,7 @@
 """Trained drafts ranked by the speedup the whole cost model predicts from their alpha and c.
 
 Alpha alone does not choose a draft: a wider or deeper one agrees more and costs more per
-proposed token. For each training run (`harness.train` with `TrainConfig.alpha_every_steps`)
+proposed token. For each training run (`training.train_t5` with `TrainConfig.alpha_every_steps`)
 `rank_drafts` takes the held-out En-De alpha of its best entry (`alpha_curve.json`:
 validation inputs, gamma 3, at the curve's temperatures) and that entry's parameters
 (`<run>/best`, kept beside the curve, so a run still training can be ranked); for an
@@ -29,15 +29,15 @@ from specdec_jax.checkpoints import load_hf_checkpoint, load_model, rounded_to_h
 from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import alpha_tracking
 from specdec_jax.models.t5 import T5Model, T5Scorer, make_draft
+from specdec_jax.training import alpha_tracking
 
 TASK = "ende"
 INPUT_LEN = 128
 
 
 # How an exported draft's alpha is measured when no training run is ranked beside it:
-# harness.train's alpha settings under the drafts' gin files.
+# training.train_t5's alpha settings under the drafts' gin files.
 DEFAULT_ALPHA_SETTINGS = {"examples": {TASK: 128}, "input_len": INPUT_LEN,
                           "temperatures": [0.0, 1.0], "gamma": 3, "max_decode_len": 64,
                           "batch_size": 32, "seed": 0}
