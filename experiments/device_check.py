@@ -64,8 +64,9 @@ import jaxlib
 import numpy as np
 
 from experiments import accelerator_checks
-from specdec_jax import atomic_io, benchmarking, checkpoints, contention, partitioning
+from specdec_jax import atomic_io, checkpoints, contention, partitioning, timing
 from specdec_jax.experiment import gin_flags, results_io, runner, settings
+from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.experiment.record import PointRow
 from specdec_jax.experiment.targets import registry
 from specdec_jax.models.t5 import T5Config
@@ -175,7 +176,7 @@ _STARTED = time.monotonic()  # `_log`'s clock; the budget counts from `measure`'
 
 def environment(command: str) -> dict[str, Any]:
   """Where and with what the check ran."""
-  return {**benchmarking.environment(), "jaxlib": jaxlib.__version__,
+  return {**timing.environment(), "jaxlib": jaxlib.__version__,
           "flax": flax.__version__, "numpy": np.__version__,
           "devices": [str(d) for d in jax.devices()], "command": command,
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -237,7 +238,8 @@ def measure(check: DeviceCheck, exps: Sequence[settings.Experiment], output_dir:
     directory = os.path.join(output_dir, exp.name)
     report.planned[exp.name] = len(settings.plan(exp))
     try:
-      path = runner.run(exp, directory, max_gamma=check.max_k - 1, deadline=deadline)
+      path = runner.run(exp, directory, greedy=GreedyCheck(), max_gamma=check.max_k - 1,
+                        deadline=deadline)
     except Exception as e:  # One failing run must not cost the others theirs.
       report.failed[exp.name] = f"{type(e).__name__}: {e}"
       _log(f"FAILED {exp.name}: {report.failed[exp.name]}")

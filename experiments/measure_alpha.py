@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import atomic_io, benchmarking, distributed, partitioning, stats, validation
+from specdec_jax import atomic_io, distributed, partitioning, stats, timing, validation
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding import buckets, speculative
 from specdec_jax.decoding.drafts import Draft
@@ -176,7 +176,7 @@ def details(exp: settings.Experiment, target: interface.LoadedTarget,
                            else previous.get("ngram_fit_tokens")),
       "estimators": ESTIMATORS,
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "environment": benchmarking.environment(target.scorer.decode_options.provenance())}
+      "environment": timing.environment(target.scorer.decode_options.provenance())}
 
 
 def previous_rows(path: str, exp: settings.Experiment) -> dict[str, Any]:

@@ -35,6 +35,7 @@ import gin
 from absl import app, flags
 
 from specdec_jax.experiment import gin_flags, results_io, runner, settings
+from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.regime_map import regime_figure, regime_predictions, sweep
 
 _OUTPUT_DIR = flags.DEFINE_string(
@@ -74,7 +75,7 @@ def family_rows(gin_files: list[str], output_dir: str, measure: bool) -> list[st
   for gin_file in gin_files:
     exp = runner.load_experiment([gin_file], [])
     directory = os.path.join(output_dir, "family", exp.name)
-    paths.append(runner.run(exp, directory) if measure
+    paths.append(runner.run(exp, directory, greedy=GreedyCheck()) if measure
                  else os.path.join(directory, results_io.RESULTS_FILE))
   return paths
 

@@ -22,6 +22,7 @@ from absl import app, flags
 
 from specdec_jax import distributed
 from specdec_jax.experiment import gin_flags, results_io, runner, settings, suite
+from specdec_jax.experiment import measure as measure_lib
 from specdec_jax.experiment.record import PointRow
 
 _OUTPUT_DIR = flags.DEFINE_string(
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> None:
 def measure(exp: settings.Experiment, output_dir: str | None) -> None:
   """Measures one experiment's missing points and prints its table."""
   output_dir = output_dir or os.path.join(runner.RUNS_ROOT, exp.name)
-  path = runner.run(exp, output_dir)
+  path = runner.run(exp, output_dir, greedy=measure_lib.GreedyCheck())
   planned = {p.key for p in settings.plan(exp)}
   rows = [PointRow.from_json(r) for r in results_io.read_rows(path)
           if results_io.row_key(r) in planned]

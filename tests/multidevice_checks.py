@@ -36,10 +36,10 @@ from specdec_jax.decoding.sampling import Warp  # noqa: E402
 from specdec_jax.decoding.speculative import _speculative_sample  # noqa: E402
 from specdec_jax.models.options import DecodeOptions  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
-    T5Draft,
-    T5Scorer,
-    speculative_sample,
-    temperature_sample,
+  T5Draft,
+  T5Scorer,
+  speculative_sample,
+  temperature_sample,
 )
 
 MESHES = ((8, 1), (2, 4), (1, 8))

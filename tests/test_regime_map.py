@@ -20,10 +20,10 @@ from specdec_jax import theory
 from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.experiment import results_io
-from specdec_jax.gamma_choice import LoopCosts
 from specdec_jax.models.t5 import T5Model, get_config
 from specdec_jax.regime_map import regime_predictions, regime_rows, sweep
 from specdec_jax.regime_map.regime_rows import ModelRow, PairRow
+from specdec_jax.theory import LoopCosts
 
 TINY = "test-v1_1"  # conftest's small T5.1.1 config, standing in for a shape.
 MAX_GAMMA = 4

@@ -19,6 +19,7 @@ import pytest
 from specdec_jax import partitioning
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
 from specdec_jax.experiment import results_io, runner, settings
+from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.experiment.targets import interface, llama_target, registry, t5_target
 from specdec_jax.models import layers
 from specdec_jax.models.llama import LayerSkipDraft, LlamaConfig, LlamaModel, gguf_loader
@@ -177,7 +178,7 @@ def test_runner_measures_a_decoder_only_target(tmp_path, tiny_gguf, shared_prefi
   with the chat template's system turn prefilled once or per prompt."""
   exp = runner.load_experiment([_gin(tmp_path, tiny_gguf[0])],
                                [f"PromptCache.shared_prefix = {shared_prefix}"])
-  path = runner.run(exp, str(tmp_path / "out"))
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
   (row,) = results_io.read_points(path)
   assert row.draft == "layer_skip_1" and row.target == tiny_gguf[0]
   assert row.greedy_identical is True and row.speedup_measured > 0

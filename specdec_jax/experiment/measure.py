@@ -1,21 +1,16 @@
 """One measured point: baseline vs speculative sampling on the same examples, one row.
 
-The two decoders run interleaved over the same fixed-length batches
-(`benchmarking.time_interleaved`: the order alternates per batch and repetition,
-so background load hits both alike; the first call of each compiles and is
-reported apart; times are medians over repetitions of the total over all
-batches, the speedup per generated token, and at T > 0 every pass samples new
-texts, `_Draws`). The row (`record.PointRow`) holds the measured speedup, alpha by both
-estimators, tokens per call and c (`specdec_jax.stats`), the measured step
-costs, and the speedups predicted by Theorem 3.8, by `CostModel` on the model
-calls alone (steps only), and by `CostModel` with the loops' own work, timed apart
-on held-out examples (`costs.measure_loop_costs`), and the encoders, timed apart on
-the measured examples (`costs.time_sequence_work`).
-The step costs are timed as gamma = 'auto' times them (`specdec_jax.costs`).
+`timing.time_point` times the point (the target's step costs when no earlier point of
+its batch size did, gamma = 'auto''s calibration, both decoders interleaved over the
+same batches, the draft's cost per token, the loops' own work and the encoders); this
+module turns its record and the outputs into the row (`record.PointRow`): the measured
+speedup per generated token (at T > 0 every pass samples new texts, `_Draws`), alpha by
+both estimators, tokens per call and c (`specdec_jax.stats`), the measured step costs,
+and the speedups predicted by Theorem 3.8, by `theory.CostModel` on the model calls
+alone (steps only) and with the loops' own work and the encoders.
 
-Any target kind (`experiment.targets.interface`): the target is a `targets.LoadedTarget`
-(its `Scorer`, EOS id and token pieces), decoded by the generic loops
-(`baseline.decode`, `speculative.speculative_decode`) on batches the runner
+Any target kind (`experiment.targets.interface`): the target is a `LoadedTarget` (its
+`Scorer`, EOS id and token pieces), decoded by the generic loops on batches the runner
 checked once against the vocabulary and cut to their length bucket.
 """
 
@@ -24,8 +19,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import statistics
-import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gin
@@ -33,54 +27,14 @@ import jax
 import numpy as np
 from absl import logging
 
-from specdec_jax import benchmarking, contention, costs, distributed, gamma_choice, stats, theory
-from specdec_jax.decoding import baseline, speculative
+from specdec_jax import contention, stats, theory, timing
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.experiment.record import Example, PointRow
-from specdec_jax.experiment.settings import Experiment, Point, draft_name
+from specdec_jax.experiment.settings import AUTO, Experiment, Point, draft_name
 from specdec_jax.experiment.targets.interface import LoadedTarget
 
 Array = jax.Array
-
-
-def measure_target_costs(exp: Experiment, target: Scorer, inputs: Array, max_gamma: int
-                         ) -> tuple[costs.VerifyTimes, dict[str, Any]]:
-  """T_step and T_verify(k), k = 1..max_gamma + 1, at the batch size of `inputs`
-  (int32 `[batch, input_len]`), timed inside `contention.quiet`.
-
-  Returns:
-    The times, and the guard's record of their timing (a row's
-    `idle_check_target_costs`).
-
-  Raises:
-    contention.ContentionError: another process was busy meanwhile.
-  """
-  with contention.quiet("target step times") as guard:
-    verify = costs.verify_times(target, inputs, max_gamma=max_gamma,
-                                max_decode_len=exp.max_decode_len, calls=exp.timing_calls,
-                                repeats=exp.timing_repeats, rounds=exp.timing_rounds)
-  return verify, guard.record()
-
-
-def calibrate(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
-              batches: Sequence[Array], verify: costs.VerifyTimes
-              ) -> gamma_choice.GammaChoice:
-  """gamma = 'auto' for `point` (`costs.calibrate` on held-out `batches`), timed inside
-  `contention.quiet`, whose record the choice carries (`GammaChoice.idle_check`).
-
-  Raises:
-    contention.ContentionError: another process was busy meanwhile.
-  """
-  with contention.quiet("gamma calibration") as guard:
-    choice = costs.calibrate(
-        target.scorer, draft, batches, warp=Warp(point.temperature),
-        max_decode_len=exp.max_decode_len, max_gamma=exp.auto_max_gamma, eos_id=target.eos_id,
-        rng=jax.random.PRNGKey(exp.seed), verify=verify,
-        calibration_gamma=min(gamma_choice.DEFAULT_CALIBRATION_GAMMA, exp.auto_max_gamma),
-        timing_calls=exp.timing_calls, timing_repeats=exp.timing_repeats)
-  return dataclasses.replace(choice, idle_check=types.MappingProxyType(guard.record()))
 
 
 def _first_difference(base: Any, spec: Any) -> str:
@@ -172,27 +126,6 @@ class _Draws:
       self.tokens[name][-1][i] = int(np.sum(out.lengths))
 
 
-def _time_decoders(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
-                   batches: Sequence[Array]
-                   ) -> tuple[dict[str, benchmarking.DecoderTiming], dict[str, list], _Draws]:
-  """Both decoders interleaved over `batches` (`benchmarking.time_interleaved`); also
-  returns the `_Draws` (each call's tokens, the greedy check)."""
-  draws = _Draws(exp.seed, ("baseline", "speculative"), len(batches), point,
-                 GreedyCheck().enforce)
-  kwargs = dict(max_decode_len=exp.max_decode_len, warp=Warp(point.temperature),
-                eos_id=target.eos_id)
-  decoders = {
-      "baseline": lambda i: baseline.decode(
-          target.scorer, batches[i], draws.key("baseline", i), **kwargs),
-      "speculative": lambda i: speculative.speculative_decode(
-          target.scorer, draft, batches[i], draws.key("speculative", i), gamma=point.gamma,
-          draft_inputs=batches[i], **kwargs)}
-  timings, outputs = benchmarking.time_interleaved(
-      decoders, len(batches), exp.repetitions, fetch=distributed.fetch, check=draws.record,
-      warmup=benchmarking.first_of_each_shape(batches))
-  return timings, outputs, draws
-
-
 def _identity(exp: Experiment, point: Point) -> dict[str, Any]:
   """The fields that say what was measured."""
   return dict(experiment=exp.name, task=point.task, split=exp.split,
@@ -202,19 +135,20 @@ def _identity(exp: Experiment, point: Point) -> dict[str, Any]:
               max_decode_len=exp.max_decode_len, repetitions=exp.repetitions, seed=exp.seed)
 
 
-def _times(timings: dict[str, benchmarking.DecoderTiming], tokens: dict[str, list[list[int]]]
+def _times(timings: dict[str, timing.DecoderTiming], tokens: dict[str, list[list[int]]]
            ) -> dict[str, Any]:
   """The decoders' times, tokens and the measured speedup, per generated token (at T > 0
   the decoders sample texts of different lengths; each pass draws anew, `_Draws`)."""
   fields: dict[str, Any] = {}
   per_batch = {}
-  for name, timing in timings.items():
+  for name, decoder in timings.items():
     per_pass = [1e3 * seconds / max(sum(n), 1)
-                for seconds, n in zip(timing.totals_s, tokens[name], strict=True)]
-    fields.update({f"{name}_s": list(timing.totals_s), f"{name}_median_s": timing.median_s,
-                   f"{name}_compile_s": timing.compile_s, f"{name}_tokens": sum(tokens[name][0]),
+                for seconds, n in zip(decoder.totals_s, tokens[name], strict=True)]
+    fields.update({f"{name}_s": list(decoder.totals_s), f"{name}_median_s": decoder.median_s,
+                   f"{name}_compile_s": decoder.compile_s,
+                   f"{name}_tokens": sum(tokens[name][0]),
                    f"{name}_ms_per_token": statistics.median(per_pass)})
-    passes = list(zip(timing.calls_s, tokens[name], strict=True))
+    passes = list(zip(decoder.calls_s, tokens[name], strict=True))
     per_batch[name] = [statistics.median(calls[i] / max(n[i], 1) for calls, n in passes)
                        for i in range(len(tokens[name][0]))]
   speedups = np.divide(per_batch["baseline"], per_batch["speculative"])
@@ -235,8 +169,8 @@ def _acceptance(pooled: stats.Pooled) -> dict[str, Any]:
       accepted_histogram=pooled["accepted_histogram"].astype(int).tolist())
 
 
-def _costs_and_predictions(point: Point, verify: costs.VerifyTimes,
-                           draft_cost: benchmarking.StepTimes, loop_costs: gamma_choice.LoopCosts,
+def _costs_and_predictions(point: Point, verify: timing.VerifyTimes,
+                           draft_cost: timing.StepTimes, loop_costs: theory.LoopCosts,
                            alpha: float, tokens_per_iteration: float) -> dict[str, Any]:
   """The measured step costs and the three predictions from them (alpha = alpha_beta)."""
   t_step, t_draft = verify.t_step, draft_cost.seconds
@@ -265,71 +199,54 @@ def _example(output: Any, pieces: Callable[[list[int]], list[str]]) -> Example:
 
 
 def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
-                  batches: Sequence[Array], verify: costs.VerifyTimes,
-                  verify_idle_check: Mapping[str, Any], max_gamma: int,
-                  held_out: Sequence[Array] = (),
-                  choice: gamma_choice.GammaChoice | None = None) -> PointRow:
-  """Measures one (task, draft, temperature, gamma, batch size) point.
+                  batches: Sequence[Array], held_out: Sequence[Array], max_gamma: int,
+                  shared: timing.SharedCosts, greedy: GreedyCheck) -> PointRow:
+  """Measures one (task, draft, temperature, gamma, batch size) point: one routine
+  (`timing.time_point`) times it, the row is made of its record and the outputs.
 
   Args:
     exp: the experiment (max_decode_len, repetitions, seed, ...).
-    point: the point, at an int gamma.
+    point: the point; its gamma may be 'auto' (chosen on `held_out`).
     target: the loaded target (its scorer, EOS id, and pieces for the saved example).
     draft: the draft built from `point.draft`.
     batches: int32 `[point.batch_size, input_len]` input batches (all examples),
       checked against the vocabulary and cut to their length bucket.
-    verify: the target's step costs at this batch size (`measure_target_costs`).
-    verify_idle_check: the guard's record of their timing (`measure_target_costs`).
+    held_out: batches of the same shape outside the measured examples, on which gamma
+      = 'auto' calibrates and the loops' overheads are timed for the cost model
+      (`timing.measure_loop_costs`); empty: the first measured batch.
     max_gamma: the largest gamma of the run (sets the timing cache length).
-    held_out: batches of the same shape outside the measured examples, on which
-      the loops' overheads are timed for the cost model
-      (`costs.measure_loop_costs`); empty: the first measured batch. Unused when
-      `choice` carries loop costs: its calibration timed them on held-out batches.
-    choice: gamma = 'auto''s choice that set `point.gamma`, if any (recorded; its
-      `loop_costs`, if any, are the row's).
+    shared: what points of this batch size share (the target's step costs) and this
+      point's gamma = 'auto' choice, filled in as measured (`timing.SharedCosts`).
+    greedy: what a greedy point does when its tokens differ from the baseline's.
 
   Returns:
     The row.
 
   Raises:
     RuntimeError: at temperature 0, if the speculative tokens differ from the
-      baseline's (they must be identical, unless `GreedyCheck.enforce` is False).
+      baseline's (they must be identical, unless `greedy.enforce` is False).
+    contention.ContentionError: another process was busy during a timing.
   """
-  with contention.quiet(str(point)) as guard:
-    timings, outputs, draws = _time_decoders(exp, point, target, draft, batches)
-    draft_cost = costs.draft_time(
-        draft, batches[0], gamma=point.gamma, warp=Warp(point.temperature),
-        max_decode_len=exp.max_decode_len, max_gamma=max_gamma, calls=exp.timing_calls,
-        repeats=exp.timing_repeats, seed=exp.seed, target=target.scorer)
-    if choice is not None and choice.loop_costs is not None:
-      # gamma = 'auto' timed them just now, on held-out batches at this temperature and at
-      # two gammas (a part per iteration and one per proposal): timing them again would
-      # decode the same batches with the same programs.
-      loop_costs = choice.loop_costs
-    else:
-      loop_costs, _ = costs.measure_loop_costs(
-          target.scorer, draft, list(held_out) or list(batches[:1]), gamma=point.gamma,
-          warp=Warp(point.temperature), max_decode_len=exp.max_decode_len,
-          eos_id=target.eos_id, t_chunk=verify.t_chunk, t_draft=draft_cost.seconds,
-          rng=jax.random.PRNGKey(exp.seed), repeats=exp.timing_repeats,
-          held_out=bool(held_out))
-    # The once-per-sequence work at the measured examples' own lengths: the few held-out
-    # batches' lengths need not be theirs (man-page inputs run from 16 to 128 tokens).
-    encode_target, encode_draft = costs.time_sequence_work(
-        target.scorer, draft, batches, repeats=exp.timing_repeats,
-        cache_len=costs.timing_geometry(exp.max_decode_len, point.gamma)[0])
-  # Tokens per batch as the loops run them, on the measured examples: until the longest row ends.
-  loop_costs = dataclasses.replace(
-      loop_costs, encode_target_s=encode_target, encode_draft_s=encode_draft,
-      loop_tokens=float(np.mean([int(np.max(o.lengths)) for o in outputs["baseline"]])))
-  pooled = stats.Pooled.of(outputs["speculative"])
+  auto = point.gamma == AUTO
+  setup = timing.PointSetup(
+      gamma=None if auto else point.gamma, warp=Warp(point.temperature),
+      max_decode_len=exp.max_decode_len, max_gamma=max_gamma,
+      auto_max_gamma=exp.auto_max_gamma, eos_id=target.eos_id, passes=exp.repetitions,
+      timing_calls=exp.timing_calls, timing_repeats=exp.timing_repeats,
+      timing_rounds=exp.timing_rounds, seed=exp.seed)
+  draws = _Draws(exp.seed, ("baseline", "speculative"), len(batches), point, greedy.enforce)
+  timed = timing.time_point(target.scorer, draft, batches, held_out, setup, shared,
+                            guard=contention.quiet, key=draws.key, check=draws.record,
+                            what=str(point))
+  point = dataclasses.replace(point, gamma=timed.gamma)
+  pooled = stats.Pooled.of(timed.outputs["speculative"])
   return PointRow(
-      **_identity(exp, point), **_times(timings, draws.tokens), **_acceptance(pooled),
-      **_costs_and_predictions(point, verify, draft_cost, loop_costs, pooled.alpha_beta(),
-                               pooled.tokens_per_call()),
-      cost_model_terms=loop_costs, greedy_identical=draws.greedy_identical,
-      idle_check=guard.record(), idle_check_target_costs=dict(verify_idle_check),
-      example=_example(outputs["speculative"][0], target.pieces),
-      environment=benchmarking.environment(target.scorer.decode_options.provenance()),
+      **_identity(exp, point), **_times(timed.timings, draws.tokens), **_acceptance(pooled),
+      **_costs_and_predictions(point, timed.verify, timed.draft_cost, timed.loop_costs,
+                               pooled.alpha_beta(), pooled.tokens_per_call()),
+      cost_model_terms=timed.loop_costs, greedy_identical=draws.greedy_identical,
+      idle_check=dict(timed.idle_check), idle_check_target_costs=dict(timed.verify_check),
+      example=_example(timed.outputs["speculative"][0], target.pieces),
+      environment=timing.environment(target.scorer.decode_options.provenance()),
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      gamma_auto=choice is not None, gamma_choice=None if choice is None else choice.to_json())
+      gamma_auto=auto, gamma_choice=None if timed.choice is None else timed.choice.to_json())

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from specdec_jax.gamma_choice import LoopCosts
+from specdec_jax.theory import LoopCosts
 
 AUTO = "auto"  # In Experiment.gammas: chosen per point by `gamma_choice` after a calibration.
 _INT_KEYED = ("t_verify_s", "verify_ratio")  # {k: ...} with k as a string in JSON.

@@ -38,6 +38,7 @@ from specdec_jax.experiment import results_io
 from specdec_jax.experiment.record import PointRow
 from specdec_jax.regime_map import regime_rows, sweep
 from specdec_jax.regime_map.regime_rows import FamilyError, ModelRow, PairRow, Prediction
+from specdec_jax.theory import LoopCosts
 
 # alpha of the paper's Table 2 (T5-XXL target): (draft size, task, temperature) -> alpha.
 PAPER_ALPHA: dict[tuple[str, str, float], float] = {
@@ -148,7 +149,7 @@ def paper_alphas(draft: str, settings: MapPredictions, temperatures: Sequence[fl
 
 def loop_costs(pair_row: PairRow, models: Mapping[str, ModelRow],
                pair_rows: Mapping[tuple, PairRow], settings: sweep.MapSettings,
-               tokens: float) -> gamma_choice.LoopCosts:
+               tokens: float) -> LoopCosts:
   """The loops' own work and the encoders that price a pair over `tokens` output tokens.
 
   Our family's pairs: their own (`sweep.measure_loops`). A shape's pair: the work per
@@ -168,7 +169,7 @@ def loop_costs(pair_row: PairRow, models: Mapping[str, ModelRow],
   return dataclasses.replace(own, loop_tokens=float(tokens))
 
 
-def predict(target_row: ModelRow, pair_row: PairRow, loops: gamma_choice.LoopCosts,
+def predict(target_row: ModelRow, pair_row: PairRow, loops: LoopCosts,
             alpha: float, max_gamma: int) -> gamma_choice.GammaChoice:
   """The whole cost model's speedup at gamma = 1..max_gamma, and its best gamma.
 
