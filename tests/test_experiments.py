@@ -123,7 +123,8 @@ def test_run_times_verification_to_a_larger_gamma_and_stops_at_its_deadline(
   # The first point is started whatever its pace; the second would end past the deadline.
   clock = iter([100.0, 105.0, 105.0])
   monkeypatch.setattr(runner, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
-  path = runner.run(exp, str(tmp_path / "out"), max_gamma=4, deadline=109.0)
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(), max_gamma=4,
+                    deadline=109.0)
   (row,) = results_io.read_points(path)
   assert row.temperature == 0.0 and row.gamma == 2 and set(row.t_verify_s) == {1, 2, 3, 4, 5}
 
