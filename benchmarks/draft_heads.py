@@ -3,7 +3,7 @@
   python -m benchmarks draft_heads --draft_dirs=assets/models/draft_shared_enc_signals \
       [--head_sizes=4096,3072,2048] [--output=results/alpha/draft_heads.json]
 
-`specdec_jax.harness.draft_heads.head_sweep` (held-out En-De alpha with the real loop;
+`specdec_jax.draft_pricing.draft_heads.head_sweep` (held-out En-De alpha with the real loop;
 c timed in turn inside the guard). Needs the distillation data (the shortlist is ranked
 on the target's outputs). Writes one JSON (atomically; drafts already in it and not named
 now are kept) and prints a row per draft and head.
@@ -17,7 +17,7 @@ import os
 from absl import app, flags
 
 from specdec_jax import atomic_io
-from specdec_jax.harness import draft_heads
+from specdec_jax.draft_pricing import draft_heads
 
 _DRAFT_DIRS = flags.DEFINE_list("draft_dirs", None, "Draft model directories, comma-separated.")
 _HEAD_SIZES = flags.DEFINE_list("head_sizes", ["4096", "3072", "2048"],

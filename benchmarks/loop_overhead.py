@@ -3,8 +3,8 @@ r"""What each decoding loop itself costs, at batch 1: per speculative iteration,
 One iteration = the draft's gamma proposals + one target verification of
 gamma + 1 tokens + the loop's own work (rejection rule, writing the accepted
 tokens, rewinding both caches, statistics). The first two are timed on their
-own inside jitted loops (`benchmarking.draft_token_time`,
-`benchmarking.target_step_times`); the iteration is timed inside
+own inside jitted loops (`timing.draft_token_time`,
+`timing.target_step_times`); the iteration is timed inside
 `speculative_sample` (its total minus both encoders, over its loop iterations).
 The remainder is the loop's overhead. The baseline's is the same account per
 token: `temperature_sample`'s time per token (less the target's encoder) minus
@@ -32,11 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import atomic_io, benchmarking, contention
+from specdec_jax import atomic_io, contention, timing
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import gin_flags, settings
+from specdec_jax.experiment import gin_flags, settings
 from specdec_jax.models.t5 import (
     T5Model,
     T5Scorer,
@@ -107,7 +107,7 @@ def measure_gamma(target: T5Model, params: dict, draft: Draft, inputs: jax.Array
                                     max_decode_len=max_len, temperature=_TEMPERATURE.value,
                                     eos_id=0)
   scorer = T5Scorer(target, target.prepare(params))
-  target_encoded = benchmarking.target_encoded_for(draft, scorer, inputs)
+  target_encoded = timing.target_encoded_for(draft, scorer, inputs)
 
   def encode() -> tuple:
     context = scorer.encode(inputs)
@@ -117,15 +117,15 @@ def measure_gamma(target: T5Model, params: dict, draft: Draft, inputs: jax.Array
   iterations = int(out.stats.loop_iterations)
   spec_s, encode_s, verify_s, draft_s, pair_s = [], [], [], [], []
   for _ in range(_REPEATS.value):
-    spec_s.append(benchmarking.timed(spec)[0])
-    encode_s.append(benchmarking.timed(encode)[0])
-    verify_s.append(benchmarking.target_step_times(
+    spec_s.append(timing.timed(spec)[0])
+    encode_s.append(timing.timed(encode)[0])
+    verify_s.append(timing.target_step_times(
         scorer, inputs, chunk_lengths=[gamma + 1], cache_len=cache_len, position=position,
         calls=16, repeats=1)[gamma + 1].seconds)
-    draft_s.append(gamma * benchmarking.draft_token_time(
+    draft_s.append(gamma * timing.draft_token_time(
         draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len, position=position,
         calls=16, repeats=1, target_encoded=target_encoded).seconds)
-    pair_s.append(benchmarking.propose_verify_time(
+    pair_s.append(timing.propose_verify_time(
         scorer, draft, inputs, gamma=gamma, warp=warp, cache_len=cache_len, position=position,
         calls=16, repeats=1).seconds)
   iteration = (statistics.median(spec_s) - statistics.median(encode_s)) / iterations
@@ -157,9 +157,9 @@ def measure_baseline(target: T5Model, params: dict, inputs: jax.Array, max_len: 
   tokens = int(np.asarray(base().lengths)[0])
   base_s, encode_s, step_s = [], [], []
   for _ in range(_REPEATS.value):
-    base_s.append(benchmarking.timed(base)[0])
-    encode_s.append(benchmarking.timed(encode)[0])
-    step_s.append(benchmarking.target_step_times(
+    base_s.append(timing.timed(base)[0])
+    encode_s.append(timing.timed(encode)[0])
+    step_s.append(timing.target_step_times(
         scorer, inputs, chunk_lengths=[1], cache_len=max_len + 1, position=max_len // 2,
         calls=16, repeats=1)[1].seconds)
   per_token = (statistics.median(base_s) - statistics.median(encode_s)) / tokens
@@ -198,7 +198,7 @@ def _measure(shared: settings.Settings) -> dict:
       "vocab_size": target.config.vocab_size, "batch": 1, "temperature": _TEMPERATURE.value,
       "max_decode_len": shared.max_decode_len, "input_len": shared.input_len,
       "repeats": _REPEATS.value, "baseline": baseline, "rows": rows,
-      "environment": benchmarking.environment(),
+      "environment": timing.environment(),
   }
 
 

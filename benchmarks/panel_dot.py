@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from specdec_jax import atomic_io, benchmarking, contention
+from specdec_jax import atomic_io, contention, timing
 from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.models import panel_dot
 from specdec_jax.models.t5 import T5Model
@@ -94,10 +94,10 @@ def main(argv: Sequence[str]) -> None:
   dense = functools.partial(dense_products, dense_x, jnp.full((1024, 1024), 0.01, jnp.float32),
                             calls=_CALLS.value)
   with contention.quiet("panel_dot") as guard:
-    times = benchmarking.time_rotated(programs, _REPETITIONS.value)
+    times = timing.time_rotated(programs, _REPETITIONS.value)
     # Apart: in the rotation its 6 MB would evict panels from the last-level cache
     # before whichever program follows it, always the same one.
-    dense_times = benchmarking.time_rotated({"dense": dense}, _REPETITIONS.value)["dense"]
+    dense_times = timing.time_rotated({"dense": dense}, _REPETITIONS.value)["dense"]
   dense_gflops = 2 * dense_x.size * 1024 * _CALLS.value / statistics.median(dense_times) / 1e9
   weights = sum(p.size for p in panels)
   panel_bytes = sum(p.nbytes for p in panels)
@@ -116,5 +116,5 @@ def main(argv: Sequence[str]) -> None:
       "products_per_step": len(panels), "panel_bytes": panel_bytes, "weights": weights,
       "dense_rows": _DENSE.value, "dense_gflops": dense_gflops, "calls": _CALLS.value,
       "repetitions": _REPETITIONS.value, "rows": rows, "idle_check": guard.record(),
-      "environment": benchmarking.environment()})
+      "environment": timing.environment()})
   print(f"wrote {_OUTPUT.value}")

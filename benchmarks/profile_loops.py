@@ -28,12 +28,12 @@ import jax.numpy as jnp  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from specdec_jax import atomic_io, benchmarking, contention  # noqa: E402
+from specdec_jax import atomic_io, contention, timing  # noqa: E402
 from specdec_jax.checkpoints import load_model  # noqa: E402
 from specdec_jax.data import prompts  # noqa: E402
 from specdec_jax.decoding import acceptance, baseline, speculative  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
-from specdec_jax.harness import gin_flags, settings  # noqa: E402
+from specdec_jax.experiment import gin_flags, settings  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
   T5Scorer,
   make_draft,
@@ -155,7 +155,7 @@ def main(argv: list[str]) -> None:
       result["loops"][name] = profiling.account(fn, hlo, units).to_json()
       print(f"{name}: {result['loops'][name]['wall_us']:.0f} us per iteration")
   result["idle_check"] = guard.record()
-  result["environment"] = benchmarking.environment()
+  result["environment"] = timing.environment()
   result["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
   out = _OUTPUT_DIR.value
   atomic_io.write_json(os.path.join(out, "loops.json"), result)

@@ -4,7 +4,7 @@ Every chat prompt of a GGUF target starts with the same tokens (the template's s
 `chat_prompts.shared_prefix`). `LlamaScorer.with_prefix` prefills them once and copies their
 cache into every row, so each example prefills only the rest (`PromptCache.shared_prefix`).
 On the test prompts of the chat tasks, batch 1, cut to their length bucket as the runner cuts
-them, this times side by side (`benchmarking.time_interleaved`: calls rotated per prompt and
+them, this times side by side (`timing.time_interleaved`: calls rotated per prompt and
 pass, first calls apart) the target's once-per-example work (`init_state`: the prefill) and a
 whole greedy baseline decoding, with and without the prefix, inside the timing guard; the
 greedy tokens of the two must be identical.
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from specdec_jax import atomic_io, benchmarking, contention
+from specdec_jax import atomic_io, contention, timing
 from specdec_jax.data import chat_prompts
 from specdec_jax.decoding import baseline, buckets
 from specdec_jax.decoding.sampling import Warp
@@ -69,9 +69,9 @@ def main(argv: Sequence[str]) -> None:
       raise RuntimeError(f"prompt {i}: the prefixed scorer's greedy tokens differ.")
 
   with contention.quiet("benchmark_prompt_prefix") as guard:
-    timings, _ = benchmarking.time_interleaved(
+    timings, _ = timing.time_interleaved(
         decoders, len(batches), _PASSES.value, check=check,
-        warmup=benchmarking.first_of_each_shape(batches))
+        warmup=timing.first_of_each_shape(batches))
   ms = {name: 1e3 * t.median_s / len(batches) for name, t in timings.items()}
   for name, value in ms.items():
     print(f"{name:>30}: {value:8.2f} ms per prompt (compile {timings[name].compile_s:.1f} s)")
@@ -87,6 +87,6 @@ def main(argv: Sequence[str]) -> None:
       _MAX_DECODE_LEN.value, "passes": _PASSES.value, "ms_per_prompt": ms,
       "compile_s": {n: t.compile_s for n, t in timings.items()},
       "speed_ratio_prefix_once": ratios, "greedy_identical": True,
-      "idle_check": guard.record(), "environment": benchmarking.environment(
+      "idle_check": guard.record(), "environment": timing.environment(
           options.provenance())})
   print(f"wrote {_OUTPUT.value}")

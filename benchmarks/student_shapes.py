@@ -5,7 +5,7 @@
 Only alpha needs training; a draft's cost does not. For each shape (layers x width x
 shortlist size) a random-weight `models.llama.student` draft is built on the target's
 embedding and its seconds per proposed token are timed beside the others
-(`benchmarking.draft_token_times_rotated`, gamma 4, one row, a 128-token chat prompt);
+(`timing.draft_token_times_rotated`, gamma 4, one row, a 128-token chat prompt);
 the target's step and verification times T_verify(k) for k = 1..8 are timed the same
 way. Each shape's c = T_draft / T_step then gives, for a few alpha, the speedup
 Theorem 3.8 predicts with the measured T_verify(gamma + 1) in place of one step, at
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from specdec_jax import atomic_io, benchmarking, contention, theory
+from specdec_jax import atomic_io, contention, theory, timing
 from specdec_jax.data import chat_prompts, layout
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.distillation.teacher import gguf_file
@@ -80,10 +80,10 @@ def main(argv: list[str]) -> None:
     drafts[(layers, width, head)] = (draft, inputs, None)
   t0 = time.perf_counter()
   with contention.quiet("student_shapes") as guard:
-    steps = benchmarking.target_step_times(
+    steps = timing.target_step_times(
         target, inputs, chunk_lengths=range(1, 9), cache_len=CACHE_LEN, position=POSITION,
         calls=CALLS, repeats=_REPETITIONS.value)
-    seconds = benchmarking.draft_token_times_rotated(
+    seconds = timing.draft_token_times_rotated(
         drafts, gamma=GAMMA, warp=Warp(), cache_len=CACHE_LEN, position=POSITION,
         calls=CALLS, repetitions=_REPETITIONS.value)
   t_step = steps[1].seconds
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> None:
       row[f"alpha_{alpha}"] = {"gamma": gamma, "speedup": round(speedup, 3)}
     rows.append(row)
   out = {"command": "python -m benchmarks student_shapes", "target": os.path.basename(path),
-         "environment": benchmarking.environment(), "guard": guard.explain(),
+         "environment": timing.environment(), "guard": guard.explain(),
          "t_step_ms": t_step * 1e3, "t_verify_over_t_step": verify,
          "compile_s": {k: s.compile_s for k, s in steps.items()},
          "gamma_timed": GAMMA, "prompt_tokens": PROMPT_LEN, "rows": rows,

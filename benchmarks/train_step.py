@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import atomic_io, benchmarking, contention
+from specdec_jax import atomic_io, contention, timing
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import teacher_signals
 from specdec_jax.models.t5 import T5Model
@@ -97,7 +97,7 @@ def measure() -> dict:
     for r in range(_ROUNDS.value):
       totals = dict.fromkeys(states, 0.0)
       for i, batch in enumerate(batches):
-        for name in benchmarking.rotated(list(states), r + i):
+        for name in timing.rotated(list(states), r + i):
           totals[name] += run(name, batch)
       for name, total in totals.items():
         rounds[name].append(total)
@@ -125,7 +125,7 @@ def measure() -> dict:
       "on_policy_loss": {"distill_divergence": ON_POLICY_LOSS.distill_divergence},
       "steps": steps,
       "speedup": steps["stored_signals"]["steps_per_s"] / steps["target_in_step"]["steps_per_s"],
-      "idle_check": guard.record(), "environment": benchmarking.environment(),
+      "idle_check": guard.record(), "environment": timing.environment(),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
   }
 

@@ -6,7 +6,7 @@ draw from probabilities (`sampling.sample_from_probs`, a two-level inverse
 CDF, against one cumulative sum over the vocabulary). Each runs `--calls`
 times inside a jitted loop with the decoders' XLA options, on `[rows, vocab]`
 inputs that depend on the call before; every (operation, rows) program is
-called once per repetition in a rotated order (`benchmarking.time_rotated`),
+called once per repetition in a rotated order (`timing.time_rotated`),
 and the medians are printed per call, with a plain softmax of the same rows as
 a yardstick.
 
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from absl import flags
 
-from specdec_jax import atomic_io, benchmarking, contention
+from specdec_jax import atomic_io, contention, timing
 from specdec_jax.decoding import sampling
 from specdec_jax.models.options import DecodeOptions
 
@@ -76,7 +76,7 @@ def main(argv: Sequence[str]) -> None:
     for name in OPERATIONS:
       programs[name, r] = functools.partial(loop, x, name=name, calls=_CALLS.value)
   with contention.quiet("benchmark_vocab_ops") as guard:
-    times = benchmarking.time_rotated(programs, _REPETITIONS.value)
+    times = timing.time_rotated(programs, _REPETITIONS.value)
   results = [{"operation": name, "rows": r,
               "us_per_call": 1e6 * statistics.median(times[name, r]) / _CALLS.value}
              for r in rows for name in OPERATIONS]
@@ -85,6 +85,6 @@ def main(argv: Sequence[str]) -> None:
   atomic_io.write_json(_OUTPUT.value, {
       "command": "python -m benchmarks vocab_ops", "vocab": _VOCAB.value,
       "calls": _CALLS.value, "repetitions": _REPETITIONS.value, "results": results,
-      "idle_check": guard.record(), "environment": benchmarking.environment(options.provenance())})
+      "idle_check": guard.record(), "environment": timing.environment(options.provenance())})
   print(f"wrote {_OUTPUT.value}")
 

@@ -8,12 +8,12 @@ For each results directory (default: every `<results_root>/*/results.jsonl` of
 `experiments.run` points)
 writes `tables.md` and PNG figures next to it, the theory figures to
 `<results_root>/theory/`, and `<results_root>/analysis_section.md` for
-results/README.md (`specdec_jax.harness.report`); with --output_dir, all of it
+results/README.md (`specdec_jax.experiment.report`); with --output_dir, all of it
 goes there instead (one folder per results directory), and results/ is only read.
 
 `--alpha_curves` draws instead alpha against training time for training runs that
 measured it (`experiments.train` with `TrainConfig.alpha_every_steps`: each run's
-`alpha_curve.json`, `specdec_jax.harness.alpha_curves`) into `<output_dir>/curves.json`
+`alpha_curve.json`, `specdec_jax.experiment.alpha_curves`) into `<output_dir>/curves.json`
 (recipes already there and not named now are kept) and `curves.png`.
 """
 
@@ -26,7 +26,7 @@ import os
 from absl import app, flags
 
 from specdec_jax import atomic_io
-from specdec_jax.harness import alpha_curves, report, results_io
+from specdec_jax.experiment import alpha_curves, report, results_io
 
 _RESULTS_DIR = flags.DEFINE_multi_string(
     "results_dir", [], "Directories holding results.jsonl (default: all under --results_root).")

@@ -21,7 +21,7 @@ its dtype and drafts), the rest is `DeviceCheck`. In order:
                 beside the ratio of the bytes a step reads at each (its weights, encoded
                 inputs and cache: `Scorer.init_state` at both lengths): a whole-cache
                 rewrite per step shows as a time ratio well above the bytes ratio.
-  runs          each run by the runner (`harness.runner`) into OUT_DIR/<name>/results.jsonl,
+  runs          each run by the runner (`experiment.runner`) into OUT_DIR/<name>/results.jsonl,
                 one `PointRow` per point: both decoders interleaved, the speedup, alpha,
                 c, T_step and T_verify(k) for k = 1..`DeviceCheck.max_k` (the step
                 costs), Theorem 3.8 and the cost model. `GreedyCheck.enforce = False`
@@ -37,7 +37,7 @@ two sections and the environment, OUT_DIR/tables.md sums everything up, and
 figures. The timing guard (`specdec_jax.contention`) watches the project's shared CPU;
 here it is recorded in every row, not enforced.
 
-`--regime_map` runs, instead, the T5 regime map's sweep (`specdec_jax.harness.regime_map`
+`--regime_map` runs, instead, the T5 regime map's sweep (`specdec_jax.regime_map.sweep`
 with `REGIME_MAP`'s settings: the public T5 shapes to t5-3b in bfloat16 and our family)
 into OUT_DIR/regime_map, then its predictions and tables (`regime_predictions`), and its
 figure where matplotlib is installed (elsewhere: `python -m experiments.regime_map
@@ -63,19 +63,14 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-from specdec_jax import atomic_io, benchmarking, checkpoints, contention, partitioning
-from specdec_jax.harness import (
-    accelerator_checks,
-    gin_flags,
-    regime_map,
-    regime_predictions,
-    registry,
-    results_io,
-    runner,
-    settings,
-)
-from specdec_jax.harness.record import PointRow
+from experiments import accelerator_checks
+from specdec_jax import atomic_io, checkpoints, contention, partitioning, timing
+from specdec_jax.experiment import gin_flags, results_io, runner, settings
+from specdec_jax.experiment.measure import GreedyCheck
+from specdec_jax.experiment.record import PointRow
+from specdec_jax.experiment.targets import registry
 from specdec_jax.models.t5 import T5Config
+from specdec_jax.regime_map import regime_predictions, sweep
 
 Array = jax.Array
 
@@ -84,8 +79,8 @@ CHECKS_FILE = "checks.json"
 TABLES_FILE = "tables.md"
 
 # `--regime_map`: the regime map's sweep on the accelerator, in the dtype it is used in there.
-REGIME_MAP = regime_map.MapSettings(
-    shapes=tuple(regime_map.SHAPES), dtype="bfloat16", param_dtype="bfloat16",
+REGIME_MAP = sweep.MapSettings(
+    shapes=tuple(sweep.SHAPES), dtype="bfloat16", param_dtype="bfloat16",
     timing_calls=16, timing_repeats=5, timing_rounds=5)
 REGIME_MAP_DIR = "regime_map"
 
@@ -181,7 +176,7 @@ _STARTED = time.monotonic()  # `_log`'s clock; the budget counts from `measure`'
 
 def environment(command: str) -> dict[str, Any]:
   """Where and with what the check ran."""
-  return {**benchmarking.environment(), "jaxlib": jaxlib.__version__,
+  return {**timing.environment(), "jaxlib": jaxlib.__version__,
           "flax": flax.__version__, "numpy": np.__version__,
           "devices": [str(d) for d in jax.devices()], "command": command,
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -243,7 +238,8 @@ def measure(check: DeviceCheck, exps: Sequence[settings.Experiment], output_dir:
     directory = os.path.join(output_dir, exp.name)
     report.planned[exp.name] = len(settings.plan(exp))
     try:
-      path = runner.run(exp, directory, max_gamma=check.max_k - 1, deadline=deadline)
+      path = runner.run(exp, directory, greedy=GreedyCheck(), max_gamma=check.max_k - 1,
+                        deadline=deadline)
     except Exception as e:  # One failing run must not cost the others theirs.
       report.failed[exp.name] = f"{type(e).__name__}: {e}"
       _log(f"FAILED {exp.name}: {report.failed[exp.name]}")
@@ -293,15 +289,15 @@ def tables(report: Report) -> str:
   return "\n".join(lines) + "\n"
 
 
-def run_regime_map(output_dir: str, map_settings: regime_map.MapSettings = REGIME_MAP) -> str:
+def run_regime_map(output_dir: str, map_settings: sweep.MapSettings = REGIME_MAP) -> str:
   """The regime map's sweep into `<output_dir>/regime_map`: rows, predictions, tables, and the
   figure where matplotlib is installed; returns the tables' text."""
   out = os.path.join(output_dir, REGIME_MAP_DIR)
-  rows = regime_map.run(map_settings, out)
+  rows = sweep.run(map_settings, out)
   report = regime_predictions.write_report(rows, map_settings, regime_predictions.MapPredictions(),
                                            out, " ".join(sys.argv))
   try:
-    from specdec_jax.harness import regime_figure  # noqa: PLC0415  (needs matplotlib)
+    from specdec_jax.regime_map import regime_figure  # noqa: PLC0415  (needs matplotlib)
   except ImportError:
     print(f"No matplotlib here: draw the figure with python -m experiments.regime_map "
           f"--nomeasure --output_dir={out}", file=sys.stderr)

@@ -19,8 +19,8 @@ import gin
 from absl import app, flags
 
 from specdec_jax import atomic_io
-from specdec_jax.harness import gin_flags
-from specdec_jax.harness.train_student import StudentTrainConfig, teacher_forced_alpha
+from specdec_jax.experiment import gin_flags
+from specdec_jax.training.train_student import StudentTrainConfig, teacher_forced_alpha
 
 _DRAFT = flags.DEFINE_string("draft", None, "The exported draft's directory.")
 _OUTPUT = flags.DEFINE_string("output", None, "Also write the estimates to this JSON file.")

@@ -21,7 +21,7 @@ from absl import app, flags
 from safetensors.numpy import load_file, save_file
 
 from specdec_jax.data import layout
-from specdec_jax.harness import family
+from specdec_jax.experiment.targets import family
 
 _CHECKPOINTS_DIR = flags.DEFINE_string(
     "checkpoints_dir", os.path.join(layout.REPO_ROOT, "checkpoints"),

@@ -5,7 +5,7 @@
       [--num_examples=N] [--batch_size=32] [--output=results/alpha/alpha.json]
 
 The target and its drafts are built as `experiments.run` builds them
-(`harness.registry`): the shared `Settings`, bound in gin (`--gin_file`, any run's
+(`experiment.targets.registry`): the shared `Settings`, bound in gin (`--gin_file`, any run's
 config; `--gin.Settings.FIELD=VALUE`), name the kind of target (`Settings.target_kind`),
 the target, the lengths, gamma and the seed; every `--drafts` spec is a draft of that kind
 (for a "t5" target, by default, the shipped family's drafts). The run is checked before
@@ -42,12 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import atomic_io, benchmarking, distributed, partitioning, stats, validation
+from specdec_jax import atomic_io, distributed, partitioning, stats, timing, validation
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding import buckets, speculative
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import family, gin_flags, registry, settings, targets
+from specdec_jax.experiment import gin_flags, settings
+from specdec_jax.experiment.targets import family, interface, registry
 
 _DRAFTS = flags.DEFINE_list(
     "drafts", None, "Draft specs of the target's kind (`Experiment.drafts` of a run); default "
@@ -110,7 +111,7 @@ def temperature_key(temperature: float) -> str:
   return f"T={temperature:g}"
 
 
-def measure(target: targets.LoadedTarget, draft: Draft, inputs: Sequence[jax.Array], *,
+def measure(target: interface.LoadedTarget, draft: Draft, inputs: Sequence[jax.Array], *,
             gamma: int, max_decode_len: int, temperature: float, seed: int) -> dict[str, Any]:
   """One row: the speculative loop's counters pooled over `inputs`.
 
@@ -149,7 +150,7 @@ def run_settings(exp: settings.Experiment) -> dict[str, Any]:
           "max_decode_len": exp.max_decode_len, "seed": exp.seed, "dtype": exp.dtype}
 
 
-def details(exp: settings.Experiment, target: targets.LoadedTarget,
+def details(exp: settings.Experiment, target: interface.LoadedTarget,
             examples: dict[str, tuple[int, int]], previous: dict[str, Any]) -> dict[str, Any]:
   """`_details`: how the rows were measured.
 
@@ -175,7 +176,7 @@ def details(exp: settings.Experiment, target: targets.LoadedTarget,
                            else previous.get("ngram_fit_tokens")),
       "estimators": ESTIMATORS,
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "environment": benchmarking.environment(target.scorer.decode_options.provenance())}
+      "environment": timing.environment(target.scorer.decode_options.provenance())}
 
 
 def previous_rows(path: str, exp: settings.Experiment) -> dict[str, Any]:
@@ -247,7 +248,7 @@ def main(argv: list[str]) -> None:
     for spec in exp.drafts:
       draft_kind = kind.draft_kind(spec)
       for task in exp.tasks:
-        key = targets.draft_key(draft_kind, spec, task)
+        key = interface.draft_key(draft_kind, spec, task)
         if key not in drafts:
           drafts[key] = draft_kind.build(target, spec, key[1])
           validation.check_draft(drafts[key], target.scorer.vocab_size, inputs[task][0], None,

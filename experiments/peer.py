@@ -10,7 +10,7 @@ our baseline and speculative decoder, and transformers' greedy `generate` and
 its assisted generation. All four must produce identical tokens (reported, and
 the run fails if not). Calls rotate their order per prompt and repetition;
 first calls (compilation / warm-up) are reported apart
-(`benchmarking.time_interleaved`). The target kind, models directory, target,
+(`timing.time_interleaved`). The target kind, models directory, target,
 lengths and gamma are the shared `Settings` (gin):
 
   * "t5": our `temperature_sample` / `speculative_sample` against
@@ -44,12 +44,13 @@ import torch
 import transformers
 from absl import app, flags
 
-from specdec_jax import atomic_io, benchmarking, contention, partitioning
+from specdec_jax import atomic_io, contention, partitioning, timing
 from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import gin_flags, llama_target, settings, targets
+from specdec_jax.experiment import gin_flags, settings
+from specdec_jax.experiment.targets import interface, llama_target
 from specdec_jax.models.llama import student_io
 from specdec_jax.models.llama.student_hf import check_exportable, to_transformers
 from specdec_jax.models.t5 import T5Model, make_draft, speculative_sample, temperature_sample
@@ -143,7 +144,7 @@ def _llama_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
   if kind is llama_target.LAYER_SKIP:
     llama_target.LAYER_SKIP.check(shared, spec, 0)
     assisted = {"assistant_early_exit": llama_target.layer_skip_depth(spec)}
-  elif kind is targets.PROMPT_LOOKUP:
+  elif kind is interface.PROMPT_LOOKUP:
     assisted = {"prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 3}
   elif kind is llama_target.STUDENT:
     llama_target.STUDENT.check(shared, spec, llama_target.read_config(shared).vocab_size)
@@ -212,9 +213,9 @@ def main(argv: list[str]) -> None:
                                                                           mesh)
     names = list(decoders)
     with contention.quiet("experiments.peer") as guard:
-      timings, outputs = benchmarking.time_interleaved(
+      timings, outputs = timing.time_interleaved(
           {n: lambda i, fn=decoders[n]: fn(inputs[i]) for n in names}, len(inputs),
-          _REPEATS.value, fetch=lambda out: out, warmup=benchmarking.first_of_each_shape(inputs))
+          _REPEATS.value, fetch=lambda out: out, warmup=timing.first_of_each_shape(inputs))
   _, source = prompts.load_examples(_TASK.value, "test", _NUM.value)
 
   reference = outputs["ours_baseline"]
@@ -243,7 +244,7 @@ def main(argv: list[str]) -> None:
           "theirs": tokens_per_s["hf_assisted"] / tokens_per_s["hf_greedy"]},
       "transformers": transformers.__version__,
       "torch_threads": torch.get_num_threads(),
-      "environment": benchmarking.environment(),
+      "environment": timing.environment(),
       "idle_check": guard.record(),
   }
   path = os.path.join(_OUTPUT_DIR.value, f"peer_{shared.target}_{_DRAFT.value}_{_TASK.value}"

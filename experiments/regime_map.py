@@ -3,7 +3,7 @@
   python -m experiments.regime_map --gin_file=gin_configs/regime_map.gin \
       [--output_dir=results/regime_map] [--gin.RegimeMap.shapes="['t5-small']"] [--nomeasure]
 
-Measures (`specdec_jax.harness.regime_map`) every cost of the cost model on random-weight
+Measures (`specdec_jax.regime_map.sweep`) every cost of the cost model on random-weight
 models of the public T5 shapes, each saved in float16 and loaded back as a user's checkpoint
 is, and on our shipped family, in one run; then prices every (draft, target) pair at every
 gamma with the paper's alpha and with ours (`regime_predictions`), after stating the cost
@@ -34,15 +34,9 @@ import sys
 import gin
 from absl import app, flags
 
-from specdec_jax.harness import (
-    gin_flags,
-    regime_figure,
-    regime_map,
-    regime_predictions,
-    results_io,
-    runner,
-    settings,
-)
+from specdec_jax.experiment import gin_flags, results_io, runner, settings
+from specdec_jax.experiment.measure import GreedyCheck
+from specdec_jax.regime_map import regime_figure, regime_predictions, sweep
 
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", os.path.join("results", "regime_map"),
@@ -55,23 +49,23 @@ _FAMILY_RUNS = flags.DEFINE_list(
     "<output_dir>/family/<Experiment.name>/): the points the cost model's error is taken on, "
     "and our alpha. Empty: RegimePredictions.measured_rows (committed rows) instead.")
 
-RegimeMap = gin.external_configurable(regime_map.MapSettings, "RegimeMap")
+RegimeMap = gin.external_configurable(sweep.MapSettings, "RegimeMap")
 RegimePredictions = gin.external_configurable(regime_predictions.MapPredictions,
                                               "RegimePredictions")
 FIGURE_FILE = "regime_map.png"
 
 
-def measured_rows(output_dir: str) -> tuple[list[dict], regime_map.MapSettings]:
+def measured_rows(output_dir: str) -> tuple[list[dict], sweep.MapSettings]:
   """The rows already in `output_dir` and the settings they were measured with.
 
   Raises:
     app.UsageError: there are none.
   """
-  rows = results_io.read_rows(os.path.join(output_dir, regime_map.ROWS_FILE))
+  rows = results_io.read_rows(os.path.join(output_dir, sweep.ROWS_FILE))
   if not rows:
-    raise app.UsageError(f"--nomeasure: {output_dir} holds no {regime_map.ROWS_FILE}; measure "
+    raise app.UsageError(f"--nomeasure: {output_dir} holds no {sweep.ROWS_FILE}; measure "
                          "first (drop --nomeasure) or point --output_dir at a run's rows.")
-  return rows, regime_map.MapSettings(**rows[0]["settings"])
+  return rows, sweep.MapSettings(**rows[0]["settings"])
 
 
 def family_rows(gin_files: list[str], output_dir: str, measure: bool) -> list[str]:
@@ -81,7 +75,7 @@ def family_rows(gin_files: list[str], output_dir: str, measure: bool) -> list[st
   for gin_file in gin_files:
     exp = runner.load_experiment([gin_file], [])
     directory = os.path.join(output_dir, "family", exp.name)
-    paths.append(runner.run(exp, directory) if measure
+    paths.append(runner.run(exp, directory, greedy=GreedyCheck()) if measure
                  else os.path.join(directory, results_io.RESULTS_FILE))
   return paths
 
@@ -99,7 +93,7 @@ def main(argv: list[str]) -> None:
   if family:
     prediction_settings = dataclasses.replace(prediction_settings, measured_rows=family)
   if _MEASURE.value:
-    rows = regime_map.run(map_settings, output_dir)
+    rows = sweep.run(map_settings, output_dir)
   else:
     rows, map_settings = measured_rows(output_dir)
   command = " ".join(["python -m experiments.regime_map"] + sys.argv[1:])
@@ -111,7 +105,7 @@ def main(argv: list[str]) -> None:
   with open(os.path.join(output_dir, regime_predictions.TABLES_FILE), encoding="utf-8") as f:
     print(f.read())
   print(f"Cost model on our family: {report['error_summary']['verdict']}. Wrote {output_dir}/"
-        f"{{{regime_map.ROWS_FILE}, {regime_predictions.PREDICTIONS_FILE}, "
+        f"{{{sweep.ROWS_FILE}, {regime_predictions.PREDICTIONS_FILE}, "
         f"{regime_predictions.TABLES_FILE}}} and {figure}.")
 
 

@@ -4,14 +4,14 @@
       [--gin.Experiment.gammas=[1,2,3]] [--gin_bindings="Experiment.seed = 1"] \
       [--output_dir=results/quickstart_t5]
 
-Everything about a run is `specdec_jax.harness.settings.Experiment`, bound in
+Everything about a run is `specdec_jax.experiment.settings.Experiment`, bound in
 gin (its shared fields also by `Settings.*`). The run is checked before any
 work, then each point (task, batch size, draft, temperature, gamma) is measured
 and appended to `<output_dir>/results.jsonl` atomically; points already there
 are skipped, so an interrupted run resumes where it stopped
-(`specdec_jax.harness.runner`). `python -m experiments.analyze` turns the
+(`specdec_jax.experiment.runner`). `python -m experiments.analyze` turns the
 file into tables and figures. A gin file that binds `Suite.experiments` (a list of
-gin files) measures each of them in turn (`specdec_jax.harness.suite`).
+gin files) measures each of them in turn (`specdec_jax.experiment.suite`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import os
 from absl import app, flags
 
 from specdec_jax import compilation_cache, distributed
-from specdec_jax.harness import gin_flags, results_io, runner, settings, suite
-from specdec_jax.harness.record import PointRow
+from specdec_jax.experiment import gin_flags, results_io, runner, settings, suite
+from specdec_jax.experiment import measure as measure_lib
+from specdec_jax.experiment.record import PointRow
 
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", None, "Where results.jsonl goes (default runs/<Experiment.name>: your own "
@@ -64,7 +65,7 @@ def main(argv: list[str]) -> None:
 def measure(exp: settings.Experiment, output_dir: str | None) -> None:
   """Measures one experiment's missing points and prints its table."""
   output_dir = output_dir or os.path.join(runner.RUNS_ROOT, exp.name)
-  path = runner.run(exp, output_dir)
+  path = runner.run(exp, output_dir, greedy=measure_lib.GreedyCheck())
   planned = {p.key for p in settings.plan(exp)}
   rows = [PointRow.from_json(r) for r in results_io.read_rows(path)
           if results_io.row_key(r) in planned]

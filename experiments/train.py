@@ -1,7 +1,7 @@
 """Trains a T5 (or a shared-encoder draft) on the specdec mixture, resumably; evaluates;
 exports (HuggingFace format; a shared-encoder draft in our format, `checkpoints.load_model`).
 A gin file that binds `train_student.config` trains a decoder-only draft for a GGUF
-target on its stored signals instead (`specdec_jax.harness.train_student`).
+target on its stored signals instead (`specdec_jax.training.train_student`).
 
   python -m experiments.train --gin_file=gin_configs/train/target.gin \
       --model_dir=checkpoints/target [--gin.TrainConfig.total_steps=100] [--eval_only]
@@ -11,7 +11,7 @@ target on its stored signals instead (`specdec_jax.harness.train_student`).
 Writes into `--model_dir`: `checkpoints/` (Orbax, the last few), `hf/` (HF T5 format with
 the vocabulary as `spiece.model`) and `train_summary.json`. Rerunning resumes from the
 latest checkpoint (SIGTERM / Ctrl-C save one first); a finished run is not retrained
-(`specdec_jax.harness.train`).
+(`specdec_jax.training.train_t5`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import gin
 from absl import app, flags, logging
 
 from specdec_jax import compilation_cache, contention
-from specdec_jax.harness import gin_flags
-from specdec_jax.harness.train import train
-from specdec_jax.harness.train_student import train_student
+from specdec_jax.experiment import gin_flags
+from specdec_jax.training.train_student import train_student
+from specdec_jax.training.train_t5 import train
 
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Run directory (checkpoints, hf/, summary).")
 _EVAL_ONLY = flags.DEFINE_bool("eval_only", False,

@@ -1,6 +1,6 @@
 """gamma = 'auto', the decision: the draft length the whole cost model predicts to be fastest.
 
-A pure function of measured times (no model, no timing; `specdec_jax.costs`
+A pure function of measured times (no model, no timing; `specdec_jax.timing`
 measures them). `theory.CostModel.sequence_speedup` prices a decoding as it
 runs: the target's one-token step T_step and its k-token call T_verify(k), the
 draft's cost per proposed token T_draft (c = T_draft / T_step), each loop's own
@@ -27,7 +27,7 @@ reason.
 
 Why beside `theory` and not in it: theory is the paper's formulas; this module
 adds what a decision from measured times needs (the fit, the record, the
-checks). The results schema (`harness.record`) and the figures import this
+checks). The results schema (`experiment.record`) and the figures import this
 module only, not the measurement.
 """
 
@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 from specdec_jax import theory, validation
 from specdec_jax.stats import Pooled, nondecreasing_fit
+from specdec_jax.theory import LoopCosts
 
 DEFAULT_MAX_GAMMA = 8
 DEFAULT_CALIBRATION_GAMMA = 3
@@ -91,46 +92,6 @@ def pooled_alpha(stats: Sequence[Any], gamma: int) -> AlphaEstimate:
 
 
 @dataclasses.dataclass(frozen=True)
-class LoopCosts:
-  """What the decoders cost besides their model calls (`theory.CostModel`'s extra terms).
-
-  Attributes:
-    encode_target_s: the target's work once per sequence, seconds per batch:
-      `Scorer.encode` (a T5's encoder) and `Scorer.init_state` (an empty
-      cache; a decoder-only model's prefill of its prompt).
-    encode_draft_s: the draft's `init_state`, seconds per batch (its encoder,
-      a prefill; ~0 for a table look-up).
-    step_overhead_s: seconds per baseline step beyond T_step.
-    iteration_overhead_s: seconds per speculative iteration beyond gamma T_draft +
-      T_verify(gamma + 1) + gamma proposal_overhead_s.
-    batches: how many batches the decoders were timed on.
-    held_out: whether those were examples outside the measured ones.
-    loop_tokens: tokens per batch as the loops run them (until the batch's
-      longest row ends), the mean over batches: N in the sequence speedup.
-    proposal_overhead_s: seconds per proposed token of the loop's own work
-      (0 when the speculative decoder was timed at one gamma, as rows before
-      this term were).
-  """
-
-  encode_target_s: float
-  encode_draft_s: float
-  step_overhead_s: float
-  iteration_overhead_s: float
-  batches: int
-  held_out: bool
-  loop_tokens: float
-  proposal_overhead_s: float = 0.0
-
-  def cost_model(self, t_chunk: Mapping[int, float], t_draft: float) -> theory.CostModel:
-    """The whole `theory.CostModel`: these terms with the model calls' times."""
-    return theory.CostModel(
-        t_chunk[1], t_draft, t_chunk, t_step_overhead=self.step_overhead_s,
-        t_iteration_overhead=self.iteration_overhead_s,
-        t_proposal_overhead=self.proposal_overhead_s, t_encode_target=self.encode_target_s,
-        t_encode_draft=self.encode_draft_s)
-
-
-@dataclasses.dataclass(frozen=True)
 class GammaChoice:
   """The chosen gamma and everything the choice was made from.
 
@@ -159,7 +120,7 @@ class GammaChoice:
     speedup_thm38: {gamma: `theory.walltime_improvement`} (verification free).
     calibration_s: wall-clock seconds the calibration took (compilation included).
     idle_check: the `contention.Guard` record of the calibration's timings, set
-      by whoever guarded them (`harness.measure.calibrate`); None when
+      by whoever guarded them (`experiment.measure.calibrate`); None when
       unguarded.
     reason: one line: the choice, its neighbours' predictions, the terms that
       decided it, where the simpler models would differ and any gamma

@@ -11,7 +11,7 @@ and read alpha, tokens per target call and the draft cost c from here:
   tokens per call    tokens emitted per target call (Theorem 3.8's
                      E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha)).
   c                  the draft's time per proposed token over the target's
-                     one-token step (both timed in jitted loops, `benchmarking`).
+                     one-token step (both timed in jitted loops, `timing`).
 
 numpy only: no JAX arrays are created, no TensorFlow.
 """

@@ -416,3 +416,44 @@ class CostModel:
                        f"with 1 <= gamma <= max_gamma={max_gamma}; measure t_verify[2].")
     return _best(gammas, np.array([self.predicted_speedup(alpha, int(g), tokens)
                                    for g in gammas]))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopCosts:
+  """What the decoders cost besides their model calls: `CostModel`'s extra terms, as
+  `timing.measure_loop_costs` measures them.
+
+  Attributes:
+    encode_target_s: the target's work once per sequence, seconds per batch:
+      `Scorer.encode` (a T5's encoder) and `Scorer.init_state` (an empty
+      cache; a decoder-only model's prefill of its prompt).
+    encode_draft_s: the draft's `init_state`, seconds per batch (its encoder,
+      a prefill; ~0 for a table look-up).
+    step_overhead_s: seconds per baseline step beyond T_step.
+    iteration_overhead_s: seconds per speculative iteration beyond gamma T_draft +
+      T_verify(gamma + 1) + gamma proposal_overhead_s.
+    batches: how many batches the decoders were timed on.
+    held_out: whether those were examples outside the measured ones.
+    loop_tokens: tokens per batch as the loops run them (until the batch's
+      longest row ends), the mean over batches: N in the sequence speedup.
+    proposal_overhead_s: seconds per proposed token of the loop's own work
+      (0 when the speculative decoder was timed at one gamma, as rows before
+      this term were).
+  """
+
+  encode_target_s: float
+  encode_draft_s: float
+  step_overhead_s: float
+  iteration_overhead_s: float
+  batches: int
+  held_out: bool
+  loop_tokens: float
+  proposal_overhead_s: float = 0.0
+
+  def cost_model(self, t_chunk: Mapping[int, float], t_draft: float) -> CostModel:
+    """The whole `CostModel`: these terms with the model calls' times."""
+    return CostModel(
+        t_chunk[1], t_draft, t_chunk, t_step_overhead=self.step_overhead_s,
+        t_iteration_overhead=self.iteration_overhead_s,
+        t_proposal_overhead=self.proposal_overhead_s, t_encode_target=self.encode_target_s,
+        t_encode_draft=self.encode_draft_s)

@@ -3,7 +3,7 @@
 The decoders (`models.t5.temperature_sample` / `speculative_sample`, data
 parallel or not; `baseline.decode` / `speculative.speculative_decode`
 through `check_scorer_decode_args`), the drafts' constructors, `checkpoints`,
-`specdec_jax.harness.settings.validate` and the experiment commands check their
+`specdec_jax.experiment.settings.validate` and the experiment commands check their
 arguments with these functions before anything is loaded or compiled. Every
 failure is a `ValueError` whose message names the argument, what it got and
 what to pass instead.

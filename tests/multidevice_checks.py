@@ -39,10 +39,10 @@ from specdec_jax.models.llama import TEST_CONFIG as LLAMA_TEST_CONFIG  # noqa: E
 from specdec_jax.models.llama import LlamaModel, LlamaScorer, pad_prompts  # noqa: E402
 from specdec_jax.models.options import DecodeOptions  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
-    T5Draft,
-    T5Scorer,
-    speculative_sample,
-    temperature_sample,
+  T5Draft,
+  T5Scorer,
+  speculative_sample,
+  temperature_sample,
 )
 
 MESHES = ((8, 1), (2, 4), (1, 8))

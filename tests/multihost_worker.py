@@ -28,10 +28,10 @@ from conftest import make_model  # noqa: E402
 from specdec_jax import distributed, partitioning  # noqa: E402
 from specdec_jax.models.options import DecodeOptions  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
-    T5Draft,
-    T5Model,
-    speculative_sample,
-    temperature_sample,
+  T5Draft,
+  T5Model,
+  speculative_sample,
+  temperature_sample,
 )
 
 # Shared with test_distributed.py, which decodes the same on one device.
@@ -71,8 +71,9 @@ def main(coordinator: str, num_processes: int, process_id: int, out_json: str,
     with open(out_json, "w") as f:
       json.dump(gathered, f)
   if gin_file:
-    from specdec_jax.harness import runner
-    runner.run(runner.load_experiment([gin_file], []), out_dir)
+    from specdec_jax.experiment import runner
+    from specdec_jax.experiment.measure import GreedyCheck
+    runner.run(runner.load_experiment([gin_file], []), out_dir, greedy=GreedyCheck())
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import make_model
 
-from specdec_jax import benchmarking
+from specdec_jax import timing
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models.t5 import T5Draft, T5Scorer
 
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_environment_names_the_code_it_measured():
-  env = benchmarking.environment()
+  env = timing.environment()
   assert env["backend"] and env["cpu_count"] >= 1
   with open("/proc/cpuinfo") as f:
     avx512 = " avx512f " in f.read().replace("\n", " ")
@@ -39,18 +39,18 @@ def test_the_timed_pair_runs_and_checks_its_position():
   scorer = T5Scorer(target, target.prepare(target_params))
   draft = T5Draft(draft_model, draft_params)
   inputs = jnp.asarray(np.random.RandomState(0).randint(2, 97, size=(1, 8)), jnp.int32)
-  timing = benchmarking.propose_verify_time(scorer, draft, inputs, gamma=3, warp=Warp(0.0),
-                                            cache_len=12, position=4, calls=2, repeats=1)
-  assert timing.seconds > 0
+  pair = timing.propose_verify_time(scorer, draft, inputs, gamma=3, warp=Warp(0.0),
+                                    cache_len=12, position=4, calls=2, repeats=1)
+  assert pair.seconds > 0
   with pytest.raises(ValueError, match="must fit in cache_len=12"):
-    benchmarking.propose_verify_time(scorer, draft, inputs, gamma=3, warp=Warp(0.0),
+    timing.propose_verify_time(scorer, draft, inputs, gamma=3, warp=Warp(0.0),
                                      cache_len=12, position=8, calls=2, repeats=1)
 
 
 def test_time_rotated_calls_each_program_once_untimed_then_in_rotated_order():
   calls = []
   programs = {name: (lambda name=name: calls.append(name) or jnp.zeros(())) for name in "abc"}
-  seconds = benchmarking.time_rotated(programs, repetitions=3)
+  seconds = timing.time_rotated(programs, repetitions=3)
   assert calls == list("abc") + list("abc") + list("bca") + list("cab")
   assert sorted(seconds) == list("abc")
   assert all(len(s) == 3 and min(s) >= 0 for s in seconds.values())

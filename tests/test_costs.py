@@ -1,4 +1,4 @@
-"""Cost measurement (`specdec_jax.costs`) and the T5 conveniences on tiny T5s, and the gin run
+"""Cost measurement and gamma = 'auto' (`specdec_jax.timing`) on tiny T5s, and the gin run
 with gamma = 'auto', which applies the timing guard and records its check."""
 
 from __future__ import annotations
@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 from conftest import make_model
 
-from specdec_jax import benchmarking, costs, gamma_choice
+from specdec_jax import gamma_choice, timing
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import measure, results_io, runner, settings
-from specdec_jax.harness.record import PointRow
-from specdec_jax.models.t5 import T5Draft, T5Scorer, choose_gamma
+from specdec_jax.experiment import measure, results_io, runner, settings
+from specdec_jax.experiment.measure import GreedyCheck
+from specdec_jax.experiment.record import PointRow
+from specdec_jax.models.t5 import T5Draft, T5Scorer
+from specdec_jax.theory import LoopCosts
 
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("costs")
@@ -26,12 +28,17 @@ def pair():
   return target, params, inputs
 
 
+def _scorer(target, params) -> T5Scorer:
+  return T5Scorer(target, target.prepare(params))
+
+
 def test_choose_gamma_calibrates(pair):
   """The target as its own draft: every proposal accepted, alpha = 1 by both estimators."""
   target, params, inputs = pair
-  choice = choose_gamma(target, params, T5Draft(target, params), inputs, max_decode_len=6,
-                        temperature=1.0, max_gamma=2, calibration_gamma=2, timing_calls=2,
-                        timing_repeats=1, timing_rounds=2)
+  choice = timing.choose_gamma(_scorer(target, params), T5Draft(target, params), inputs,
+                               max_decode_len=6, eos_id=1, temperature=1.0, max_gamma=2,
+                               calibration_gamma=2, timing_calls=2, timing_repeats=1,
+                               timing_rounds=2)
   measured = choice.alpha_measured
   np.testing.assert_allclose([measured.beta, measured.empirical], 1.0, atol=1e-5)
   assert (measured.examples, measured.gamma) == (2, 2) and measured.tokens > 0
@@ -55,11 +62,11 @@ def test_verify_times_reads_the_level_from_medians_and_the_shape_from_fastest_ro
   def fake(*a, chunk_lengths, **k):
     orders.append(list(chunk_lengths))
     factor = slowed[len(orders) - 1]
-    return {c: benchmarking.StepTimes(seconds=factor[c] * (1 + 0.1 * c), compile_s=0.5)
+    return {c: timing.StepTimes(seconds=factor[c] * (1 + 0.1 * c), compile_s=0.5)
             for c in chunk_lengths}
 
-  monkeypatch.setattr(costs.benchmarking, "target_step_times", fake)
-  got = costs.verify_times(T5Scorer(target, params), inputs, max_gamma=2,
+  monkeypatch.setattr(timing, "target_step_times", fake)
+  got = timing.verify_times(T5Scorer(target, params), inputs, max_gamma=2,
                            max_decode_len=6, calls=2, repeats=1, rounds=3)
   assert orders == [[1, 2, 3], [3, 2, 1], [1, 2, 3]]
   t_step = 1.65  # The median of 3.3, 1.65 and 1.1.
@@ -82,9 +89,9 @@ def test_measure_loop_costs_prices_the_loop_per_iteration_and_per_proposal(
   target, params, inputs = pair
   batches = [inputs[:1], inputs[1:]]
   t_chunk, t_draft, encoders = {k: 1.0 + 0.1 * k for k in range(1, 5)}, 0.05, 0.003
-  monkeypatch.setattr(costs.benchmarking, "time_calls",
-                      lambda fn, repeats: benchmarking.Timing(first_s=0.0, times_s=(0.001,)))
-  real = benchmarking.time_interleaved
+  monkeypatch.setattr(timing, "time_calls",
+                      lambda fn, repeats: timing.Timing(first_s=0.0, times_s=(0.001,)))
+  real = timing.time_interleaved
 
   def timed(decoders, *a, **k):
     timings, outputs = real(decoders, *a, **k)
@@ -93,12 +100,12 @@ def test_measure_loop_costs_prices_the_loop_per_iteration_and_per_proposal(
         g = int(name.removeprefix("gamma="))
         loop = g * t_draft + t_chunk[g + 1] + fixed + g * per_proposal
         total = len(batches) * encoders + sum(int(o.stats.loop_iterations) for o in outs) * loop
-        timings[name] = benchmarking.DecoderTiming(first_s=(0.0,), calls_s=((total,),),
+        timings[name] = timing.DecoderTiming(first_s=(0.0,), calls_s=((total,),),
                                                    warmup=(0,))
     return timings, outputs
 
-  monkeypatch.setattr(costs.benchmarking, "time_interleaved", timed)
-  loops, estimate = costs.measure_loop_costs(
+  monkeypatch.setattr(timing, "time_interleaved", timed)
+  loops, estimate = timing.measure_loop_costs(
       T5Scorer(target, params), T5Draft(target, params), batches, gamma=3, warp=Warp(0.0),
       max_decode_len=6, eos_id=1, t_chunk=t_chunk, t_draft=t_draft,
       rng=jax.random.PRNGKey(0), repeats=1, held_out=True, slope_gamma=1)
@@ -113,18 +120,18 @@ def test_measure_loop_costs_prices_the_loop_per_iteration_and_per_proposal(
 
 def test_choose_gamma_with_given_alpha_decides_with_it(pair, monkeypatch):
   target, params, inputs = pair
-  steps = benchmarking.StepTimes(seconds=1.0, compile_s=0.0)
-  monkeypatch.setattr(costs.benchmarking, "target_step_times",
+  steps = timing.StepTimes(seconds=1.0, compile_s=0.0)
+  monkeypatch.setattr(timing, "target_step_times",
                       lambda *a, chunk_lengths, **k: dict.fromkeys(chunk_lengths, steps))
-  monkeypatch.setattr(costs.benchmarking, "draft_token_time",
-                      lambda *a, **k: benchmarking.StepTimes(seconds=0.01, compile_s=0.0))
+  monkeypatch.setattr(timing, "draft_token_time",
+                      lambda *a, **k: timing.StepTimes(seconds=0.01, compile_s=0.0))
   measured = gamma_choice.AlphaEstimate(0.1, 0.1, 2, 3, 12, 1.1)
-  loops = gamma_choice.LoopCosts(encode_target_s=0.0, encode_draft_s=0.0, step_overhead_s=0.0,
+  loops = LoopCosts(encode_target_s=0.0, encode_draft_s=0.0, step_overhead_s=0.0,
                                  iteration_overhead_s=0.1, batches=2, held_out=True,
                                  loop_tokens=30.0)
-  monkeypatch.setattr(costs, "measure_loop_costs", lambda *a, **k: (loops, measured))
-  choice = choose_gamma(target, params, T5Draft(target, params), inputs, max_decode_len=6,
-                        alpha=0.95, max_gamma=5)
+  monkeypatch.setattr(timing, "measure_loop_costs", lambda *a, **k: (loops, measured))
+  choice = timing.choose_gamma(_scorer(target, params), T5Draft(target, params), inputs,
+                               max_decode_len=6, eos_id=1, alpha=0.95, max_gamma=5)
   assert choice.alpha_measured is None and choice.alpha == 0.95
   assert choice.gamma == 5 and choice.c == 0.01  # Free verification, cheap draft.
 
@@ -142,13 +149,13 @@ def test_choose_gamma_with_given_alpha_decides_with_it(pair, monkeypatch):
 ])
 def test_choose_gamma_rejects_bad_arguments_before_work(pair, monkeypatch, kwargs, match):
   target, params, inputs = pair
-  monkeypatch.setattr(costs.speculative, "speculative_decode",
+  monkeypatch.setattr(timing.speculative, "speculative_decode",
                       lambda *a, **k: pytest.fail("decoded"))
-  monkeypatch.setattr(costs.benchmarking, "target_step_times",
+  monkeypatch.setattr(timing, "target_step_times",
                       lambda *a, **k: pytest.fail("timed"))
-  args = dict(draft=T5Draft(target, params), max_decode_len=6) | kwargs
+  args = dict(draft=T5Draft(target, params), max_decode_len=6, eos_id=1) | kwargs
   with pytest.raises(ValueError, match=match):
-    choose_gamma(target, params, args.pop("draft"), inputs, **args)
+    timing.choose_gamma(_scorer(target, params), args.pop("draft"), inputs, **args)
 
 
 def _gin(tmp_path, pair_dir: str, gammas: str) -> str:
@@ -183,10 +190,10 @@ def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, pair_dir):
 def test_run_with_gamma_auto_records_the_choice(tmp_path, pair_dir, monkeypatch):
   exp = runner.load_experiment([_gin(tmp_path, pair_dir, "['auto']")], [])
   timed = []
-  real_measure_loop_costs = costs.measure_loop_costs
-  monkeypatch.setattr(costs, "measure_loop_costs",
+  real_measure_loop_costs = timing.measure_loop_costs
+  monkeypatch.setattr(timing, "measure_loop_costs",
                       lambda *a, **k: timed.append(1) or real_measure_loop_costs(*a, **k))
-  path = runner.run(exp, str(tmp_path / "out"))
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
   (row,) = results_io.read_rows(path)
   choice = row["gamma_choice"]
   # The loops' own work is timed once, by the calibration, and the row prices with it.
@@ -208,6 +215,6 @@ def test_run_with_gamma_auto_records_the_choice(tmp_path, pair_dir, monkeypatch)
 
   # A restart finds the 'auto' point done without calibrating again.
   monkeypatch.setattr(measure, "measure_point", lambda *a: pytest.fail("measured again"))
-  monkeypatch.setattr(measure, "calibrate", lambda *a, **k: pytest.fail("calibrated again"))
-  runner.run(exp, str(tmp_path / "out"))
+  monkeypatch.setattr(timing, "calibrate", lambda *a, **k: pytest.fail("calibrated again"))
+  runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
   assert results_io.read_rows(path) == [row]

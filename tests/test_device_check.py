@@ -13,9 +13,10 @@ import textwrap
 import gin
 import pytest
 
-from experiments import device_check
+from experiments import accelerator_checks, device_check
 from specdec_jax.data import layout
-from specdec_jax.harness import accelerator_checks, family, results_io, settings
+from specdec_jax.experiment import results_io, settings
+from specdec_jax.experiment.targets import family
 
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("device_check")

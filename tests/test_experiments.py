@@ -23,21 +23,23 @@ from experiments import analyze
 from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import (
-    gin_flags,
-    measure,
-    regime_map,
-    report,
-    results_io,
-    runner,
-    settings,
-    suite,
-    t5_target,
-    tables,
+from specdec_jax.experiment import (
+  gin_flags,
+  measure,
+  report,
+  results_io,
+  runner,
+  settings,
+  suite,
+  tables,
 )
-from specdec_jax.harness.record import PointRow
+from specdec_jax.experiment.measure import GreedyCheck
+from specdec_jax.experiment.record import PointRow
+from specdec_jax.experiment.targets import t5_target
 from specdec_jax.models import t5
 from specdec_jax.models.t5 import T5Draft
+from specdec_jax.regime_map import sweep
+from specdec_jax.training import alpha_tracking
 
 VOCAB = 8192  # The committed SentencePiece model's size.
 
@@ -92,7 +94,7 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   cleared = []
   real_clear = jax.clear_caches
   monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(1) or real_clear())
-  path = runner.run(exp, str(out))
+  path = runner.run(exp, str(out), greedy=GreedyCheck())
   rows = results_io.read_rows(path)
   assert len(rows) == 2 and rows[0] == earlier  # Appending kept the earlier row.
   assert len(cleared) == 1  # Compiled programs dropped after the one measured point.
@@ -111,7 +113,7 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
 
   # A restart measures nothing that is already in the file.
   monkeypatch.setattr(measure, "measure_point", lambda *a: pytest.fail("measured again"))
-  runner.run(exp, str(out))
+  runner.run(exp, str(out), greedy=GreedyCheck())
   assert results_io.read_rows(path) == rows
 
 
@@ -121,7 +123,8 @@ def test_run_times_verification_to_a_larger_gamma_and_stops_at_its_deadline(
   # The first point is started whatever its pace; the second would end past the deadline.
   clock = iter([100.0, 105.0, 105.0])
   monkeypatch.setattr(runner, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
-  path = runner.run(exp, str(tmp_path / "out"), max_gamma=4, deadline=109.0)
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(), max_gamma=4,
+                    deadline=109.0)
   (row,) = results_io.read_points(path)
   assert row.temperature == 0.0 and row.gamma == 2 and set(row.t_verify_s) == {1, 2, 3, 4, 5}
 
@@ -330,18 +333,19 @@ def test_settings_are_shared_and_a_run_may_override_them(tmp_path, models_dir):
     gin.clear_config()
 
 
-def test_t5_measure_alpha_is_one_for_the_target_as_its_own_draft():
+def test_measure_alpha_is_one_for_the_target_as_its_own_draft():
   model, params = make_model("test-v1_1", 0)
   draft = T5Draft(model, params)
   rows = np.random.RandomState(0).randint(2, 97, (5, 6)).astype(np.int32)
   batches = [rows[:3], rows[3:]]
-  kwargs = dict(gamma=2, max_decode_len=6, warp=Warp(1.0), rng=jax.random.PRNGKey(0))
-  got = t5.measure_alpha(model, params, draft, batches, **kwargs)
+  kwargs = dict(gamma=2, max_decode_len=6, warp=Warp(1.0), eos_id=1, rng=jax.random.PRNGKey(0))
+  scorer = t5.T5Scorer(model, model.prepare(params))
+  got = alpha_tracking.measure_alpha(scorer, draft, batches, **kwargs)
   np.testing.assert_allclose([got.beta, got.empirical], [1.0, 1.0], atol=1e-5)
   # gamma + 1 tokens per call, except where EOS or the length limit cut the last call.
   assert 2.0 < got.tokens_per_iteration <= 3.0 and 5 <= got.tokens <= 5 * 6
   assert got.examples == 5
-  worse = t5.measure_alpha(model, params, T5Draft(model, jax.tree.map(
+  worse = alpha_tracking.measure_alpha(scorer, T5Draft(model, jax.tree.map(
       lambda x: x * 1.5, params)), batches, **kwargs)
   assert worse.beta < 0.99
 
@@ -361,7 +365,7 @@ def test_every_committed_row_loads_and_writes_back_the_same_json():
   any depth) is a PointRow; a file of another kind (a benchmark's rows) holds none of them."""
   lines = []
   for path, rows in _committed_lines("*.jsonl").items():
-    if os.path.basename(path) == regime_map.ROWS_FILE:
+    if os.path.basename(path) == sweep.ROWS_FILE:
       continue  # The regime map's own rows (test_regime_map).
     points = [results_io.is_point_row(json.loads(line)) for line in rows]
     assert all(points) or not any(points), f"{path} mixes points with other rows"

@@ -51,13 +51,13 @@ def test_costly_verification_pulls_gamma_below_thm38():
 
 
 def _loop_costs(iteration: float = 0.0, step: float = 0.0, encoders: float = 0.0,
-                tokens: float = 30.0) -> gamma_choice.LoopCosts:
-  return gamma_choice.LoopCosts(encode_target_s=encoders, encode_draft_s=encoders / 4,
+                tokens: float = 30.0) -> theory.LoopCosts:
+  return theory.LoopCosts(encode_target_s=encoders, encode_draft_s=encoders / 4,
                                 step_overhead_s=step, iteration_overhead_s=iteration, batches=2,
                                 held_out=True, loop_tokens=tokens)
 
 
-def _whole_by_hand(alpha: float, c: float, ratios: dict[int, float], costs: gamma_choice.LoopCosts,
+def _whole_by_hand(alpha: float, c: float, ratios: dict[int, float], costs: theory.LoopCosts,
                    max_gamma: int) -> list[float]:
   """`CostModel.sequence_speedup` written out (T_step = 1 s)."""
   n, e_t, e_d = costs.loop_tokens, costs.encode_target_s, costs.encode_draft_s

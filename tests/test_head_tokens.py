@@ -7,7 +7,7 @@ import pytest
 
 from specdec_jax.data.distill import DistilledData
 from specdec_jax.distillation import head_tokens
-from specdec_jax.harness.draft_heads import draft_name
+from specdec_jax.draft_pricing.draft_heads import draft_name
 
 
 def _data(outputs: list[list[list[int]]]) -> DistilledData:

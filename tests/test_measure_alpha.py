@@ -14,7 +14,8 @@ from absl import app, flags
 from absl.testing import flagsaver
 
 from experiments import measure_alpha
-from specdec_jax.harness import report, t5_target
+from specdec_jax.experiment import report
+from specdec_jax.experiment.targets import t5_target
 
 FIELDS = {"alpha_beta", "alpha_empirical", "tokens_per_call", "tokens", "iterations",
           "examples", "accepted_histogram"}

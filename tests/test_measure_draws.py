@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import benchmarking
-from specdec_jax.harness import measure
-from specdec_jax.harness.settings import Point
+from specdec_jax import timing
+from specdec_jax.experiment import measure
+from specdec_jax.experiment.settings import Point
 
 
 def _point(temperature: float) -> Point:
@@ -39,8 +39,8 @@ def test_the_speedup_divides_every_pass_by_its_own_tokens():
                       {"baseline": (10, 10), "speculative": (10, 10)}):
     for i in range(2):
       draws.record(i, {name: _out(n[i]) for name, n in pass_tokens.items()})
-  timings = {"baseline": benchmarking.DecoderTiming((1.0,), ((1.0, 1.0), (1.0, 1.0))),
-             "speculative": benchmarking.DecoderTiming((1.0,), ((1.0, 1.0), (0.25, 0.25)))}
+  timings = {"baseline": timing.DecoderTiming((1.0,), ((1.0, 1.0), (1.0, 1.0))),
+             "speculative": timing.DecoderTiming((1.0,), ((1.0, 1.0), (0.25, 0.25)))}
   fields = measure._times(timings, draws.tokens)
   assert fields["baseline_ms_per_token"] == pytest.approx(100.0)
   assert fields["speculative_ms_per_token"] == pytest.approx(np.median([50.0, 25.0]))

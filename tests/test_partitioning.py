@@ -177,7 +177,7 @@ def test_hardware_gin_files_parse():
 
   import gin
 
-  from specdec_jax.harness import settings
+  from specdec_jax.experiment import settings
 
   files = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "gin_configs",
                                         "hardware", "*.gin")))

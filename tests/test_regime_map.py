@@ -19,10 +19,11 @@ from safetensors.numpy import load_file
 from specdec_jax import theory
 from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 from specdec_jax.data import layout
-from specdec_jax.gamma_choice import LoopCosts
-from specdec_jax.harness import regime_map, regime_predictions, regime_rows, results_io
-from specdec_jax.harness.regime_rows import ModelRow, PairRow
+from specdec_jax.experiment import results_io
 from specdec_jax.models.t5 import T5Model, get_config
+from specdec_jax.regime_map import regime_predictions, regime_rows, sweep
+from specdec_jax.regime_map.regime_rows import ModelRow, PairRow
+from specdec_jax.theory import LoopCosts
 
 TINY = "test-v1_1"  # conftest's small T5.1.1 config, standing in for a shape.
 MAX_GAMMA = 4
@@ -34,22 +35,22 @@ def _count(name: str) -> int:
       info, is_leaf=lambda x: hasattr(x, "shape")))
 
 
-@pytest.mark.parametrize("name", sorted(regime_map.SHAPES))
+@pytest.mark.parametrize("name", sorted(sweep.SHAPES))
 def test_shapes_have_their_public_parameter_counts(name):
-  assert abs(_count(name) / regime_map.SHAPES[name] - 1) < 0.01
+  assert abs(_count(name) / sweep.SHAPES[name] - 1) < 0.01
 
 
 def test_v1_0_shapes_are_the_named_sizes():
   # 60M and 220M as published; t5-large's "770M" is the T5 paper's rounding of 737.7M.
   assert round(_count("t5-small") / 1e6) == 61 and round(_count("t5-base") / 1e6) == 223
   assert round(_count("t5-large") / 1e6) == 738
-  assert {regime_map.architecture(n) for n in ("t5-small", "t5-base", "t5-large")} == {"relu"}
-  assert regime_map.architecture("t5-v1_1-large") == "gated-gelu"
+  assert {sweep.architecture(n) for n in ("t5-small", "t5-base", "t5-large")} == {"relu"}
+  assert sweep.architecture("t5-v1_1-large") == "gated-gelu"
 
 
 def test_float16_round_trip(tmp_path):
   cfg = get_config(TINY)
-  params = regime_map.random_params(cfg, seed=0)
+  params = sweep.random_params(cfg, seed=0)
   path = str(tmp_path / "tiny")
   save_hf_checkpoint(path, cfg, params, dtype="float16")
   assert {v.dtype for v in load_file(os.path.join(path, "model.safetensors")).values()} == {
@@ -64,18 +65,18 @@ def test_float16_round_trip(tmp_path):
 def test_save_rejects_other_dtypes(tmp_path):
   cfg = get_config(TINY)
   with pytest.raises(ValueError, match="dtype"):
-    save_hf_checkpoint(str(tmp_path / "x"), cfg, regime_map.random_params(cfg, 0),
+    save_hf_checkpoint(str(tmp_path / "x"), cfg, sweep.random_params(cfg, 0),
                        dtype="bfloat16")
 
 
 def test_load_writes_a_shape_once_and_reads_it_as_a_user_would(tmp_path, monkeypatch):
-  monkeypatch.setitem(regime_map.SHAPES, TINY, _count(TINY))
-  settings = regime_map.MapSettings(shapes=(TINY,), family_drafts=("draft_small",),
+  monkeypatch.setitem(sweep.SHAPES, TINY, _count(TINY))
+  settings = sweep.MapSettings(shapes=(TINY,), family_drafts=("draft_small",),
                                     checkpoints_dir=str(tmp_path))
-  first = regime_map.load(settings, TINY)
+  first = sweep.load(settings, TINY)
   weights = os.path.join(str(tmp_path), TINY, "model.safetensors")
   written = os.path.getmtime(weights)
-  second = regime_map.load(settings, TINY)
+  second = sweep.load(settings, TINY)
   assert os.path.getmtime(weights) == written
   assert first.info["params"] == _count(TINY) == second.info["params"]
   assert 0 < first.info["decoder_bytes"] < 4 * first.info["params"]
@@ -84,22 +85,22 @@ def test_load_writes_a_shape_once_and_reads_it_as_a_user_would(tmp_path, monkeyp
 
 def test_settings_reject_bad_values():
   with pytest.raises(ValueError, match="shapes"):
-    regime_map.MapSettings(shapes=("t5-huge",))
+    sweep.MapSettings(shapes=("t5-huge",))
   with pytest.raises(ValueError, match="draft_gamma"):
-    regime_map.MapSettings(draft_gamma=9, max_gamma=7)
+    sweep.MapSettings(draft_gamma=9, max_gamma=7)
   with pytest.raises(ValueError, match="loop_reference"):
-    regime_map.MapSettings(family_drafts=("draft_shared_enc_d192",))
+    sweep.MapSettings(family_drafts=("draft_shared_enc_d192",))
   with pytest.raises(ValueError, match="timing_calls"):
-    regime_map.MapSettings(timing_calls=0)
+    sweep.MapSettings(timing_calls=0)
   with pytest.raises(ValueError, match="paper_tokens"):
     regime_predictions.MapPredictions(paper_tokens={"ende": 32})
 
 
 def test_pairs_stay_within_an_architecture_and_go_up_in_size():
-  settings = regime_map.MapSettings(shapes=("t5-base", "t5-small", "t5-v1_1-small"),
+  settings = sweep.MapSettings(shapes=("t5-base", "t5-small", "t5-v1_1-small"),
                                     family_drafts=("draft_small",))
-  assert regime_map.pairs(settings) == [("draft_small", "target"), ("t5-small", "t5-base")]
-  keys = [job.key for job in regime_map.plan(settings)]
+  assert sweep.pairs(settings) == [("draft_small", "target"), ("t5-small", "t5-base")]
+  keys = [job.key for job in sweep.plan(settings)]
   assert keys[:3] == [("model", "target"), ("pair", "draft_small", "target", 0.0),
                       ("pair", "draft_small", "target", 1.0)]
   assert keys.index(("model", "t5-base")) < keys.index(("pair", "t5-small", "t5-base", 0.0))
@@ -107,7 +108,7 @@ def test_pairs_stay_within_an_architecture_and_go_up_in_size():
 
 
 def test_prompt_batches_are_real_tokens_ending_in_eos():
-  batches = regime_map.prompt_batches(32, 3)
+  batches = sweep.prompt_batches(32, 3)
   assert [b.shape for b in batches] == [(1, 32)] * 3
   for b in batches:
     assert b[0, -1] == 1 and np.all(b[0, :-1] > 1)
@@ -115,9 +116,9 @@ def test_prompt_batches_are_real_tokens_ending_in_eos():
 
 
 def test_cache_size_parsing():
-  assert regime_map.parse_size("32768K") == 32 << 20
-  assert regime_map.parse_size("1M") == 1 << 20 and regime_map.parse_size("512") == 512
-  cache = regime_map.last_level_cache()
+  assert sweep.parse_size("32768K") == 32 << 20
+  assert sweep.parse_size("1M") == 1 << 20 and sweep.parse_size("512") == 512
+  cache = sweep.last_level_cache()
   assert cache is None or cache["bytes"] > 0
 
 
@@ -157,7 +158,7 @@ def _pair_row(draft, target, t_draft, loops=None, temperature=0.0) -> PairRow:
 
 
 def test_every_committed_row_loads_and_writes_back_the_same_json():
-  paths = glob.glob(os.path.join(layout.REPO_ROOT, "results", "**", regime_map.ROWS_FILE),
+  paths = glob.glob(os.path.join(layout.REPO_ROOT, "results", "**", sweep.ROWS_FILE),
                     recursive=True)
   assert paths
   for path in paths:
@@ -170,7 +171,7 @@ def test_every_committed_row_loads_and_writes_back_the_same_json():
 
 
 def _settings():
-  return regime_map.MapSettings(shapes=("t5-small", "t5-base"), family_drafts=("draft_small",),
+  return sweep.MapSettings(shapes=("t5-small", "t5-base"), family_drafts=("draft_small",),
                                 temperatures=(0.0,), max_gamma=MAX_GAMMA, draft_gamma=2)
 
 
@@ -265,7 +266,7 @@ def test_report_and_figure_from_rows(tmp_path):
       e["source"] for e in written["family_errors"]] == [str(measured_path)]
   tables = (tmp_path / regime_predictions.TABLES_FILE).read_text()
   assert "not decodes of trained models" in tables and "t5-small" in tables
-  from specdec_jax.harness import regime_figure  # noqa: PLC0415  (matplotlib)
+  from specdec_jax.regime_map import regime_figure  # noqa: PLC0415  (matplotlib)
 
   cache = {"level": 3, "bytes": 32 << 20, "shared_cpu_list": "0-1"}
   path = regime_figure.fig_regime_map(report["predictions"], report["family_errors"], cache,
@@ -277,7 +278,7 @@ def test_report_and_figure_from_rows(tmp_path):
 
 
 def test_an_interrupted_run_resumes_with_the_rows_it_lacks(tmp_path, monkeypatch):
-  settings = regime_map.MapSettings(shapes=("t5-small", "t5-base"),
+  settings = sweep.MapSettings(shapes=("t5-small", "t5-base"),
                                     family_drafts=("draft_small",), temperatures=(0.0,))
   measured = []
 
@@ -294,32 +295,32 @@ def test_an_interrupted_run_resumes_with_the_rows_it_lacks(tmp_path, monkeypatch
     measured.append(job.key)
     return _pair_row(job.draft, job.target, 0.001, temperature=job.temperature)
 
-  monkeypatch.setattr(regime_map, "measure_model", fake_model)
-  monkeypatch.setattr(regime_map, "measure_pair", fake_pair)
+  monkeypatch.setattr(sweep, "measure_model", fake_model)
+  monkeypatch.setattr(sweep, "measure_pair", fake_pair)
   info = {"params": 1, "decoder_bytes": 1, "write_s": 0.0, "load_s": 0.0}
-  monkeypatch.setattr(regime_map, "load",
-                      lambda settings, name: regime_map.Loaded(None, None, info))
-  monkeypatch.setattr(regime_map.jax, "clear_caches", lambda: None)
-  monkeypatch.setattr(regime_map, "describe", lambda row: "")
+  monkeypatch.setattr(sweep, "load",
+                      lambda settings, name: sweep.Loaded(None, None, info))
+  monkeypatch.setattr(sweep.jax, "clear_caches", lambda: None)
+  monkeypatch.setattr(sweep, "describe", lambda row: "")
   out = str(tmp_path)
   with pytest.raises(KeyboardInterrupt):
-    regime_map.run(settings, out, say=lambda _: None)
-  path = os.path.join(out, regime_map.ROWS_FILE)
+    sweep.run(settings, out, say=lambda _: None)
+  path = os.path.join(out, sweep.ROWS_FILE)
   first = [regime_rows.read_row(r) for r in results_io.read_rows(path)]
   assert [r.key for r in first] == [("model", "target"), ("pair", "draft_small", "target", 0.0),
                                     ("model", "t5-small")]
   assert all(r.wall_s is not None for r in first)
-  assert [j.key for j in regime_map.pending(settings, first)] == [
+  assert [j.key for j in sweep.pending(settings, first)] == [
       ("model", "t5-base"), ("pair", "t5-small", "t5-base", 0.0)]
   monkeypatch.setenv("RESUMED", "1")
   measured.clear()
-  rows = regime_map.run(settings, out, say=lambda _: None)
+  rows = sweep.run(settings, out, say=lambda _: None)
   assert measured == [("model", "t5-base"), ("pair", "t5-small", "t5-base", 0.0)]
   assert rows == results_io.read_rows(path)  # As the file holds them.
   assert [regime_rows.read_row(r).key for r in rows] == [
-      j.key for j in regime_map.plan(settings)]
+      j.key for j in sweep.plan(settings)]
   measured.clear()
-  regime_map.run(settings, out, say=lambda _: None)
+  sweep.run(settings, out, say=lambda _: None)
   assert measured == []
 
 
@@ -336,7 +337,7 @@ def test_device_check_runs_the_same_sweep_with_one_flag(tmp_path, monkeypatch):
         _model_row("t5-base", 0.012, nbytes=300 << 20, max_gamma=settings.max_gamma),
         _pair_row("t5-small", "t5-base", 0.004))]
 
-  monkeypatch.setattr(regime_map, "run", fake_run)
+  monkeypatch.setattr(sweep, "run", fake_run)
   # No family pair in these rows: the shapes' pair is priced with no loop work.
   monkeypatch.setattr(regime_predictions, "loop_costs", lambda *args: _loops())
   device_check.main(["--output_dir", str(tmp_path), "--regime_map",

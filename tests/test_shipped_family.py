@@ -18,7 +18,7 @@ from transformers import T5ForConditionalGeneration
 from experiments import export_family
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import layout, prompts, vocab
-from specdec_jax.harness.family import FAMILY, GGUF_DRAFTS, SHARED_ENCODER
+from specdec_jax.experiment.targets.family import FAMILY, GGUF_DRAFTS, SHARED_ENCODER
 from specdec_jax.models.llama import gguf_loader, student_io
 from specdec_jax.models.t5 import (
   T5Model,

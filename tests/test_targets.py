@@ -18,15 +18,9 @@ import pytest
 
 from specdec_jax import partitioning
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
-from specdec_jax.harness import (
-    llama_target,
-    registry,
-    results_io,
-    runner,
-    settings,
-    t5_target,
-    targets,
-)
+from specdec_jax.experiment import results_io, runner, settings
+from specdec_jax.experiment.measure import GreedyCheck
+from specdec_jax.experiment.targets import interface, llama_target, registry, t5_target
 from specdec_jax.models import layers
 from specdec_jax.models.llama import LayerSkipDraft, LlamaConfig, LlamaModel, gguf_loader
 
@@ -125,7 +119,7 @@ def test_registry_names_each_kind_and_its_drafts():
     registry.target_kind("gpt")
   t5, llama = registry.TARGET_KINDS["t5"], registry.TARGET_KINDS["llama_gguf"]
   assert t5.draft_kind("bigram") is t5_target.NGRAM
-  assert t5.draft_kind("prompt_lookup") is targets.PROMPT_LOOKUP
+  assert t5.draft_kind("prompt_lookup") is interface.PROMPT_LOOKUP
   assert t5.draft_kind("assets/models/draft_small") is t5_target.CHECKPOINT
   assert llama.draft_kind("layer_skip_12") is llama_target.LAYER_SKIP
   assert llama.draft_kind("bigram") is llama_target.NGRAM
@@ -133,8 +127,8 @@ def test_registry_names_each_kind_and_its_drafts():
   with pytest.raises(ValueError, match=r"'t5_small', which no draft of a 'llama_gguf' target "
                                        r"is: use one of: prompt_lookup; layer_skip_<L>"):
     llama.draft_kind("t5_small")
-  assert targets.draft_key(t5_target.NGRAM, "bigram", "ende") == ("bigram", "ende")
-  assert targets.draft_key(llama_target.NGRAM, "bigram", "ende") == ("bigram", "")
+  assert interface.draft_key(t5_target.NGRAM, "bigram", "ende") == ("bigram", "ende")
+  assert interface.draft_key(llama_target.NGRAM, "bigram", "ende") == ("bigram", "")
 
 
 def _gin(tmp_path, gguf_path: str, **overrides) -> str:
@@ -184,7 +178,7 @@ def test_runner_measures_a_decoder_only_target(tmp_path, tiny_gguf, shared_prefi
   with the chat template's system turn prefilled once or per prompt."""
   exp = runner.load_experiment([_gin(tmp_path, tiny_gguf[0])],
                                [f"PromptCache.shared_prefix = {shared_prefix}"])
-  path = runner.run(exp, str(tmp_path / "out"))
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
   (row,) = results_io.read_points(path)
   assert row.draft == "layer_skip_1" and row.target == tiny_gguf[0]
   assert row.greedy_identical is True and row.speedup_measured > 0

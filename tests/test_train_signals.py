@@ -19,11 +19,12 @@ from specdec_jax.checkpoints import load_model, save_hf_checkpoint
 from specdec_jax.data import corpora, distill, layout
 from specdec_jax.distillation import signals
 from specdec_jax.distillation.teacher import teacher_sha256
-from specdec_jax.harness import alpha_curves, alpha_tracking, draft_ranking, figures
-from specdec_jax.harness.train import TrainConfig, train
+from specdec_jax.draft_pricing import draft_ranking
+from specdec_jax.experiment import alpha_curves, figures
 from specdec_jax.models.layers import ParamInfo
 from specdec_jax.models.t5 import T5Model, get_config
-from specdec_jax.training import trainer
+from specdec_jax.training import alpha_tracking, trainer
+from specdec_jax.training.train_t5 import TrainConfig, train
 
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("train_signals")

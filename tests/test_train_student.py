@@ -21,12 +21,11 @@ from specdec_jax.data import layout
 from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.distillation import decode, signals, teacher
-from specdec_jax.harness import train_student
 from specdec_jax.models.llama import TEST_CONFIG, LlamaModel, LlamaScorer, pad_prompts
 from specdec_jax.models.llama.feature_draft import FeatureDraft
 from specdec_jax.models.llama.student import Student
 from specdec_jax.models.llama.student_io import TargetId, check_target, load_student
-from specdec_jax.training import shortlist, student_distill
+from specdec_jax.training import shortlist, student_distill, train_student
 
 pytestmark = pytest.mark.xdist_group("train_student")
 

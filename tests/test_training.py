@@ -202,8 +202,8 @@ def test_stop_flag_catches_sigterm():
 
 
 def test_gin_configs_parse():
-  train_mod = pytest.importorskip("specdec_jax.harness.train")
-  train_student = pytest.importorskip("specdec_jax.harness.train_student")
+  train_mod = pytest.importorskip("specdec_jax.training.train_t5")
+  train_student = pytest.importorskip("specdec_jax.training.train_student")
   files = sorted(glob.glob(os.path.join(REPO, "gin_configs", "train", "*.gin")))
   assert {"target", "draft_small", "draft_base", "draft_large", "draft_distilled"} <= {
       os.path.basename(f)[:-4] for f in files}

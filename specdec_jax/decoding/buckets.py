@@ -46,7 +46,7 @@ def to_bucket(inputs: ArrayT, pad_id: int = 0) -> ArrayT:
   A row's length runs to its last token that is not `pad_id`. Inputs whose values
   this process cannot read are returned as they are: traced ones (under `jit`), and
   a global array with rows on other processes (cut the host batch before sharding
-  it, as `harness.runner` does).
+  it, as `experiment.runner` does).
   """
   if (isinstance(inputs, jax.core.Tracer) or inputs.ndim != 2
       or (isinstance(inputs, jax.Array) and not inputs.is_fully_addressable)):

@@ -10,15 +10,12 @@
   drafts.py          `T5Draft`, `SharedEncoderDraft`, `make_draft`
   generate.py        `temperature_sample`, `speculative_sample`: checked entry points over the
                      model-free loops of `specdec_jax.decoding`
-  gamma.py           `choose_gamma`, `measure_alpha`: gamma = 'auto' and alpha for a T5 target
-                     (`specdec_jax.costs` and `specdec_jax.gamma_choice` behind them)
 """
 
 from specdec_jax.models.kernels import DecoderCache
 from specdec_jax.models.t5.cached_decoder import DecodeWeights, EncodedInputs, PreparedParams
 from specdec_jax.models.t5.config import NAMED_CONFIGS, T5Config, get_config
 from specdec_jax.models.t5.drafts import SharedEncoderDraft, T5Draft, make_draft
-from specdec_jax.models.t5.gamma import choose_gamma, measure_alpha
 from specdec_jax.models.t5.generate import speculative_sample, temperature_sample
 from specdec_jax.models.t5.model import T5Model, Transformer
 from specdec_jax.models.t5.scorer import (
@@ -34,5 +31,5 @@ from specdec_jax.models.t5.shared_encoder import SharedEncoderModel
 __all__ = ["NAMED_CONFIGS", "DecodeWeights", "DecoderCache", "EncodedInputs", "PreparedParams",
            "SharedEncoderDraft", "SharedEncoderModel", "SharedEncoderScorer", "T5Config",
            "T5Context", "T5Draft", "T5Model", "T5Scorer", "T5ScorerState", "Transformer",
-           "check_shared_encoder_model", "check_t5_model", "choose_gamma", "get_config",
-           "make_draft", "measure_alpha", "speculative_sample", "temperature_sample"]
+           "check_shared_encoder_model", "check_t5_model", "get_config", "make_draft",
+           "speculative_sample", "temperature_sample"]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import gin
 
-from specdec_jax.harness import settings
+from specdec_jax.experiment import settings
 
 
 @gin.configurable

@@ -1,7 +1,7 @@
 """Trained drafts ranked by the speedup the whole cost model predicts from their alpha and c.
 
 Alpha alone does not choose a draft: a wider or deeper one agrees more and costs more per
-proposed token. For each training run (`harness.train` with `TrainConfig.alpha_every_steps`)
+proposed token. For each training run (`training.train_t5` with `TrainConfig.alpha_every_steps`)
 `rank_drafts` takes the held-out En-De alpha of its best entry (`alpha_curve.json`:
 validation inputs, gamma 3, at the curve's temperatures) and that entry's parameters
 (`<run>/best`, kept beside the curve, so a run still training can be ranked); for an
@@ -24,20 +24,20 @@ import jax
 import numpy as np
 import sentencepiece as spm
 
-from specdec_jax import benchmarking, contention, costs, gamma_choice
+from specdec_jax import contention, gamma_choice, timing
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import alpha_tracking
 from specdec_jax.models.t5 import T5Model, T5Scorer, make_draft
+from specdec_jax.training import alpha_tracking
 
 TASK = "ende"
 INPUT_LEN = 128
 
 
 # How an exported draft's alpha is measured when no training run is ranked beside it:
-# harness.train's alpha settings under the drafts' gin files.
+# training.train_t5's alpha settings under the drafts' gin files.
 DEFAULT_ALPHA_SETTINGS = {"examples": {TASK: 128}, "input_len": INPUT_LEN,
                           "temperatures": [0.0, 1.0], "gamma": 3, "max_decode_len": 64,
                           "batch_size": 32, "seed": 0}
@@ -106,9 +106,9 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
 
   Inside the guard: the target's T_verify(k) once; per temperature, every draft's
   seconds per proposed token at gamma 3, the drafts timed in turn
-  (`benchmarking.draft_token_times_rotated`: their c are compared with each other,
+  (`timing.draft_token_times_rotated`: their c are compared with each other,
   so neither the machine's drift nor their order may decide); then, per draft, both
-  loops' own work and the encoders (`costs.measure_loop_costs` over the
+  loops' own work and the encoders (`timing.measure_loop_costs` over the
   calibration inputs, the speculative loop at gamma 3 and at
   `gamma_choice.second_gamma`'s); the choice of gamma under the whole cost model with the run's
   held-out alpha (`gamma_choice.make_choice`).
@@ -140,7 +140,7 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
   target = T5Scorer(target_model, target_model.prepare(jax.device_put(target_params)))
   batches = [buckets.to_bucket(x[None]) for x in calibration_inputs(model_dirs, examples)]
   gamma = min(gamma_choice.DEFAULT_CALIBRATION_GAMMA, max_gamma)
-  cache_len, position = costs.timing_geometry(max_decode_len, max_gamma)
+  cache_len, position = timing.timing_geometry(max_decode_len, max_gamma)
   probe = None
   runs = {}
   for model_dir in model_dirs:
@@ -158,14 +158,14 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
   temperatures = sorted({t for run in runs.values() for t in run["alphas"]})
   encoded = target.encoder_outputs(target.encode(batches[0]))  # For drafts that read it.
   with contention.quiet("draft ranking") as guard:
-    verify = costs.verify_times(target, batches[0], max_gamma=max_gamma,
+    verify = timing.verify_times(target, batches[0], max_gamma=max_gamma,
                                 max_decode_len=max_decode_len, calls=timing_calls,
                                 repeats=timing_repeats)
     t_chunk = verify.fitted(max_gamma)
     for t in temperatures:
       warp = Warp(temperature=t)
       names = [name for name, run in runs.items() if t in run["alphas"]]
-      t_draft = benchmarking.draft_token_times_rotated(
+      t_draft = timing.draft_token_times_rotated(
           {name: (runs[name]["draft"], batches[0],
                   encoded if runs[name]["draft"].reads_target_encoder else None)
            for name in names},
@@ -173,7 +173,7 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
           repetitions=timing_repeats)
       for name in names:
         run = runs[name]
-        loop_costs, _ = costs.measure_loop_costs(
+        loop_costs, _ = timing.measure_loop_costs(
             target, run["draft"], batches, gamma=gamma, warp=warp,
             max_decode_len=max_decode_len, eos_id=target_cfg.eos_token_id, t_chunk=t_chunk,
             t_draft=t_draft[name], rng=jax.random.PRNGKey(0), repeats=timing_repeats,
@@ -206,7 +206,7 @@ def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
       "timing_calls": timing_calls, "timing_repeats": timing_repeats, "draft_gamma": gamma,
       "verify_ratio": {str(k): t / verify.t_step for k, t in verify.t_chunk.items()},
       "t_step_s": verify.t_step, "idle_check": guard.record(),
-      "runs": runs, "environment": benchmarking.environment(),
+      "runs": runs, "environment": timing.environment(),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 

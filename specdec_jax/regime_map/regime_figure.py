@@ -15,8 +15,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-from specdec_jax.harness import figures, results_io  # noqa: E402
-from specdec_jax.harness.regime_rows import FamilyError, Prediction  # noqa: E402
+from specdec_jax.experiment import figures, results_io  # noqa: E402
+from specdec_jax.regime_map.regime_rows import FamilyError, Prediction  # noqa: E402
 
 MIB = 2**20
 

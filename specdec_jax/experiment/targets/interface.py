@@ -3,7 +3,7 @@
 `experiments.run` and `experiments.measure_alpha` measure any target behind a
 `decoding.scorer.Scorer`. A
 target kind (`TargetKind`, named by `Settings.target_kind` in gin and listed in
-`harness.registry`) says how a run uses one family of targets:
+`experiment.targets.registry`) says how a run uses one family of targets:
 
   * `check(exp)`: the run's target (and tokenizer) are there and sound, before
     any weights load; returns the target's vocabulary size;
@@ -14,8 +14,8 @@ target kind (`TargetKind`, named by `Settings.target_kind` in gin and listed in
     (`Experiment.drafts` entries) that name it, checked without weights and
     built from the loaded target.
 
-The T5 family is `harness.t5_target`, the decoder-only GGUF Llama
-`harness.llama_target`. A new model enters with its own files (a model, its
+The T5 family is `experiment.targets.t5_target`, the decoder-only GGUF Llama
+`experiment.targets.llama_target`. A new model enters with its own files (a model, its
 scorer, its loader, its kind) and one entry in `registry.TARGET_KINDS`; the
 runner, the settings' checks, the timing harness and the decoding loops stay
 as they are.
@@ -35,7 +35,7 @@ from specdec_jax.decoding.drafts import Draft, PromptLookupDraft
 from specdec_jax.decoding.scorer import Scorer
 
 if TYPE_CHECKING:
-  from specdec_jax.harness.settings import Experiment, Settings
+  from specdec_jax.experiment.settings import Experiment, Settings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,11 +8,11 @@ the path a user's checkpoint takes, and measures our shipped family (`assets/mod
 same way in the same run. Two kinds of row:
 
   model  one per shape and for our target: T_step and T_verify(k), k = 1..max_gamma + 1
-         (`costs.verify_times`: rounds, T_step's median, each k's fastest round), the
+         (`timing.verify_times`: rounds, T_step's median, each k's fastest round), the
          encoder at a `prompt_len`-token prompt, the decoder's bytes per call.
   pair   one per (draft, target, temperature): the draft's seconds per proposed token
-         (`costs.draft_time`, c = T_draft / T_step); for our family's pairs also both
-         loops' own work and both encoders (`costs.measure_loop_costs`, the
+         (`timing.draft_time`, c = T_draft / T_step); for our family's pairs also both
+         loops' own work and both encoders (`timing.measure_loop_costs`, the
          speculative loop at `draft_gamma` and at `gamma_choice.second_gamma`'s;
          `measure_pair` says why a shape's pair borrows them).
 
@@ -42,14 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
 
-from specdec_jax import benchmarking, contention, costs, gamma_choice, validation
+from specdec_jax import contention, gamma_choice, timing, validation
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model, save_hf_checkpoint
 from specdec_jax.data import layout, prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.harness import regime_rows, results_io
-from specdec_jax.harness.regime_rows import ModelRow, PairRow
+from specdec_jax.experiment import results_io
 from specdec_jax.models.layers import ParamInfo
 from specdec_jax.models.t5 import (
   DecodeWeights,
@@ -61,6 +60,9 @@ from specdec_jax.models.t5 import (
   get_config,
   make_draft,
 )
+from specdec_jax.regime_map import regime_rows
+from specdec_jax.regime_map.regime_rows import ModelRow, PairRow
+from specdec_jax.theory import LoopCosts
 
 Array = jax.Array
 
@@ -98,7 +100,7 @@ class MapSettings:
     temperatures: sampling temperatures the pairs are timed at (0 = greedy).
     prompt_len: tokens of the prompt every model encodes (EOS included).
     max_decode_len: tokens the loops decode at most; with `max_gamma`, the cache the step
-      timings score into (`costs.timing_geometry`, as `experiments.run` times them).
+      timings score into (`timing.timing_geometry`, as `experiments.run` times them).
     max_gamma: gamma = 1..max_gamma are priced, so T_verify(k) is timed for k = 1..max_gamma + 1.
     draft_gamma: the gamma the draft and the loops are timed at.
     loop_batches: prompts (batch 1) our family's loops are timed on (`prompt_batches`); the
@@ -350,7 +352,7 @@ def config_fields(model: T5Model | SharedEncoderModel) -> dict[str, Any]:
 def encoder_time(scorer: T5Scorer, inputs: Array, cache_len: int, repeats: int
                  ) -> tuple[float, float]:
   """(median seconds, compile seconds) of the target's work once per sequence: its encoder
-  (`encode`) and its empty cache (`init_state`), as `costs.measure_loop_costs` times it.
+  (`encode`) and its empty cache (`init_state`), as `timing.measure_loop_costs` times it.
 
   Args:
     scorer: the target's scorer.
@@ -359,15 +361,15 @@ def encoder_time(scorer: T5Scorer, inputs: Array, cache_len: int, repeats: int
     repeats: timed calls of each (the median is used).
   """
   context = scorer.encode(inputs)
-  timings = [benchmarking.time_calls(lambda: scorer.encode(inputs), repeats),
-             benchmarking.time_calls(lambda: benchmarking.state_arrays(
+  timings = [timing.time_calls(lambda: scorer.encode(inputs), repeats),
+             timing.time_calls(lambda: timing.state_arrays(
                  scorer, context, cache_len=cache_len), repeats)]
   return sum(t.median_s for t in timings), sum(t.compile_s for t in timings)
 
 
 def _stamp() -> dict[str, Any]:
   """Where and when a row was measured."""
-  return {"environment": {**benchmarking.environment(), "last_level_cache": last_level_cache()},
+  return {"environment": {**timing.environment(), "last_level_cache": last_level_cache()},
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -382,11 +384,11 @@ def measure_model(settings: MapSettings, name: str, loaded: Loaded, inputs: Arra
   """
   scorer = T5Scorer(loaded.model, loaded.params)
   with contention.quiet(f"{name}: target step times") as verify_guard:
-    verify = costs.verify_times(
+    verify = timing.verify_times(
         scorer, inputs, max_gamma=settings.max_gamma, max_decode_len=settings.max_decode_len,
         calls=settings.timing_calls, repeats=settings.timing_repeats,
         rounds=settings.timing_rounds)
-  cache_len, _ = costs.timing_geometry(settings.max_decode_len, settings.max_gamma)
+  cache_len, _ = timing.timing_geometry(settings.max_decode_len, settings.max_gamma)
   with contention.quiet(f"{name}: encoder") as guard:
     encoder_s, encoder_compile_s = encoder_time(scorer, inputs, cache_len,
                                                 settings.timing_repeats)
@@ -427,7 +429,7 @@ def measure_pair(settings: MapSettings, job: Job, target: Loaded, draft: Loaded,
   warp = Warp(job.temperature)
   began = time.perf_counter()
   with contention.quiet(f"{job.draft} for {job.target} at T={job.temperature:g}") as guard:
-    cost = costs.draft_time(
+    cost = timing.draft_time(
         spec, batches[0], gamma=settings.draft_gamma, warp=warp,
         max_decode_len=settings.max_decode_len, max_gamma=settings.max_gamma,
         calls=settings.timing_calls, repeats=settings.timing_repeats, seed=settings.seed,
@@ -448,14 +450,14 @@ def measure_pair(settings: MapSettings, job: Job, target: Loaded, draft: Loaded,
 
 def measure_loops(settings: MapSettings, scorer: T5Scorer, draft: Draft, warp: Warp,
                   target_row: ModelRow, t_draft: float, batches: list[Array]
-                  ) -> tuple[gamma_choice.LoopCosts, gamma_choice.AlphaEstimate]:
-  """Both loops' own work and both encoders on `batches` (`costs.measure_loop_costs`,
+                  ) -> tuple[LoopCosts, gamma_choice.AlphaEstimate]:
+  """Both loops' own work and both encoders on `batches` (`timing.measure_loop_costs`,
   the speculative loop at `draft_gamma` and at `gamma_choice.second_gamma`'s), with the
-  target's T_verify(k) fitted non-decreasing as `costs.calibrate` passes them."""
+  target's T_verify(k) fitted non-decreasing as `timing.calibrate` passes them."""
   t_chunk = target_row.t_verify_s
   fitted = {k: t_chunk[1] * r for k, r in gamma_choice.fitted_ratios(
       {k: t / t_chunk[1] for k, t in t_chunk.items()}).items()}
-  return costs.measure_loop_costs(
+  return timing.measure_loop_costs(
       scorer, draft, batches, gamma=settings.draft_gamma, warp=warp,
       max_decode_len=settings.max_decode_len, eos_id=scorer.model.config.eos_token_id,
       t_chunk=fitted, t_draft=t_draft, rng=jax.random.PRNGKey(settings.seed),

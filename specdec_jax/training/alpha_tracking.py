@@ -1,7 +1,7 @@
 """Training by alpha: the draft's acceptance rate, measured during training.
 
 An `AlphaTracker` measures the student against the target with the real speculative
-loop (`models.t5.measure_alpha`: alpha as the mean of beta over verified positions,
+loop (`measure_alpha`: alpha as the mean of beta over verified positions,
 and S / (S + R)) on held-out inputs: `examples` evenly spaced inputs of each task's
 validation split, at one gamma and each temperature, with the same PRNG key every
 time (the curve's points share their random numbers). The training driver calls it at
@@ -35,16 +35,18 @@ import jax
 import numpy as np
 import sentencepiece as spm
 
-from specdec_jax import atomic_io, gamma_choice
+from specdec_jax import atomic_io, distributed, gamma_choice
 from specdec_jax.data import prompts
+from specdec_jax.decoding import buckets, speculative
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.models.t5 import (
   PreparedParams,
   SharedEncoderModel,
   T5Model,
+  T5Scorer,
   make_draft,
-  measure_alpha,
 )
 
 CURVE_FILE = "alpha_curve.json"
@@ -52,6 +54,34 @@ BEST_DIR = "best"
 FORMAT = "specdec_alpha_curve/1"
 SPLIT = "validation"
 ESTIMATOR = "mean beta over verified positions (paper, section 3.1)"
+
+
+def measure_alpha(target: Scorer, draft: Draft, batches: Sequence[jax.Array], *, gamma: int,
+                  max_decode_len: int, warp: Warp, eos_id: int, rng: jax.Array
+                  ) -> gamma_choice.AlphaEstimate:
+  """alpha from speculative sampling over `batches`, no timing.
+
+  Args:
+    target: the target's scorer.
+    draft: the draft, with the target's vocabulary.
+    batches: int32 `[b, input_len]` input batches, every id in the vocabulary.
+    gamma: the speculative decoder's gamma.
+    max_decode_len: the most tokens per row.
+    warp: the sampling settings.
+    eos_id: the end-of-sequence id.
+    rng: PRNG key; batch i samples with `fold_in(rng, i)`.
+
+  Returns:
+    alpha pooled over every row of every batch (`gamma_choice.pooled_alpha`).
+  """
+  outputs = []
+  for i, batch in enumerate(batches):
+    batch = buckets.to_bucket(batch)
+    out = speculative.speculative_decode(target, draft, batch, jax.random.fold_in(rng, i),
+                                         gamma=gamma, max_decode_len=max_decode_len, warp=warp,
+                                         eos_id=eos_id, draft_inputs=batch)
+    outputs.append(distributed.fetch(out.stats))
+  return gamma_choice.pooled_alpha(outputs, gamma)
 
 
 def temperature_key(temperature: float) -> str:
@@ -126,11 +156,13 @@ class AlphaProbe:
   def measure_draft(self, draft: Draft) -> dict[str, dict[str, gamma_choice.AlphaEstimate]]:
     """`{task: {"T=<t>": AlphaEstimate}}` of any draft of the target's vocabulary."""
     out = {}
+    scorer = T5Scorer(self.target, self.target_params)
     for task, inputs in self.inputs.items():
       batches = [inputs[i:i + self.batch_size] for i in range(0, len(inputs), self.batch_size)]
       out[task] = {temperature_key(t): measure_alpha(
-          self.target, self.target_params, draft, batches, gamma=self.gamma,
-          max_decode_len=self.max_decode_len, warp=Warp(t), rng=jax.random.PRNGKey(self.seed))
+          scorer, draft, batches, gamma=self.gamma, max_decode_len=self.max_decode_len,
+          warp=Warp(t), eos_id=self.target.config.eos_token_id,
+          rng=jax.random.PRNGKey(self.seed))
           for t in self.temperatures}
     return out
 

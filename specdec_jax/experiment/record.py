@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from specdec_jax.gamma_choice import LoopCosts
+from specdec_jax.theory import LoopCosts
 
 AUTO = "auto"  # In Experiment.gammas: chosen per point by `gamma_choice` after a calibration.
 _INT_KEYED = ("t_verify_s", "verify_ratio")  # {k: ...} with k as a string in JSON.
@@ -107,7 +107,7 @@ class PointRow:
     idle_check: the `contention.Guard` record of the decoders' timing.
     idle_check_target_costs: the same for T_verify(k).
     example: the first speculative output.
-    environment: `benchmarking.environment()`: the machine and versions.
+    environment: `timing.environment()`: the machine and versions.
     date: when the point was measured (UTC, ISO 8601).
     gamma_auto: whether gamma was chosen by gamma = 'auto'.
     gamma_choice: `gamma_choice.GammaChoice.to_json()` of that choice (the gamma

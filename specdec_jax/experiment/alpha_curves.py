@@ -17,7 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from specdec_jax.data import layout  # noqa: E402
-from specdec_jax.harness import alpha_tracking, figures  # noqa: E402
+from specdec_jax.experiment import figures  # noqa: E402
+from specdec_jax.training import alpha_tracking  # noqa: E402
 
 POINT_FIELDS = ("step", "passes", "wall_time_s", "alpha", "score")
 LINESTYLES = ("-", "--", ":", "-.")  # One per temperature, in the order measured.

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from specdec_jax import atomic_io
-from specdec_jax.harness.record import AUTO, PointRow, point_key
+from specdec_jax.experiment.record import AUTO, PointRow, point_key
 
 RESULTS_FILE = "results.jsonl"
 

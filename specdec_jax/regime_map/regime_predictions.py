@@ -34,9 +34,11 @@ import numpy as np
 
 from specdec_jax import atomic_io, gamma_choice
 from specdec_jax.data import layout
-from specdec_jax.harness import regime_map, regime_rows, results_io
-from specdec_jax.harness.record import PointRow
-from specdec_jax.harness.regime_rows import FamilyError, ModelRow, PairRow, Prediction
+from specdec_jax.experiment import results_io
+from specdec_jax.experiment.record import PointRow
+from specdec_jax.regime_map import regime_rows, sweep
+from specdec_jax.regime_map.regime_rows import FamilyError, ModelRow, PairRow, Prediction
+from specdec_jax.theory import LoopCosts
 
 # alpha of the paper's Table 2 (T5-XXL target): (draft size, task, temperature) -> alpha.
 PAPER_ALPHA: dict[tuple[str, str, float], float] = {
@@ -146,14 +148,14 @@ def paper_alphas(draft: str, settings: MapPredictions, temperatures: Sequence[fl
 
 
 def loop_costs(pair_row: PairRow, models: Mapping[str, ModelRow],
-               pair_rows: Mapping[tuple, PairRow], settings: regime_map.MapSettings,
-               tokens: float) -> gamma_choice.LoopCosts:
+               pair_rows: Mapping[tuple, PairRow], settings: sweep.MapSettings,
+               tokens: float) -> LoopCosts:
   """The loops' own work and the encoders that price a pair over `tokens` output tokens.
 
-  Our family's pairs: their own (`regime_map.measure_loops`). A shape's pair: the work per
+  Our family's pairs: their own (`sweep.measure_loops`). A shape's pair: the work per
   baseline step, iteration and proposal of `settings.loop_reference`'s pair at the same
   temperature (the loop's ops, not its models), and the encoders of the target's and the
-  draft's model rows (`regime_map.measure_pair` says why).
+  draft's model rows (`sweep.measure_pair` says why).
 
   Raises:
     KeyError: the reference pair or a model row is not measured.
@@ -167,7 +169,7 @@ def loop_costs(pair_row: PairRow, models: Mapping[str, ModelRow],
   return dataclasses.replace(own, loop_tokens=float(tokens))
 
 
-def predict(target_row: ModelRow, pair_row: PairRow, loops: gamma_choice.LoopCosts,
+def predict(target_row: ModelRow, pair_row: PairRow, loops: LoopCosts,
             alpha: float, max_gamma: int) -> gamma_choice.GammaChoice:
   """The whole cost model's speedup at gamma = 1..max_gamma, and its best gamma.
 
@@ -197,7 +199,7 @@ def _index(rows: Sequence[regime_rows.Row]
 
 
 def prediction_record(models: Mapping[str, ModelRow], pair_rows: Mapping[tuple, PairRow],
-                      pair_row: PairRow, source: AlphaSource, settings: regime_map.MapSettings
+                      pair_row: PairRow, source: AlphaSource, settings: sweep.MapSettings
                       ) -> Prediction:
   """One prediction: the pair, the alpha and where it comes from, every gamma's speedup, the
   best gamma and the terms at it."""
@@ -219,7 +221,7 @@ def prediction_record(models: Mapping[str, ModelRow], pair_rows: Mapping[tuple, 
       reason=choice.reason)
 
 
-def predictions(rows: Sequence[regime_rows.Row], settings: regime_map.MapSettings,
+def predictions(rows: Sequence[regime_rows.Row], settings: sweep.MapSettings,
                 prediction_settings: MapPredictions, measured: Mapping[str, Sequence[PointRow]]
                 ) -> list[Prediction]:
   """Every pair measured in `rows` at every alpha that applies: a shape's paper alpha and
@@ -235,7 +237,7 @@ def predictions(rows: Sequence[regime_rows.Row], settings: regime_map.MapSetting
   points = [r for rows_of_file in measured.values() for r in rows_of_file]
   out = []
   for (draft, target, t), pair_row in pair_rows.items():
-    if draft in regime_map.SHAPES:
+    if draft in sweep.SHAPES:
       sources = (paper_alphas(draft, prediction_settings, [t])
                  + our_alphas(points, prediction_settings.alpha_draft, settings.family_target))
     else:
@@ -246,7 +248,7 @@ def predictions(rows: Sequence[regime_rows.Row], settings: regime_map.MapSetting
 
 
 def family_errors(rows: Sequence[regime_rows.Row], measured: Mapping[str, Sequence[PointRow]],
-                  settings: regime_map.MapSettings) -> list[FamilyError]:
+                  settings: sweep.MapSettings) -> list[FamilyError]:
   """The cost model against our family's measured speedups: per measured batch-1 row of a
   pair this run measured (at a gamma it prices), the speedup predicted from this run's
   costs with the row's alpha, gamma, output length and encoders (timed on the row's own
@@ -446,13 +448,13 @@ PREDICTIONS_FILE = "predictions.json"
 TABLES_FILE = "tables.md"
 
 
-def write_report(rows: Sequence[Mapping[str, Any]], settings: regime_map.MapSettings,
+def write_report(rows: Sequence[Mapping[str, Any]], settings: sweep.MapSettings,
                  prediction_settings: MapPredictions, output_dir: str, command: str
                  ) -> dict[str, Any]:
   """Writes `<output_dir>/predictions.json` and `tables.md` (atomically) from the rows.
 
   Args:
-    rows: rows.jsonl's rows as the file holds them (`regime_map.run` returns them,
+    rows: rows.jsonl's rows as the file holds them (`sweep.run` returns them,
       `results_io.read_rows` reads them), each read once (`regime_rows.read_row`).
     settings: the settings they were measured with.
     prediction_settings: where alpha and output lengths come from.
@@ -470,10 +472,10 @@ def write_report(rows: Sequence[Mapping[str, Any]], settings: regime_map.MapSett
   errors = family_errors(map_rows, measured, settings)
   summary = error_summary(errors)
   cache = (map_rows[0].environment["last_level_cache"] if map_rows
-           else regime_map.last_level_cache())
+           else sweep.last_level_cache())
   report = {"predictions": records, "family_errors": errors, "error_summary": summary,
             "where_it_pays": where_it_pays(records), "last_level_cache": cache,
-            "settings": regime_map.settings_record(settings),
+            "settings": sweep.settings_record(settings),
             "prediction_settings": {**dataclasses.asdict(prediction_settings),
                                     "paper_alpha": {f"{s} {task} T={t:g}": a for (s, task, t), a
                                                     in PAPER_ALPHA.items()}},

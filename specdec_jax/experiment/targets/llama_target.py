@@ -44,7 +44,7 @@ from specdec_jax.decoding.drafts import NgramDraft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.distillation.teacher import teacher_sha256
-from specdec_jax.harness.targets import (
+from specdec_jax.experiment.targets.interface import (
   PROMPT_LOOKUP,
   DraftKind,
   LoadedTarget,
@@ -66,7 +66,7 @@ from specdec_jax.models.llama.student import Student, StudentDraft
 from specdec_jax.models.options import DecodeOptions
 
 if TYPE_CHECKING:
-  from specdec_jax.harness.settings import Experiment, Settings
+  from specdec_jax.experiment.settings import Experiment, Settings
 
 Array = jax.Array
 

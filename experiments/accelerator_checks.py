@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import benchmarking, costs
+from specdec_jax import timing
 from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets
-from specdec_jax.harness.settings import Experiment
-from specdec_jax.harness.targets import LoadedTarget
+from specdec_jax.experiment.settings import Experiment
+from specdec_jax.experiment.targets.interface import LoadedTarget
 from specdec_jax.models.t5 import T5Config
 
 Array = jax.Array
@@ -118,8 +118,8 @@ def seconds_per_write(device: jax.Device, shape: tuple[int, ...], dtype: str, ax
     state[0] = write_loop(state[0], update, axis=axis, calls=calls)
     return state[0]
 
-  timing = benchmarking.time_calls(call, repeats)
-  return timing.median_s / calls, timing.compile_s
+  timed = timing.time_calls(call, repeats)
+  return timed.median_s / calls, timed.compile_s
 
 
 def check_jax_40101(draft: T5Config, dtype: str, write_bytes: Sequence[int], calls: int,
@@ -202,12 +202,12 @@ def check_cache_length(exp: Experiment, target: LoadedTarget, inputs: Array, max
   Raises:
     ValueError: `long_cache_len` is not longer than the decoders' cache.
   """
-  short, position = costs.timing_geometry(exp.max_decode_len, max_k - 1)
+  short, position = timing.timing_geometry(exp.max_decode_len, max_k - 1)
   if long_cache_len <= short:
     raise ValueError(f"DeviceCheck.long_cache_len={long_cache_len} must exceed the "
                      f"decoders' cache, {short} positions.")
   lengths = (short, long_cache_len)
-  steps = [benchmarking.target_step_times(
+  steps = [timing.target_step_times(
       target.scorer, inputs, chunk_lengths=[1], cache_len=n, position=position,
       calls=exp.timing_calls, repeats=exp.timing_repeats)[1].seconds for n in lengths]
   context = target.scorer.encode(inputs)

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from specdec_jax import stats, theory
-from specdec_jax.harness import results_io
-from specdec_jax.harness.record import PointRow
+from specdec_jax.experiment import results_io
+from specdec_jax.experiment.record import PointRow
 
 FLAG_TOLERANCE = 0.15  # |measured / predicted - 1| above this is flagged.
 AUTO_TOLERANCE = 0.05  # gamma = 'auto' should be within this of the sweep's best.

@@ -20,16 +20,16 @@ import os
 
 import jax
 
-from specdec_jax import benchmarking, contention, costs, gamma_choice
+from specdec_jax import contention, gamma_choice, timing
 from specdec_jax.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.data import layout
 from specdec_jax.data.distill import read_distilled
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.distillation import head_tokens
-from specdec_jax.harness import alpha_tracking
-from specdec_jax.harness.draft_ranking import INPUT_LEN, TASK
+from specdec_jax.draft_pricing.draft_ranking import INPUT_LEN, TASK
 from specdec_jax.models.t5 import T5Model, T5Scorer, make_draft
+from specdec_jax.training import alpha_tracking
 
 FULL = "full"
 
@@ -97,13 +97,13 @@ def head_sweep(draft_dirs: list[str], head_sizes: list[int], *, target_dir: str,
           "alpha": {t: {"beta": a.beta, "empirical": a.empirical} for t, a in alphas.items()}}
   timing_input = buckets.to_bucket(probe.inputs[TASK][:1])
   encoded = target.encoder_outputs(target.encode(timing_input))
-  cache_len, position = costs.timing_geometry(max_decode_len, max_gamma)
+  cache_len, position = timing.timing_geometry(max_decode_len, max_gamma)
   with contention.quiet("draft heads") as guard:
-    verify = costs.verify_times(target, timing_input, max_gamma=max_gamma,
+    verify = timing.verify_times(target, timing_input, max_gamma=max_gamma,
                                 max_decode_len=max_decode_len, calls=timing_calls,
                                 repeats=timing_repeats)
     for t in temperatures:
-      t_draft = benchmarking.draft_token_times_rotated(
+      t_draft = timing.draft_token_times_rotated(
           {key: (d, timing_input, encoded if d.reads_target_encoder else None)
            for key, d in drafts.items()},
           gamma=gamma, warp=Warp(temperature=t), cache_len=cache_len, position=position,
@@ -127,5 +127,5 @@ def head_sweep(draft_dirs: list[str], head_sizes: list[int], *, target_dir: str,
       "verify_ratio": {str(k): t / verify.t_step for k, t in verify.t_chunk.items()},
       "ranking": "the target's distillation outputs, per-corpus token shares averaged over "
                  f"{sorted(layout.CORPORA)}; EOS always kept",
-      "drafts": out, "idle_check": guard.record(), "environment": benchmarking.environment(),
+      "drafts": out, "idle_check": guard.record(), "environment": timing.environment(),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

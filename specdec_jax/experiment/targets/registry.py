@@ -8,8 +8,9 @@ pointing at its own module.
 
 from __future__ import annotations
 
-from specdec_jax.harness import llama_target, settings, t5_target
-from specdec_jax.harness.targets import TargetKind
+from specdec_jax.experiment import settings
+from specdec_jax.experiment.targets import llama_target, t5_target
+from specdec_jax.experiment.targets.interface import TargetKind
 
 TARGET_KINDS: dict[str, TargetKind] = {
     kind.name: kind for kind in (t5_target.KIND, llama_target.KIND)}

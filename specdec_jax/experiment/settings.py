@@ -8,7 +8,7 @@ grid it measures; `Experiment.FIELD` bindings (`gin_configs/*.gin`) set a run's
 own values, and a shared field it leaves unbound takes the `Settings` binding.
 `validate` checks the fields; what depends on the kind of target
 (`target_kind`: its checkpoint, tokenizer and drafts) is checked by
-`harness.registry.check`. Together they read no weights, so a bad run fails in
+`experiment.targets.registry.check`. Together they read no weights, so a bad run fails in
 seconds, before any measurement.
 """
 
@@ -23,7 +23,7 @@ import gin
 
 from specdec_jax import validation
 from specdec_jax.data import chat_prompts, layout, prompts
-from specdec_jax.harness import record, results_io
+from specdec_jax.experiment import record, results_io
 from specdec_jax.models.config import check_dtype
 
 AUTO = record.AUTO
@@ -47,14 +47,14 @@ class Settings:
   """What every command shares (bound as `Settings.FIELD` in gin).
 
   Attributes:
-    target_kind: the kind of target model (`harness.registry`): "t5" (an
+    target_kind: the kind of target model (`experiment.targets.registry`): "t5" (an
       HF T5 checkpoint, the default) or "llama_gguf" (a decoder-only Llama
       read from a GGUF file); it decides what `target` and the draft specs
       name, and how examples become inputs.
     models_dir: directory that checkpoint names (`target`, drafts) are resolved
       in (absolute paths are used as they are).
     target: the target: for "t5" an HF-format checkpoint directory; for
-      "llama_gguf" a .gguf file or "smollm2" (`harness.llama_target`).
+      "llama_gguf" a .gguf file or "smollm2" (`experiment.targets.llama_target`).
     vocab_path: SentencePiece model the prompts are tokenised with (a T5
       target's; a GGUF file holds its own tokenizer).
     input_len: every input is cut / 0-padded to this many tokens (EOS
@@ -118,7 +118,7 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     gin.parse_config_files_and_bindings(gin_files, bindings, finalize_config=False)
   except (ValueError, KeyError, SyntaxError) as e:
     raise ValueError(f"Bad gin configuration ({e}). Check the names against "
-                     "specdec_jax/harness/settings.py (Settings, Experiment) and the files "
+                     "specdec_jax/experiment/settings.py (Settings, Experiment) and the files "
                      "in gin_configs/.") from e
 
 

@@ -14,7 +14,7 @@ term runs the target in every step), the target's stored signals (`"signals"`:
 student alone, `training.sparse_distill`), or their inputs with the student's own samples
 scored by the target in the step (`"on_policy"`, `training.on_policy`). With
 `TrainConfig.alpha_every_steps` the draft's acceptance rate against the target is
-measured during training (`harness.alpha_tracking`: `alpha_curve.json`, `best/`), and the
+measured during training (`training.alpha_tracking`: `alpha_curve.json`, `best/`), and the
 best parameters by alpha, not the last ones, are exported to `hf/`.
 """
 
@@ -41,28 +41,28 @@ import numpy as np  # noqa: E402
 
 from specdec_jax import atomic_io  # noqa: E402
 from specdec_jax.checkpoints import (  # noqa: E402
-    load_hf_checkpoint,
-    load_hf_config,
-    load_model,
-    save_hf_checkpoint,
-    save_shared_encoder_checkpoint,
+  load_hf_checkpoint,
+  load_hf_config,
+  load_model,
+  save_hf_checkpoint,
+  save_shared_encoder_checkpoint,
 )
 from specdec_jax.data import corpora, layout, pipeline, teacher_signals, vocab  # noqa: E402
 from specdec_jax.distillation.teacher import teacher_sha256  # noqa: E402
-from specdec_jax.harness.alpha_tracking import (  # noqa: E402
-    AlphaProbe,
-    AlphaTracker,
-    held_out_inputs,
-)
 from specdec_jax.models.t5 import SharedEncoderModel, T5Model  # noqa: E402
 from specdec_jax.training import (  # noqa: E402
-    batching,
-    evaluation,
-    on_policy,
-    optimizer,
-    signals_source,
-    sparse_distill,
-    trainer,
+  batching,
+  evaluation,
+  on_policy,
+  optimizer,
+  signals_source,
+  sparse_distill,
+  trainer,
+)
+from specdec_jax.training.alpha_tracking import (  # noqa: E402
+  AlphaProbe,
+  AlphaTracker,
+  held_out_inputs,
 )
 from specdec_jax.training.checkpointing import Checkpointer, StopFlag  # noqa: E402
 from specdec_jax.training.model_config import model_config  # noqa: E402
@@ -150,7 +150,7 @@ class TrainConfig:
     test_examples: cap on test examples per task decoded (None: all).
     eval_batch_size: rows per validation / test-decoding batch.
     alpha_every_steps: measure the student's alpha against the teacher every this many
-      steps, and at the first and last step (`harness.alpha_tracking`); the export is
+      steps, and at the first and last step (`training.alpha_tracking`); the export is
       then the best parameters by alpha. 0: off (the last parameters are exported).
     alpha_examples: held-out inputs per task, evenly spaced through its validation split.
     alpha_tasks: corpora alpha is measured on.

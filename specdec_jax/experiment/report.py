@@ -21,7 +21,7 @@ import textwrap
 from collections.abc import Sequence
 
 from specdec_jax import atomic_io
-from specdec_jax.harness import figures, results_io, tables
+from specdec_jax.experiment import figures, results_io, tables
 
 SECTION_FILE = "analysis_section.md"
 TABLES_FILE = "tables.md"

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from specdec_jax.gamma_choice import LoopCosts
+from specdec_jax.theory import LoopCosts
 
 _INT_KEYED = ("t_verify_s", "verify_ratio", "verify_spread")  # {k: ...}, k a string in JSON.
 

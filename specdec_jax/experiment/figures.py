@@ -13,8 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from specdec_jax import gamma_choice, theory  # noqa: E402
-from specdec_jax.harness import results_io, tables  # noqa: E402
-from specdec_jax.harness.record import PointRow  # noqa: E402
+from specdec_jax.experiment import results_io, tables  # noqa: E402
+from specdec_jax.experiment.record import PointRow  # noqa: E402
 
 THEORY_GAMMAS = (1, 2, 3, 5, 7, 10)  # Fig. 2 curves.
 THEORY_CS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # Fig. 3 curves (the paper's c = .02-.11 inside).

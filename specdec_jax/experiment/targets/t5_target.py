@@ -25,8 +25,8 @@ from specdec_jax.checkpoints import load_hf_checkpoint, load_model, load_model_c
 from specdec_jax.data import layout, prompts
 from specdec_jax.data.ngram_stats import load_ngram_stats
 from specdec_jax.decoding.drafts import Draft, NgramDraft
-from specdec_jax.harness import stand_ins
-from specdec_jax.harness.targets import (
+from specdec_jax.experiment.targets import stand_ins
+from specdec_jax.experiment.targets.interface import (
   PROMPT_LOOKUP,
   DraftKind,
   LoadedTarget,
@@ -37,7 +37,7 @@ from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import T5Model, T5Scorer, check_t5_model, make_draft
 
 if TYPE_CHECKING:
-  from specdec_jax.harness.settings import Experiment, Settings
+  from specdec_jax.experiment.settings import Experiment, Settings
 
 NGRAM_ORDER = {"unigram": 1, "bigram": 2}
 

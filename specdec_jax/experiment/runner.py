@@ -4,14 +4,14 @@
 `settings.Experiment` (checked before any work); `run` measures each point
 (task, batch size, draft, temperature, gamma) with `measure.measure_point` and
 appends its row (`record.PointRow`) to `<output_dir>/results.jsonl` atomically.
-A gamma of 'auto' is chosen first (`measure.calibrate`: the whole cost model,
+A gamma of 'auto' is chosen first (`timing.calibrate`: the whole cost model,
 calibrated on held-out examples with the step costs the run measures anyway);
 its row holds the gamma chosen and why. Points already in that file are
 skipped, so an interrupted run resumes where it stopped. `summary_table` is
 the table the command prints.
 
 The target and drafts are whatever kind `Experiment.target_kind` names
-(`harness.registry`): the kind loads the target (its `Scorer`) and builds
+(`experiment.targets.registry`): the kind loads the target (its `Scorer`) and builds
 each draft from its spec; everything else here is the same for every kind.
 """
 
@@ -28,12 +28,13 @@ import jax
 import numpy as np
 import tqdm
 
-from specdec_jax import contention, costs, distributed, gamma_choice, partitioning, validation
+from specdec_jax import contention, distributed, partitioning, timing, validation
 from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft
-from specdec_jax.harness import measure, registry, results_io, settings, targets
-from specdec_jax.harness.record import PointRow
+from specdec_jax.experiment import measure, results_io, settings
+from specdec_jax.experiment.record import PointRow
+from specdec_jax.experiment.targets import interface, registry
 
 RESULTS_ROOT = "results"  # Committed reference measurements (commands: results/README.md).
 RUNS_ROOT = "runs"  # A user's own runs (not committed).
@@ -58,13 +59,15 @@ def load_experiment(gin_files: list[str], bindings: list[str]) -> settings.Exper
   return exp
 
 
-def run(exp: settings.Experiment, output_dir: str, *, max_gamma: int | None = None,
-        deadline: float | None = None) -> str:
+def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyCheck,
+        max_gamma: int | None = None, deadline: float | None = None) -> str:
   """Measures every point of `exp` missing from `<output_dir>/results.jsonl`.
 
   Args:
     exp: the run.
     output_dir: where results.jsonl is.
+    greedy: what a greedy point does when its tokens differ from the baseline's (the
+      command builds it from gin: `GreedyCheck()`).
     max_gamma: the caches are sized for gamma up to it and every row's T_verify(k) covers
       k = 1..max_gamma + 1 (at least the largest gamma of the run's points, the default).
     deadline: a `time.monotonic()` time: no point is started that would end after it at
@@ -86,7 +89,7 @@ def run(exp: settings.Experiment, output_dir: str, *, max_gamma: int | None = No
                   file=sys.stderr, dynamic_ncols=True)
   slowest = 0.0
   with jax.set_mesh(mesh):  # Decoders compile for the mesh's shardings.
-    bench = _Bench(exp, max(max_gamma or 1, settings.largest_gamma(exp, points)), mesh)
+    bench = _Bench(exp, max(max_gamma or 1, settings.largest_gamma(exp, points)), mesh, greedy)
     for point in pending:
       start = time.monotonic()
       if deadline is not None and start + slowest > deadline:
@@ -129,12 +132,14 @@ class _Bench:
   """The models a run loads once, and what its points share, each measured once.
 
   `measure(point)` is one point; the drafts, examples, target step costs and
-  gamma = 'auto' choices it needs are made on first use and kept, so a point
-  retried after a timing refused as noisy redoes only what failed.
+  gamma = 'auto' choices it needs are made on first use and kept (the costs as
+  `timing.SharedCosts`, filled in as they are measured), so a point retried after a
+  timing refused as noisy redoes only what failed.
   """
 
-  def __init__(self, exp: settings.Experiment, max_gamma: int, mesh: jax.sharding.Mesh):
-    self.exp, self.max_gamma, self.mesh = exp, max_gamma, mesh
+  def __init__(self, exp: settings.Experiment, max_gamma: int, mesh: jax.sharding.Mesh,
+               greedy: measure.GreedyCheck):
+    self.exp, self.max_gamma, self.mesh, self.greedy = exp, max_gamma, mesh, greedy
     self.kind = registry.target_kind(exp.target_kind, "Experiment.target_kind")
     self.target = self.kind.load(exp, mesh)
     self._made: dict[tuple, Any] = {}
@@ -146,46 +151,37 @@ class _Bench:
 
   def measure(self, point: settings.Point, say: Callable[[str], Any]) -> PointRow:
     """Measures `point`, choosing its gamma first if it is 'auto'."""
-    exp, target = self.exp, self.target
+    exp = self.exp
     examples = self._once(("examples", point.task, point.batch_size),
                           lambda: self._examples(point.task, point.batch_size))
     draft_kind = self.kind.draft_kind(point.draft)
-    draft = self._once(("draft", *targets.draft_key(draft_kind, point.draft, point.task)),
+    draft = self._once(("draft", *interface.draft_key(draft_kind, point.draft, point.task)),
                        lambda: self._draft(draft_kind, point, examples.measured[0]))
-    verify, verify_idle_check = self._once(
-        ("verify", point.task, point.batch_size), lambda: measure.measure_target_costs(
-            exp, target.scorer, examples.measured[0], self.max_gamma))
-    choice = None
-    if point.gamma == settings.AUTO:
-      choice = self._once(("choice", point.key), lambda: self._choose(point, draft, examples,
-                                                                     verify, say))
-      point = dataclasses.replace(point, gamma=choice.gamma)
-    return measure.measure_point(exp, point, target, draft, examples.measured, verify,
-                                 verify_idle_check, self.max_gamma,
-                                 examples.held_out[:HELD_OUT_BATCHES], choice)
+    if not examples.held_out and point.gamma == settings.AUTO:
+      raise ValueError(
+          f"Experiment.auto_calibration_examples={exp.auto_calibration_examples}: gamma="
+          f"'auto' calibrates on whole batches of {point.batch_size} of the examples after the "
+          f"{exp.num_examples} measured ones, and {point.task!r} has none; raise "
+          "auto_calibration_examples or lower num_examples.")
+    verify = self._once(("verify", point.task, point.batch_size), timing.SharedCosts)
+    shared = self._once(("costs", point.key), lambda: dataclasses.replace(verify))
+    try:
+      return measure.measure_point(exp, point, self.target, draft, examples.measured,
+                                   examples.held_out[:HELD_OUT_BATCHES], self.max_gamma, shared,
+                                   self.greedy)
+    finally:
+      verify.verify, verify.verify_check = shared.verify, shared.verify_check
+      if shared.choice is not None and point.gamma == settings.AUTO:
+        say(f"{point.task} {settings.draft_name(point.draft)} T={point.temperature:g} "
+            f"batch={point.batch_size}: gamma='auto' chose {shared.choice.reason} "
+            f"(calibration {shared.choice.calibration_s:.1f} s)")
 
-  def _draft(self, kind: targets.DraftKind, point: settings.Point, inputs: jax.Array) -> Draft:
+  def _draft(self, kind: interface.DraftKind, point: settings.Point, inputs: jax.Array) -> Draft:
     """The draft of `point`, checked against the target on a batch of its inputs."""
     draft = kind.build(self.target, point.draft, point.task if kind.per_task else "")
     validation.check_draft(draft, self.target.scorer.vocab_size, inputs, None,
                            self.target.encoder_width, self.target.scorer.feature_size)
     return draft
-
-  def _choose(self, point: settings.Point, draft: Draft, examples: _Examples,
-              verify: costs.VerifyTimes, say: Callable[[str], Any]
-              ) -> gamma_choice.GammaChoice:
-    """gamma = 'auto' for `point`, calibrated on its held-out examples."""
-    if not examples.held_out:
-      raise ValueError(
-          f"Experiment.auto_calibration_examples={self.exp.auto_calibration_examples}: gamma="
-          f"'auto' calibrates on whole batches of {point.batch_size} of the examples after the "
-          f"{self.exp.num_examples} measured ones, and {point.task!r} has none; raise "
-          "auto_calibration_examples or lower num_examples.")
-    choice = measure.calibrate(self.exp, point, self.target, draft, examples.held_out, verify)
-    say(f"{point.task} {settings.draft_name(point.draft)} T={point.temperature:g} "
-        f"batch={point.batch_size}: gamma='auto' chose {choice.reason} (calibration "
-        f"{choice.calibration_s:.1f} s)")
-    return choice
 
   def _examples(self, task: str, batch_size: int) -> _Examples:
     """The task's measured and held-out examples in batches of `batch_size`."""
