@@ -161,3 +161,45 @@ class Scorer(abc.ABC):
     raise NotImplementedError(f"{type(self).__name__} gives no features (feature_size 0): "
                               "a draft that reads the target's features needs a target "
                               "that gives them, e.g. models.llama.LlamaScorer.")
+
+  # Trees: scoring n candidate tokens given each one's parent (`decoding.trees`), for the
+  # tree loop (`tree_speculative`). A chain is the tree whose parents are i - 1.
+
+  def score_tree(self, state: Any, tokens: Array, parents: Array) -> tuple[Array, Any]:
+    """Scores a token tree per row in one pass.
+
+    Args:
+      state: the generation's state; the caller keeps `cached_lengths(state) + k
+        <= cache_len`.
+      tokens: int32 `[batch, k]`: node 0 (the root, the last token) and the
+        candidates.
+      parents: int32 `[k]` or `[batch, k]`, -1 then each node's parent (< its
+        index: `trees.check_parents`).
+
+    Returns:
+      float32 logits `[batch, k, vocab]` (logits[:, i] predict the token after
+      the path to node i: node i sits at position `cached_lengths(state) +
+      depth(i)` and attends to the cache and its ancestors only) and the state
+      with the k nodes cached in index order, every row's length advanced by k.
+    """
+    raise NotImplementedError(f"{type(self).__name__} does not score trees; "
+                              "models.llama.LlamaScorer does.")
+
+  def score_tree_with_features(self, state: Any, tokens: Array, parents: Array
+                               ) -> tuple[Array, Array, Any]:
+    """`score_tree`, and float32 features `[batch, k, F]` at each node."""
+    raise NotImplementedError(f"{type(self).__name__} does not score trees with features; "
+                              "models.llama.LlamaScorer does.")
+
+  def keep_path(self, state: Any, order: Array, lengths: Array) -> Any:
+    """After `score_tree`: moves the accepted path's keys and values into place.
+
+    Args:
+      state: the state `score_tree` returned.
+      order: int32 `[batch, k]`, the accepted path's nodes by depth, root first
+        (`trees.path_order`); chunk entry j takes node order[j]'s entries.
+      lengths: int32 `[batch]`, each row's cached length afterwards (at most
+        the chunk's start + the path's length).
+    """
+    raise NotImplementedError(f"{type(self).__name__} does not score trees; "
+                              "models.llama.LlamaScorer does.")

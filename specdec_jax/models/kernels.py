@@ -109,6 +109,50 @@ class DecoderCache:
     """Sets each row's valid length (int32 `[batch]`); stale entries are masked."""
     return self.replace(lengths=lengths.astype(jnp.int32))
 
+  def keep_path(self, start: Array, order: Array, lengths: Array) -> DecoderCache:
+    """Moves a scored tree's accepted path to the front of its chunk, then rewinds.
+
+    Args:
+      start: int32 `[batch]`, where each row's chunk of k nodes was written.
+      order: int32 `[batch, k]`, chunk entry j takes node `order[b, j]`'s keys
+        and values (the path by depth, then anything: `decoding.trees.path_order`).
+      lengths: int32 `[batch]`, each row's valid length afterwards.
+    """
+    def gather(cache: Array, axis: int) -> Array:
+      window = read_positions(cache, start, order.shape[1], axis)  # [batch, heads, ...k...]
+      index = order.reshape(order.shape[:1] + (1,) * axis + order.shape[1:]
+                             + (1,) * (window.ndim - axis - 2))
+      return write_positions(cache, jnp.take_along_axis(window, index, axis=axis + 1), start,
+                             axis)
+
+    return DecoderCache(tuple(gather(k, 2) for k in self.keys),
+                        tuple(gather(v, 1) for v in self.values), lengths.astype(jnp.int32))
+
+
+def chunk_mask(lengths: Array, max_len: int, ancestors: Array) -> Array:
+  """bool `[batch, k, max_len]`: what each node of a chunk at `lengths` attends to.
+
+  Node i of the chunk written at positions `lengths[b]` ... + k - 1 sees the
+  cached positions before `lengths[b]` and the chunk's positions of its
+  ancestors and itself. A chain's ancestors are the lower triangle, and then
+  this is the causal mask.
+
+  Args:
+    lengths: int32 `[batch]`, the cached length before the chunk.
+    max_len: the cache's positions.
+    ancestors: bool `[batch, k, k]`, `[b, i, j]`: node j is node i or an ancestor.
+  """
+  batch, k = ancestors.shape[:2]
+  rel = jnp.arange(max_len)[None] - lengths[:, None]  # [batch, max_len]
+  index = jnp.broadcast_to(jnp.clip(rel, 0, k - 1)[:, None], (batch, k, max_len))
+  in_chunk = jnp.take_along_axis(ancestors, index, axis=2) & (rel < k)[:, None]
+  return (rel < 0)[:, None] | in_chunk
+
+
+def chain_ancestors(batch: int, k: int) -> Array:
+  """bool `[batch, k, k]`: a chain's ancestors (each node sees itself and every earlier one)."""
+  return jnp.broadcast_to(jnp.tril(jnp.ones((k, k), bool)), (batch, k, k))
+
 
 def half_panels(options: DecodeOptions, params: Any) -> bool:
   """Whether `prepare` packs `params` into float16 panels: `options.half_panels` and float16
@@ -157,6 +201,31 @@ def write_positions(cache: Array, chunk: Array, start: Array, axis: int) -> Arra
     return _write_row(cache, chunk[0], start[0], axis=axis)
   view = cache.reshape(chunk.shape[:2] + cache.shape[1:])
   return write(view, chunk, start).reshape(cache.shape)
+
+
+def read_positions(cache: Array, start: Array, k: int, axis: int) -> Array:
+  """The k positions from per-row `start` along `axis`: `write_positions`' inverse.
+
+  Args:
+    cache: `[batch, heads, ...]` or merged `[batch * heads, ...]` (`merge_heads`).
+    start: int32 `[batch]`.
+    k: positions to read.
+    axis: the position axis of one row's `[heads, ...]` (keys 2, values 1).
+
+  Returns:
+    `[batch, heads, ...]` with k positions on `axis + 1`.
+  """
+  batch = start.shape[0]
+  view = cache if cache.ndim == 4 else cache.reshape((batch, -1) + cache.shape[1:])
+
+  def read_row(row: Array, s: Array) -> Array:
+    index = [jnp.zeros((), jnp.int32)] * row.ndim
+    index[axis] = s
+    size = list(row.shape)
+    size[axis] = k
+    return jax.lax.dynamic_slice(row, tuple(index), size)
+
+  return jax.vmap(read_row)(view, start)
 
 
 def _write_row(cache: Array, chunk: Array, start: Array, *, axis: int) -> Array:

@@ -352,11 +352,18 @@ def _layer(config: LlamaConfig, w: LlamaLayerWeights, x: Array, *, positions: Ar
 
 
 def decode_hidden(config: LlamaConfig, options: DecodeOptions, weights: LlamaWeights,
-                  cache: DecoderCache, tokens: Array, extra: Array | None = None
-                  ) -> tuple[Array, DecoderCache]:
+                  cache: DecoderCache, tokens: Array, extra: Array | None = None,
+                  tree: tuple[Array, Array] | None = None) -> tuple[Array, DecoderCache]:
   """Runs `tokens [batch, k]` through every layer, row b at positions `cache.lengths[b]`
   ... + k - 1, up to the final norm; `extra [batch, k, d_model]`, if given, is added
   to the tokens' embeddings (a draft's projected target features: `feature_draft`).
+
+  The chunk is a token tree when `tree` = (depths int32 `[batch, k]`, ancestors
+  bool `[batch, k, k]`) is given (`decoding.trees.layout`): node i is written at
+  cache position `cache.lengths + i` but rotated as position `cache.lengths +
+  depths[i]`, and attends to the cache and to its ancestors and itself only
+  (`kernels.chunk_mask`). None is the chain (depths 0 .. k - 1, every earlier
+  node an ancestor): the same computation.
 
   Every layer of `weights` runs (a layer-skip draft passes fewer); the cache
   holds as many. The caller keeps `cache.lengths + k <= cache.max_len`.
@@ -370,8 +377,11 @@ def decode_hidden(config: LlamaConfig, options: DecodeOptions, weights: LlamaWei
   """
   batch, k = tokens.shape
   by_row = options.row_dots(batch * k)
-  positions = cache.lengths[:, None] + jnp.arange(k)[None]  # [batch, k]
-  mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]  # [b, k, max_len]
+  if tree is None:
+    tree = (jnp.broadcast_to(jnp.arange(k), (batch, k)), kernels.chain_ancestors(batch, k))
+  depths, ancestors = tree
+  positions = cache.lengths[:, None] + depths  # [batch, k]: RoPE's
+  mask = kernels.chunk_mask(cache.lengths, cache.max_len, ancestors)  # [b, k, max_len]
   x = jnp.take(weights.embedding, tokens, axis=0)  # [batch, k, d_model]
   if extra is not None:
     x = x + extra.astype(x.dtype)
@@ -481,11 +491,13 @@ class LlamaModel:
     return logits.astype(jnp.float32), cache
 
   @functools.partial(jax.jit, static_argnums=0)
-  def decode_features(self, weights: LlamaWeights, cache: DecoderCache, tokens: Array
+  def decode_features(self, weights: LlamaWeights, cache: DecoderCache, tokens: Array,
+                      tree: tuple[Array, Array] | None = None
                       ) -> tuple[Array, Array, DecoderCache]:
     """`decode_chunk` with its final-normed hidden states: float32 logits `[batch, k,
-    vocab]`, float32 features `[batch, k, d_model]` and the advanced cache."""
-    hidden, cache = decode_hidden(self.config, self.options, weights, cache, tokens)
+    vocab]`, float32 features `[batch, k, d_model]` and the advanced cache; a token
+    tree's chunk with `tree` = (depths, ancestors) (`decode_hidden`)."""
+    hidden, cache = decode_hidden(self.config, self.options, weights, cache, tokens, tree=tree)
     logits = logits_of(self.config, self.options, weights, hidden)
     return logits.astype(jnp.float32), hidden.astype(jnp.float32), cache
 

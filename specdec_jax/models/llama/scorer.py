@@ -32,6 +32,7 @@ import numpy as np
 from flax import struct
 
 from specdec_jax import validation
+from specdec_jax.decoding import trees
 from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.models.kernels import DecoderCache
 from specdec_jax.models.llama.model import LlamaModel, LlamaWeights
@@ -239,11 +240,30 @@ class LlamaScorer(Scorer):
 
   def score_with_features(self, state: LlamaScorerState, tokens: Array
                           ) -> tuple[Array, Array, LlamaScorerState]:
+    # A chunk is the chain: the tree whose parents are i - 1.
+    return self.score_tree_with_features(state, tokens, trees.chain(tokens.shape[1] - 1))
+
+  def score_tree(self, state: LlamaScorerState, tokens: Array, parents: Array
+                 ) -> tuple[Array, LlamaScorerState]:
+    logits, _, state = self.score_tree_with_features(state, tokens, parents)
+    return logits, state
+
+  def score_tree_with_features(self, state: LlamaScorerState, tokens: Array, parents: Array
+                               ) -> tuple[Array, Array, LlamaScorerState]:
     context = state.context
-    positions = self.cached_lengths(state)[:, None] + jnp.arange(tokens.shape[1])
+    tree = trees.layout(parents, tokens.shape[0])
+    # Only the root can stand at position 0: it is the last prompt token there.
+    positions = self.cached_lengths(state)[:, None] + tree.depths
     tokens = jnp.where(positions == 0, context.last_tokens[:, None], tokens)
-    logits, features, cache = self.model.decode_features(context.weights, state.cache, tokens)
+    logits, features, cache = self.model.decode_features(
+        context.weights, state.cache, tokens, (tree.depths, tree.ancestors))
     return logits, features, state.replace(cache=cache)
+
+  def keep_path(self, state: LlamaScorerState, order: Array, lengths: Array
+                ) -> LlamaScorerState:
+    start = state.cache.lengths - order.shape[1]
+    cache = state.cache.keep_path(start, order, lengths + state.context.lengths - 1)
+    return state.replace(cache=cache)
 
   def cached_lengths(self, state: LlamaScorerState) -> Array:
     return state.cache.lengths - (state.context.lengths - 1)

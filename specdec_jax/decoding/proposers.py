@@ -1,0 +1,347 @@
+"""Proposers: where a token tree's candidates come from, each usable alone, merged in one tree.
+
+A proposer offers a subtree under the root (the last token of the text) of a
+fixed shape: `parents` (static) numbers its nodes 0..k-1, -1 meaning a child of
+the root, and each call fills its tokens and which of them a row holds
+(`TreeProposal`). `Merged` puts several proposers' subtrees side by side under
+one root, in the order given (siblings are tried in that order). Every
+candidate here is deterministic given what the proposer saw (a point mass:
+`tree_acceptance` accepts it with the target's probability of it), so the
+tree is exact at every temperature.
+
+  * `PromptLookup`: the continuation of the longest n-gram of the text that
+    ends at the last token and appears in the prompt (a chain).
+  * `Datastore`: the same over a store of the target's outputs on the
+    TRAINING split (REST, SuffixDecoding): a sorted table of n-grams and the
+    tokens that followed them (a chain).
+  * `DraftBranches`: a model draft's top-k tokens after the root, each
+    extended by the draft's argmax (k chains); the draft scores the partial
+    tree level by level (`Scorer.score_tree`).
+
+Conventions shared with `drafts.py`: `tokens [batch, buffer_len]` holds the
+start token at index 0 and the generated tokens after it; `lengths [batch]` = m
+tokens generated, so `tokens[:, m]` is the last (the root).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specdec_jax.decoding.drafts import ScorerDraft
+from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import EncoderOutputs
+
+Array = jax.Array
+
+
+@struct.dataclass
+class TreeProposal:
+  """One proposer's candidates under the root.
+
+  Attributes:
+    tokens: int32 `[batch, k]`.
+    valid: bool `[batch, k]`, False where a row has no candidate (never tried).
+  """
+
+  tokens: Array
+  valid: Array
+
+
+def _last_grams(tokens: Array, lengths: Array, n: int) -> tuple[Array, Array]:
+  """The n-gram ending at each row's last token: int32 `[batch, n]`, and bool `[batch]`
+  whether it lies after position 0 (the start token's place never matches)."""
+  idx = lengths[:, None] - jnp.arange(n - 1, -1, -1)[None]  # [batch, n]
+  return jnp.take_along_axis(tokens, jnp.maximum(idx, 0), axis=1), jnp.all(idx >= 1, axis=1)
+
+
+def longest_match(source: Array, tokens: Array, lengths: Array, *, depth: int,
+                  max_ngram: int) -> TreeProposal:
+  """The `depth` source tokens after the longest n-gram (n = max_ngram .. 1) that ends
+  at the last token, earliest match first.
+
+  Args:
+    source: int32 `[batch, L]`, 0-padded (0 never matches).
+    tokens: int32 `[batch, buffer_len]`, the text so far.
+    lengths: int32 `[batch]`.
+    depth: tokens to copy.
+    max_ngram: the longest n-gram tried.
+
+  Returns:
+    A chain's `TreeProposal` `[batch, depth]`: valid where a match exists and
+    the source has a nonzero token there.
+  """
+  batch, source_len = source.shape
+  found = jnp.zeros((batch,), bool)
+  start = jnp.zeros((batch,), jnp.int32)  # Source index of the first copied token.
+  for n in range(max_ngram, 0, -1):
+    gram, inside = _last_grams(tokens, lengths, n)
+    windows = jnp.stack([jnp.roll(source, -i, axis=1) for i in range(n)], -1)  # [b, L, n]
+    in_range = jnp.arange(source_len) <= source_len - n - 1  # A continuation exists.
+    match = jnp.all(windows == gram[:, None, :], -1) & in_range & (source != 0)  # [b, L]
+    hit = jnp.any(match, axis=1) & inside & ~found
+    start = jnp.where(hit, jnp.argmax(match, axis=1) + n, start)
+    found = found | hit
+  positions = start[:, None] + jnp.arange(depth)[None]  # [batch, depth]
+  copied = jnp.take_along_axis(source, jnp.minimum(positions, source_len - 1), axis=1)
+  valid = found[:, None] & (positions < source_len) & (copied != 0)
+  return TreeProposal(copied.astype(jnp.int32), jnp.cumprod(valid, axis=1).astype(bool))
+
+
+def chain_parents(depth: int) -> tuple[int, ...]:
+  """A chain under the root: (-1, 0, 1, ..., depth - 2)."""
+  return tuple(range(-1, depth - 1))
+
+
+class Proposer(abc.ABC):
+  """What the tree loop needs from a source of candidates."""
+
+  @property
+  @abc.abstractmethod
+  def parents(self) -> tuple[int, ...]:
+    """The subtree's shape: node i's parent, -1 for a child of the root (< i otherwise)."""
+
+  @property
+  def forward_passes(self) -> int:
+    """Model forward passes per iteration (0 for table look-ups)."""
+    return 0
+
+  @property
+  def reads_target_encoder(self) -> bool:
+    """Whether `init_state` needs the target's encoder outputs."""
+    return False
+
+  @abc.abstractmethod
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncoderOutputs = None) -> Any:
+    """Per-generation state, from the inputs (the prompts of a decoder-only target)."""
+
+  @abc.abstractmethod
+  def propose(self, state: Any, tokens: Array, lengths: Array, warp: Warp
+              ) -> tuple[Any, TreeProposal]:
+    """Fills the subtree after `tokens[:, :lengths + 1]` (module docstring's conventions)."""
+
+  def commit(self, state: Any, lengths: Array, tokens: Array) -> Any:
+    """Takes the accepted text: `lengths [batch]` generated, `tokens` with them written."""
+    del lengths, tokens
+    return state
+
+
+@struct.dataclass
+class PromptLookup(Proposer):
+  """A chain of `depth` tokens copied from the prompt (`longest_match`)."""
+
+  depth: int = struct.field(pytree_node=False)
+  max_ngram: int = struct.field(pytree_node=False, default=3)
+
+  @property
+  def parents(self) -> tuple[int, ...]:
+    return chain_parents(self.depth)
+
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncoderOutputs = None) -> Array:
+    del cache_len, target_encoded
+    return inputs
+
+  def propose(self, state: Array, tokens: Array, lengths: Array, warp: Warp
+              ) -> tuple[Array, TreeProposal]:
+    del warp
+    return state, longest_match(state, tokens, lengths, depth=self.depth,
+                                max_ngram=self.max_ngram)
+
+
+def _hash(grams: Array) -> Array:
+  """int32 `[...]` of n-grams `[..., n]` (wrapping int32 arithmetic: host and device agree)."""
+  h = jnp.zeros(grams.shape[:-1], jnp.int32)
+  for i in range(grams.shape[-1]):
+    h = h * jnp.int32(1000003) + grams[..., i].astype(jnp.int32)
+  return h
+
+
+@struct.dataclass
+class Datastore(Proposer):
+  """A chain of `depth` tokens that followed the text's last n-gram in stored outputs.
+
+  Built on the host from the target's outputs on the training split only
+  (`from_sequences`). For n = max_ngram .. 1 it holds every distinct n-gram
+  of the outputs once (its first occurrence) with the `depth` tokens after it,
+  sorted by a hash of the n-gram; a look-up is a binary search, then a check
+  that the n-gram is the text's (a hash collision proposes nothing).
+
+  Attributes:
+    depth: tokens proposed (static).
+    keys: per n, int32 `[N_n]` sorted hashes.
+    grams: per n, int32 `[N_n, n]` the n-grams.
+    follow: per n, int32 `[N_n, depth]` the tokens after them (0: none).
+  """
+
+  depth: int = struct.field(pytree_node=False)
+  keys: tuple[Array, ...]
+  grams: tuple[Array, ...]
+  follow: tuple[Array, ...]
+
+  @classmethod
+  def from_sequences(cls, sequences: list[np.ndarray], *, split: str, depth: int,
+                     max_ngram: int = 3) -> Datastore:
+    """The store of `sequences` (int token arrays, the target's outputs, 0 = padding).
+
+    Raises:
+      ValueError: unless `split` is "train": outputs on held-out prompts would
+        leak the test set into what is measured on it.
+    """
+    if split != "train":
+      raise ValueError(f"split={split!r}: a datastore holds the target's outputs on the "
+                       "training split only; build it from the 'train' split's outputs.")
+    keys, grams, follow = [], [], []
+    for n in range(max_ngram, 0, -1):
+      rows, tails = [], []
+      for seq in sequences:
+        seq = np.asarray(seq, np.int32)
+        seq = seq[:np.argmax(seq == 0)] if np.any(seq == 0) else seq
+        padded = np.concatenate([seq, np.zeros(depth, np.int32)])
+        for end in range(n, len(seq)):  # At least one token follows.
+          rows.append(seq[end - n:end])
+          tails.append(padded[end:end + depth])
+      gram = np.asarray(rows, np.int32).reshape(-1, n)
+      tail = np.asarray(tails, np.int32).reshape(-1, depth)
+      key = np.asarray(_hash(jnp.asarray(gram)))
+      _, first = np.unique(key, return_index=True)  # Sorted keys, first occurrence each.
+      keys.append(jnp.asarray(key[first]))
+      grams.append(jnp.asarray(gram[first]))
+      follow.append(jnp.asarray(tail[first]))
+    return cls(depth, tuple(keys), tuple(grams), tuple(follow))
+
+  @property
+  def parents(self) -> tuple[int, ...]:
+    return chain_parents(self.depth)
+
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncoderOutputs = None) -> None:
+    del inputs, cache_len, target_encoded
+
+  def propose(self, state: None, tokens: Array, lengths: Array, warp: Warp
+              ) -> tuple[None, TreeProposal]:
+    del warp
+    batch = tokens.shape[0]
+    found = jnp.zeros((batch,), bool)
+    out = jnp.zeros((batch, self.depth), jnp.int32)
+    for keys, grams, follow in zip(self.keys, self.grams, self.follow, strict=True):
+      if keys.shape[0] == 0:
+        continue
+      gram, inside = _last_grams(tokens, lengths, grams.shape[1])
+      at = jnp.minimum(jnp.searchsorted(keys, _hash(gram)), keys.shape[0] - 1)  # [batch]
+      hit = jnp.all(grams[at] == gram, axis=1) & inside & ~found
+      out = jnp.where(hit[:, None], follow[at], out)
+      found = found | hit
+    valid = found[:, None] & jnp.cumprod(out != 0, axis=1).astype(bool)
+    return state, TreeProposal(out, valid)
+
+
+@struct.dataclass
+class DraftBranches(Proposer):
+  """A model draft's top-`k` tokens after the root, each extended by its argmax to `depth`.
+
+  The subtree: k children of the root (the draft's top-k, rank order), then
+  per level one child under each branch. Each level is one draft call that
+  scores the partial tree after the root (`Scorer.score_tree`): the nodes
+  attend to their own branch only. The draft's cache keeps the accepted text:
+  `propose` scores the root and leaves it cached, `commit` scores the
+  accepted tokens after it (one chain call of `depth` tokens) and rewinds.
+
+  Attributes:
+    draft: a `drafts.ScorerDraft` whose scorer scores trees.
+    k: branches (static).
+    depth: tokens per branch (static).
+  """
+
+  draft: ScorerDraft
+  k: int = struct.field(pytree_node=False)
+  depth: int = struct.field(pytree_node=False)
+
+  @property
+  def parents(self) -> tuple[int, ...]:
+    return tuple([-1] * self.k + [i for i in range(self.k * (self.depth - 1))])
+
+  @property
+  def forward_passes(self) -> int:
+    return self.depth + 1
+
+  @property
+  def reads_target_encoder(self) -> bool:
+    return self.draft.reads_target_encoder
+
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncoderOutputs = None) -> Any:
+    return self.draft.init_state(inputs, cache_len, target_encoded)
+
+  def propose(self, state: Any, tokens: Array, lengths: Array, warp: Warp
+              ) -> tuple[Any, TreeProposal]:
+    del warp  # Deterministic: the top-k and the argmax, whatever the temperature.
+    scorer = self.draft.scorer
+    last = jnp.take_along_axis(tokens, lengths[:, None], axis=1)  # [batch, 1]
+    logits, state = scorer.score(state, last)
+    _, level = jax.lax.top_k(logits[:, 0], self.k)  # [batch, k]
+    nodes = level.astype(jnp.int32)
+    parents = np.asarray(self.parents)
+    for _ in range(self.depth - 1):  # One level per call.
+      size = nodes.shape[1]
+      logits, state = scorer.score_tree(state, nodes, parents[:size])
+      state = scorer.rewind(state, lengths + 1)
+      level = jnp.argmax(logits[:, size - self.k:], axis=-1).astype(jnp.int32)  # [batch, k]
+      nodes = jnp.concatenate([nodes, level], axis=1)
+    return state, TreeProposal(nodes, jnp.ones(nodes.shape, bool))
+
+  def commit(self, state: Any, lengths: Array, tokens: Array) -> Any:
+    scorer = self.draft.scorer
+    start = scorer.cached_lengths(state)  # m + 1: the root is cached.
+    index = start[:, None] + jnp.arange(self.depth)[None]
+    _, state = scorer.score(state, jnp.take_along_axis(tokens, index, axis=1))
+    return scorer.rewind(state, lengths)
+
+
+@struct.dataclass
+class Merged(Proposer):
+  """Several proposers' subtrees side by side under one root, tried in the order given."""
+
+  proposers: tuple[Proposer, ...]
+
+  @property
+  def parents(self) -> tuple[int, ...]:
+    out, offset = [], 0
+    for proposer in self.proposers:
+      out += [p if p < 0 else p + offset for p in proposer.parents]
+      offset += len(proposer.parents)
+    return tuple(out)
+
+  @property
+  def forward_passes(self) -> int:
+    return sum(p.forward_passes for p in self.proposers)
+
+  @property
+  def reads_target_encoder(self) -> bool:
+    return any(p.reads_target_encoder for p in self.proposers)
+
+  def init_state(self, inputs: Array, cache_len: int,
+                 target_encoded: EncoderOutputs = None) -> tuple[Any, ...]:
+    return tuple(p.init_state(inputs, cache_len, target_encoded) for p in self.proposers)
+
+  def propose(self, state: tuple[Any, ...], tokens: Array, lengths: Array, warp: Warp
+              ) -> tuple[tuple[Any, ...], TreeProposal]:
+    states, parts = zip(*(p.propose(s, tokens, lengths, warp)
+                          for p, s in zip(self.proposers, state, strict=True)), strict=True)
+    return states, TreeProposal(jnp.concatenate([p.tokens for p in parts], axis=1),
+                                jnp.concatenate([p.valid for p in parts], axis=1))
+
+  def commit(self, state: tuple[Any, ...], lengths: Array, tokens: Array) -> tuple[Any, ...]:
+    return tuple(p.commit(s, lengths, tokens) for p, s in zip(self.proposers, state,
+                                                               strict=True))
+
+
+def tree_parents(proposer: Proposer) -> np.ndarray:
+  """int32 `[n + 1]`: the whole tree's parents, the root first (`trees.check_parents`)."""
+  return np.asarray([-1] + [p + 1 for p in proposer.parents], np.int32)
