@@ -15,6 +15,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from specdec_jax.data import layout
@@ -23,9 +24,11 @@ from specdec_jax.decoding.sampling import Warp
 from specdec_jax.distillation import decode, signals, teacher
 from specdec_jax.models.llama import TEST_CONFIG, LlamaModel, LlamaScorer, pad_prompts
 from specdec_jax.models.llama.feature_draft import FeatureDraft
-from specdec_jax.models.llama.student import Student
+from specdec_jax.models.llama.student import Student, student_config
 from specdec_jax.models.llama.student_io import TargetId, check_target, load_student
 from specdec_jax.training import shortlist, student_distill, train_student
+from specdec_jax.training.sparse_distill import signals_loss_terms
+from specdec_jax.training.trainer import LossConfig, TrainState
 
 pytestmark = pytest.mark.xdist_group("train_student")
 
@@ -233,3 +236,79 @@ def test_the_shortlist_moves_outside_mass_to_the_rest():
                              rtol=1e-3)
   with pytest.raises(ValueError, match="distinct token ids"):
     shortlist.shortlist_index(np.array([1, 1]), 10)
+
+
+def test_two_stages_on_the_targets_own_rows_with_the_training_time_test(data, tmp_path,
+                                                                         monkeypatch):
+  """Issue 58's recipe on the tiny target: a first stage at the target's width on its own
+  embedding and head (`tied_io`) trains on one task and is validated on another; the second
+  starts from its export (step 0's alpha is the export's) and feeds the draft its own
+  features (`test_steps=2`); the curves count training tokens and track the second
+  proposal's alpha. A second stage of another shape is refused."""
+  tiny, root = data
+  monkeypatch.setattr(train_student, "_load_target", lambda name: _target(tiny))
+  common = {"d_model": TEST_CONFIG.d_model, "reads_features": True, "tied_io": True,
+            "validation_tasks": ("explain",)}
+  first_config = _config(root, tasks=("mansum",), **common)
+  first_dir = str(tmp_path / "stage1")
+  first = train_student.train_student(first_dir, first_config)
+  export = os.path.join(first_dir, train_student.EXPORT)
+  saved = load_student(export)
+  assert saved.config.tied_io and "input_projection" not in saved.params
+  with open(os.path.join(first_dir, train_student.CURVE)) as f:
+    curve = json.load(f)
+  pairs = {split: train_student.read_packed((task,), root=r, with_hidden=False).num_pairs
+           for split, task, r in (("train", "mansum", root),
+                                  ("validation", "explain", root + "_validation"))}
+  assert (curve["train_pairs"], curve["validation_pairs"]) == (pairs["train"],
+                                                               pairs["validation"])
+  tokens = [p["tokens"] for p in curve["points"]]
+  assert tokens[0] == 0 and tokens == sorted(tokens)
+  assert tokens[-1] == round(first["passes"] * curve["train_tokens"])
+  assert all(0.0 <= p["alpha_t0_second"] <= 1.0 for p in curve["points"])
+
+  second_config = _config(root, init_from=export, test_steps=2, passes=1.0, **common)
+  second_dir = str(tmp_path / "stage2")
+  train_student.train_student(second_dir, second_config)
+  np.testing.assert_array_equal(np.load(os.path.join(second_dir, train_student.HEAD)),
+                                saved.head_tokens)
+  with open(os.path.join(second_dir, train_student.CURVE)) as f:
+    start = json.load(f)["points"][0]
+  exported = train_student.teacher_forced_alpha(export, first_config)["validation"]
+  assert start["alpha_t0"] == pytest.approx(exported["alpha_t0"], abs=1e-6)
+  with pytest.raises(ValueError, match="another shape"):
+    train_student.train_student(str(tmp_path / "other"), dataclasses.replace(
+        second_config, d_model=16, tied_io=False))
+
+
+def test_the_training_time_test_adds_the_loss_of_the_draft_reading_its_own_features(data):
+  """`test_steps=2`: the step's "test_loss" is the distillation loss of a second pass that
+  reads the first pass's predicted features; a draft without features refuses it."""
+  tiny, root = data
+  student = Student(student_config(tiny.config, d_model=16, num_layers=1, head_size=24,
+                                   head_dim=8, reads_features=True))
+  train = train_student.read_packed(("mansum",), root=root, with_hidden=True)
+  head = train_student.choose_head(train, 97, 24, EOS)
+  batches = train_student.SignalsBatches(train, batch_size=4, seed=0)
+  batch = shortlist.to_shortlist(batches.batch(batches.plan(0)[0]), shortlist.shortlist_index(
+      head, 97))
+  embedding = jnp.asarray(tiny.params["token_embedder"]["embedding"])
+  params = student.init_params(jax.random.PRNGKey(1))
+  loss_cfg = LossConfig(z_loss=0.0, distill_weight=1.0)
+  _, _, predicted = student_distill.student_outputs(student, params, embedding, head, batch)
+  logits, _, _ = student_distill.student_outputs(
+      student, params, embedding, head, batch, predicted.astype(batch["decoder_hidden"].dtype))
+  expected = float(signals_loss_terms(logits, batch, loss_cfg)[0])
+  optimizer = optax.sgd(0.0)
+  step = student_distill.make_train_step(student, optimizer, loss_cfg, test_steps=2)
+  state = TrainState.create(jax.tree.map(jnp.array, params), optimizer)
+  _, metrics = step(state, batch, jax.random.PRNGKey(0), embedding, head)
+  assert float(metrics["test_loss"]) == pytest.approx(expected, rel=1e-5)
+  # Reading the target's features instead gives another loss (what the test tells apart).
+  teacher_forced = float(signals_loss_terms(student_distill.student_logits(
+      student, params, embedding, head, batch), batch, loss_cfg)[0])
+  assert abs(teacher_forced - expected) > 1e-4
+  with pytest.raises(ValueError, match="reads none"):
+    student_distill.make_train_step(Student(student_config(
+        tiny.config, d_model=16, num_layers=1, head_size=24, head_dim=8)), optimizer, loss_cfg,
+        test_steps=2)

@@ -18,7 +18,14 @@ saved (float16) to `<model_dir>/export/` (`student_io`), with the curve.
 With `reads_features` the draft also reads the target's features (EAGLE-style:
 `models.llama.feature_draft`), stored along the prompts and outputs by
 `experiments.teacher_signals`; its held-out alpha is then that of the first proposal
-of each iteration (teacher-forced: every input feature is the target's own).
+of each iteration (teacher-forced: every input feature is the target's own), and
+`alpha_t0_second` that of the second, reading its own predicted features.
+
+Two stages (issue 58's recipe): a first run on the in-domain corpus's signals
+(`tasks=("docs",)`, validated on the chat tasks' held-out outputs through
+`validation_tasks`), then a second that starts from the first's export (`init_from`: its
+shape and shortlist are kept) and trains on the target's own outputs, optionally with the
+training-time test (`test_steps`). Each curve point records the training tokens seen.
 """
 
 from __future__ import annotations
@@ -57,15 +64,23 @@ class StudentTrainConfig:
 
   Attributes:
     target: the GGUF target ("smollm2" or a .gguf path).
-    tasks: the chat tasks whose signals it trains on.
+    tasks: the chat tasks (or text corpora, e.g. "docs") whose signals it trains on.
+    validation_tasks: the tasks its held-out alpha is measured on (None: `tasks`).
     signals_root: the training split's distill root (None: `teacher.default_root`).
     validation_root: the validation split's (None: `<signals_root>_validation`).
+    init_from: an exported draft to start from (a first stage's `<model_dir>/export`):
+      its shape, shortlist and parameters are kept, and this config's shape fields must
+      match them.
     d_model: the draft's width.
     num_layers: its blocks.
     head_dim: per attention head.
     kv_groups: query heads per key/value head.
     head_size: the shortlist's length.
     reads_features: read the target's features (`StudentConfig.feature_size`).
+    tied_io: the target's own embedding rows in and tied head rows out, no projections
+      (`StudentConfig.tied_io`; d_model must be the target's).
+    test_steps: passes per step that feed the draft its own predicted features
+      (EAGLE-3's training-time test, `student_distill.make_train_step`); 1: none.
     feature_weight: the weight of the feature loss (`student_distill.student_outputs`).
     batch_size: (example, decoding) pairs per step.
     passes: passes over the training pairs.
@@ -83,14 +98,18 @@ class StudentTrainConfig:
 
   target: str = "smollm2"
   tasks: tuple[str, ...] = ("mansum", "explain")
+  validation_tasks: tuple[str, ...] | None = None
   signals_root: str | None = None
   validation_root: str | None = None
+  init_from: str | None = None
   d_model: int = 256
   num_layers: int = 2
   head_dim: int = 64
   kv_groups: int = 2
   head_size: int = 8192
   reads_features: bool = False
+  tied_io: bool = False
+  test_steps: int = 1
   feature_weight: float = 1.0
   batch_size: int = 32
   passes: float = 5.0
@@ -111,6 +130,10 @@ class StudentTrainConfig:
   def held_out_root(self) -> str:
     return self.validation_root or self.train_root.rstrip("/") + "_validation"
 
+  @property
+  def held_out_tasks(self) -> tuple[str, ...]:
+    return self.validation_tasks or self.tasks
+
 
 @dataclasses.dataclass(frozen=True)
 class _Target:
@@ -129,27 +152,49 @@ def _load_target(name: str) -> _Target:
   return _Target(embedding, target_id, checkpoint.vocabulary.eos_id, checkpoint.config)
 
 
-def choose_head(data: PackedSignals, vocab_size: int, size: int, eos_id: int
-                ) -> tuple[np.ndarray, float]:
-  """The shortlist: the `size` tokens the target's outputs hold most often (EOS kept),
-  and the share of output tokens it covers."""
+def choose_head(data: PackedSignals, vocab_size: int, size: int, eos_id: int) -> np.ndarray:
+  """The shortlist: the `size` tokens the target's outputs hold most often (EOS kept)."""
   counts = np.bincount(data.output_tokens, minlength=vocab_size).astype(np.float64)
-  head = frequent_tokens(counts, size, always=[eos_id])
-  return head, float(counts[head].sum() / counts.sum())
+  return frequent_tokens(counts, size, always=[eos_id])
 
 
 def _estimate_alpha(eval_step, params, data: PackedSignals, batches: SignalsBatches,
                     index: np.ndarray, embedding, head_tokens) -> dict[str, float]:
-  """Alpha at T = 0 and its T = 1 lower bound over every validation pair."""
-  sums = {"beta_greedy": 0.0, "tokens_greedy": 0.0, "beta_sampled": 0.0, "tokens_sampled": 0.0}
+  """Alpha at T = 0 and its T = 1 lower bound over every validation pair (and, for a
+  draft that reads features, both for its second proposal: "alpha_t0_second",
+  "alpha_t1_lower_second")."""
+  sums: dict[str, float] = {}
   for pairs in batches.plan(0):
     batch = shortlist.to_shortlist(batches.batch(pairs), index)
     greedy = data.pair_decoding[np.resize(pairs, batches.batch_size)] == 0
     out = eval_step(params, batch, greedy, embedding, head_tokens)
-    for key in sums:
-      sums[key] += float(out[key])
-  return {"alpha_t0": sums["beta_greedy"] / max(sums["tokens_greedy"], 1.0),
-          "alpha_t1_lower": sums["beta_sampled"] / max(sums["tokens_sampled"], 1.0)}
+    for key, value in out.items():
+      sums[key] = sums.get(key, 0.0) + float(value)
+  greedy_tokens, sampled_tokens = (max(sums[k], 1.0) for k in ("tokens_greedy",
+                                                               "tokens_sampled"))
+  alphas = {"alpha_t0": sums["beta_greedy"] / greedy_tokens,
+            "alpha_t1_lower": sums["beta_sampled"] / sampled_tokens}
+  if "beta_greedy_second" in sums:
+    alphas |= {"alpha_t0_second": sums["beta_greedy_second"] / greedy_tokens,
+               "alpha_t1_lower_second": sums["beta_sampled_second"] / sampled_tokens}
+  return alphas
+
+
+def _first_stage(directory: str, student: Student, target: _Target):
+  """The exported draft a second stage starts from (`StudentTrainConfig.init_from`).
+
+  Raises:
+    ValueError: a draft of another target, or of another shape than `student`'s.
+  """
+  saved = load_student(directory)
+  check_target(saved, directory, target.id.sha256, target.id.vocab_size, target.id.embed_dim,
+               target.id.file)
+  if saved.config.to_dict() != student.config.to_dict():
+    raise ValueError(f"StudentTrainConfig.init_from={directory} holds a draft of another "
+                     f"shape ({saved.config.to_dict()}) than this config's "
+                     f"({student.config.to_dict()}): give both stages the same d_model, "
+                     "num_layers, head_dim, kv_groups, head_size, reads_features and tied_io.")
+  return saved
 
 
 def _read_curve(model_dir: str) -> list[dict]:
@@ -176,25 +221,28 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   target = _load_target(config.target)
   train = read_packed(config.tasks, root=config.train_root, with_hidden=config.reads_features,
                       fraction=config.train_fraction, seed=config.seed)
-  held_out = read_packed(config.tasks, root=config.held_out_root,
+  held_out = read_packed(config.held_out_tasks, root=config.held_out_root,
                          with_hidden=config.reads_features)
   if config.reads_features and train.output_hidden is None:
     raise ValueError(f"StudentTrainConfig.reads_features: {config.train_root} holds no "
                      "features along the outputs; recompute its signals (python -m "
                      "experiments.teacher_signals, format specdec_signals/3).")
-  head_path = os.path.join(model_dir, HEAD)
-  if os.path.exists(head_path):
-    head = np.load(head_path)
-    coverage = float(np.isin(train.output_tokens, head).mean())
-  else:
-    head, coverage = choose_head(train, target.id.vocab_size, config.head_size, target.eos_id)
-    os.makedirs(model_dir, exist_ok=True)
-    np.save(head_path, head)
-  index = shortlist.shortlist_index(head, target.id.vocab_size)
   student = Student(student_config(target.config, d_model=config.d_model,
                                    num_layers=config.num_layers, head_size=config.head_size,
                                    head_dim=config.head_dim, kv_groups=config.kv_groups,
-                                   reads_features=config.reads_features))
+                                   reads_features=config.reads_features,
+                                   tied_io=config.tied_io))
+  start = _first_stage(config.init_from, student, target) if config.init_from else None
+  head_path = os.path.join(model_dir, HEAD)
+  if os.path.exists(head_path):
+    head = np.load(head_path)
+  else:
+    head = (start.head_tokens if start is not None else
+            choose_head(train, target.id.vocab_size, config.head_size, target.eos_id))
+    os.makedirs(model_dir, exist_ok=True)
+    np.save(head_path, head)
+  coverage = float(np.isin(train.output_tokens, head).mean())
+  index = shortlist.shortlist_index(head, target.id.vocab_size)
   batches = SignalsBatches(train, batch_size=config.batch_size, seed=config.seed)
   eval_batches = SignalsBatches(held_out, batch_size=config.batch_size, seed=0)
   total = int(round(config.passes * batches.steps_per_pass))
@@ -205,11 +253,14 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   loss_cfg = LossConfig(z_loss=0.0, distill_weight=1.0,
                         distill_divergence=config.divergence)
   step_fn = student_distill.make_train_step(student, optimizer, loss_cfg,
-                                            feature_weight=config.feature_weight)
+                                            feature_weight=config.feature_weight,
+                                            test_steps=config.test_steps)
   eval_step = student_distill.make_eval_step(student)
   embedding = jax.device_put(target.embedding)
   head_tokens = jax.device_put(head)
-  state = TrainState.create(student.init_params(jax.random.PRNGKey(config.seed)), optimizer)
+  params = (start.params if start is not None
+            else student.init_params(jax.random.PRNGKey(config.seed)))
+  state = TrainState.create(params, optimizer)
   checkpointer = Checkpointer(model_dir)
   restored = checkpointer.restore(state)
   state = restored if restored is not None else state
@@ -218,12 +269,14 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
 
   def evaluate(step: int) -> None:
     point = {"step": step, "passes": round(batches.passes(step), 3),
+             "tokens": int(round(batches.passes(step) * len(train.output_tokens))),
              **_estimate_alpha(eval_step, state.params, held_out, eval_batches, index,
                                embedding, head_tokens)}
     curve[:] = [p for p in curve if p["step"] != step] + [point]
     atomic_io.write_json(os.path.join(model_dir, CURVE), {
         "config": dataclasses.asdict(config), "head_coverage": coverage,
         "validation_pairs": held_out.num_pairs, "train_pairs": train.num_pairs,
+        "train_tokens": len(train.output_tokens),
         "points": curve})
     print(f"step {step} ({point['passes']} passes): alpha T=0 {point['alpha_t0']:.3f}, "
           f"T=1 >= {point['alpha_t1_lower']:.3f}", flush=True)
@@ -248,6 +301,7 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   summary = {"steps": step, "total_steps": total, "passes": round(batches.passes(step), 3),
              "head_coverage": round(coverage, 4),
              "parameters": student.param_count(state.params), "train_pairs": train.num_pairs,
+             "train_tokens": len(train.output_tokens),
              "target_file": target.id.file,
              "last": curve[-1] if curve else None,
              "loss": float(metrics["loss"]) if metrics else None,
@@ -288,8 +342,9 @@ def teacher_forced_alpha(directory: str, config: StudentTrainConfig) -> dict:
   embedding, head_tokens = jax.device_put(target.embedding), jax.device_put(saved.head_tokens)
   params = jax.device_put(saved.params)
   out = {}
-  for split, root in (("train", config.train_root), ("validation", config.held_out_root)):
-    data = read_packed(config.tasks, root=root, with_hidden=saved.config.feature_size > 0)
+  for split, root, tasks in (("train", config.train_root, config.tasks),
+                             ("validation", config.held_out_root, config.held_out_tasks)):
+    data = read_packed(tasks, root=root, with_hidden=saved.config.feature_size > 0)
     out[split] = {**_estimate_alpha(eval_step, params, data,
                                     SignalsBatches(data, batch_size=config.batch_size, seed=0),
                                     index, embedding, head_tokens),
@@ -305,9 +360,13 @@ def model_card(config: StudentTrainConfig, student: Student, summary: dict) -> s
       f"# A decoder-only draft for `{summary['target_file']}`", "",
       "A small Llama-architecture draft for speculative decoding (Leviathan et al., 2023), "
       "trained on its target's own outputs and top-k log-probabilities "
-      "(`specdec_jax/models/llama/student.py`). It owns no vocabulary-wide matrix: it reads "
-      "the target's token embedding through a learned projection, and its output layer "
-      f"scores the {student.config.head_size} tokens the target emits most often "
+      "(`specdec_jax/models/llama/student.py`). It owns no vocabulary-wide matrix: "
+      + ("its blocks run at the target's width on the target's own embedding rows, and its "
+         "output layer is the target's tied head rows (both frozen, read from the target's "
+         "file)" if student.config.tied_io else
+         "it reads the target's token embedding through a learned projection, and so does "
+         "its output layer")
+      + f"; the output layer scores the {student.config.head_size} tokens of its shortlist "
       "(probability 0 elsewhere, which keeps speculative sampling exact)."
       + (" It also reads the target's features, as EAGLE (Li et al. 2024) does: each "
          "position's input adds the projected final-normed hidden state the target computed "
@@ -322,12 +381,16 @@ def model_card(config: StudentTrainConfig, student: Student, summary: dict) -> s
       f"{blocks.num_heads} / {blocks.num_kv_heads} / {blocks.d_ff} |",
       f"| shortlist | {student.config.head_size} tokens, "
       f"{summary['head_coverage']:.1%} of the target's training outputs |",
-      f"| data | {summary['train_pairs']:,} (prompt, target output) pairs of the tasks "
-      f"{', '.join(config.tasks)} (`python -m experiments.distill_data --teacher="
-      f"{config.target}`, `python -m experiments.teacher_signals`) |",
+      f"| data | {summary['train_pairs']:,} (prompt, output) pairs of "
+      f"{', '.join(config.tasks)}, {summary['train_tokens']:,} output tokens, with the "
+      "target's signals along them (`python -m experiments.distill_data` or "
+      "`experiments.text_corpus`, then `experiments.teacher_signals`) |",
       f"| training | {summary['steps']} steps ({summary['passes']} passes), batch "
       f"{config.batch_size}, AdamW peak lr {config.peak_lr}, {config.divergence} to the "
-      "target's top-k |",
+      "target's top-k"
+      + (f", from the draft in {config.init_from}" if config.init_from else "")
+      + (f", training-time test over {config.test_steps} passes" if config.test_steps > 1
+         else "") + " |",
       f"| held-out alpha (validation outputs) | T=0: {last.get('alpha_t0', float('nan')):.3f}, "
       f"T=1: >= {last.get('alpha_t1_lower', float('nan')):.3f} |", "",
       "Held-out alpha is estimated along the target's own validation outputs "
