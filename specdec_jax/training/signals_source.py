@@ -154,7 +154,13 @@ class PackedSignals:
       if len(widths) > 1:
         raise ValueError(f"The shards hold {what} {sorted(widths)}: signals of different "
                          "settings cannot be mixed; recompute them with one setting.")
-    return cls(**{name: np.concatenate(p) if p else None for name, p in parts.items()})
+    # One field at a time, each field's parts freed as it is joined: the peak is the parts
+    # plus one field, not twice the data (a corpus's features run to gigabytes).
+    packed = {}
+    for name in list(parts):
+      pieces = parts.pop(name)
+      packed[name] = np.concatenate(pieces) if pieces else None
+    return cls(**packed)
 
 
 def read_packed(tasks: Iterable[str], *, data_dir: str | None = None, root: str | None = None,
