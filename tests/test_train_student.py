@@ -26,7 +26,7 @@ from specdec_jax.models.llama import TEST_CONFIG, LlamaModel, LlamaScorer, pad_p
 from specdec_jax.models.llama.feature_draft import FeatureDraft
 from specdec_jax.models.llama.student import Student, student_config
 from specdec_jax.models.llama.student_io import TargetId, check_target, load_student
-from specdec_jax.training import shortlist, student_distill, train_student
+from specdec_jax.training import alpha_tracking, shortlist, student_distill, train_student
 from specdec_jax.training.sparse_distill import signals_loss_terms
 from specdec_jax.training.trainer import LossConfig, TrainState
 
@@ -113,7 +113,7 @@ def _config(root: str, **overrides) -> train_student.StudentTrainConfig:
 def _target(tiny) -> train_student._Target:
   embedding = np.asarray(tiny.params["token_embedder"]["embedding"])
   return train_student._Target(embedding, TargetId(tiny.sha256, 97, embedding.shape[1],
-                                                   "tiny.gguf"), EOS, tiny.config)
+                                                   "tiny.gguf"), EOS, tiny.config, tiny.scorer)
 
 
 def test_the_target_outputs_and_signals_agree(data):
@@ -267,15 +267,27 @@ def test_two_stages_on_the_targets_own_rows_with_the_training_time_test(data, tm
   assert tokens[-1] == round(first["passes"] * curve["train_tokens"])
   assert all(0.0 <= p["alpha_t0_second"] <= 1.0 for p in curve["points"])
 
-  second_config = _config(root, init_from=export, test_steps=2, passes=1.0, **common)
+  # The second stage also decodes validation prompts with the real loop at each evaluation.
+  prompts = pad_prompts([[5, 6, 7], [9, 10, 11, 12]])
+  monkeypatch.setattr(train_student, "_decoded_prompts", lambda target, task, count: prompts)
+  second_config = _config(root, init_from=export, test_steps=2, passes=1.0,
+                          decoded_examples=2, decoded_max_len=8, **common)
   second_dir = str(tmp_path / "stage2")
   train_student.train_student(second_dir, second_config)
   np.testing.assert_array_equal(np.load(os.path.join(second_dir, train_student.HEAD)),
                                 saved.head_tokens)
   with open(os.path.join(second_dir, train_student.CURVE)) as f:
-    start = json.load(f)["points"][0]
+    points = json.load(f)["points"]
   exported = train_student.teacher_forced_alpha(export, first_config)["validation"]
-  assert start["alpha_t0"] == pytest.approx(exported["alpha_t0"], abs=1e-6)
+  assert points[0]["alpha_t0"] == pytest.approx(exported["alpha_t0"], abs=1e-6)
+  embedding = jnp.asarray(tiny.params["token_embedder"]["embedding"])
+  draft = Student(saved.config).draft(saved.params, embedding, jnp.asarray(saved.head_tokens))
+  for t in (0.0, 1.0):
+    by_hand = alpha_tracking.measure_alpha(
+        tiny.scorer, draft, [jnp.asarray(row[None]) for row in prompts], gamma=3,
+        max_decode_len=8, warp=Warp(t), eos_id=EOS, rng=jax.random.PRNGKey(0)).beta
+    assert points[0]["decoded"]["explain"][f"T={t:g}"] == pytest.approx(by_hand, abs=1e-6)
+  assert all(set(p["decoded"]) == {"explain"} for p in points)
   with pytest.raises(ValueError, match="another shape"):
     train_student.train_student(str(tmp_path / "other"), dataclasses.replace(
         second_config, d_model=16, tied_io=False))

@@ -26,6 +26,12 @@ Two stages (issue 58's recipe): a first run on the in-domain corpus's signals
 `validation_tasks`), then a second that starts from the first's export (`init_from`: its
 shape and shortlist are kept) and trains on the target's own outputs, optionally with the
 training-time test (`test_steps`). Each curve point records the training tokens seen.
+
+With `decoded_examples` > 0 each evaluation also decodes that many validation prompts per
+held-out task with the real speculative loop against the target (`alpha_tracking.
+measure_alpha`, gamma `decoded_gamma`, T = 0 and 1, the same key every time): the decoded
+alpha, "decoded" in the curve: what the loop gets where later proposals read the draft's
+own tokens and features, not the target's.
 """
 
 from __future__ import annotations
@@ -34,25 +40,30 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import atomic_io
-from specdec_jax.data import layout
+from specdec_jax.data import chat_prompts, layout
+from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.distillation.head_tokens import frequent_tokens
 from specdec_jax.distillation.teacher import default_root, gguf_file, teacher_sha256
-from specdec_jax.models.llama import gguf_loader
+from specdec_jax.models.llama import LlamaModel, LlamaScorer, gguf_loader, pad_prompts
 from specdec_jax.models.llama.student import Student, student_config
 from specdec_jax.models.llama.student_io import TargetId, check_target, load_student, save_student
+from specdec_jax.training import alpha_tracking, shortlist, student_distill
 from specdec_jax.training import optimizer as optimizers
-from specdec_jax.training import shortlist, student_distill
 from specdec_jax.training.checkpointing import Checkpointer, StopFlag
 from specdec_jax.training.signals_source import PackedSignals, SignalsBatches, read_packed
 from specdec_jax.training.trainer import LossConfig, TrainState
 
 CURVE = "alpha_curve.json"
+DECODED_PROMPT_LEN = 128
 HEAD = "head_tokens.npy"
 EXPORT = "export"
 
@@ -81,6 +92,10 @@ class StudentTrainConfig:
       (`StudentConfig.tied_io`; d_model must be the target's).
     test_steps: passes per step that feed the draft its own predicted features
       (EAGLE-3's training-time test, `student_distill.make_train_step`); 1: none.
+    decoded_examples: validation prompts per held-out task decoded at each evaluation
+      (the decoded alpha); 0: none.
+    decoded_gamma: their gamma.
+    decoded_max_len: their most new tokens.
     feature_weight: the weight of the feature loss (`student_distill.student_outputs`).
     batch_size: (example, decoding) pairs per step.
     passes: passes over the training pairs.
@@ -110,6 +125,9 @@ class StudentTrainConfig:
   reads_features: bool = False
   tied_io: bool = False
   test_steps: int = 1
+  decoded_examples: int = 0
+  decoded_gamma: int = 3
+  decoded_max_len: int = 48
   feature_weight: float = 1.0
   batch_size: int = 32
   passes: float = 5.0
@@ -141,6 +159,8 @@ class _Target:
   id: TargetId
   eos_id: int
   config: object
+  scorer: Scorer | None = None  # The target itself, for the decoded alpha.
+  vocabulary: object = None  # Its chat template and tokenizer, for the decoded prompts.
 
 
 def _load_target(name: str) -> _Target:
@@ -149,7 +169,34 @@ def _load_target(name: str) -> _Target:
   embedding = np.asarray(checkpoint.params["token_embedder"]["embedding"], np.float32)
   target_id = TargetId(teacher_sha256(name), embedding.shape[0], embedding.shape[1],
                        os.path.basename(path))
-  return _Target(embedding, target_id, checkpoint.vocabulary.eos_id, checkpoint.config)
+  model = LlamaModel(checkpoint.config)
+  return _Target(embedding, target_id, checkpoint.vocabulary.eos_id, checkpoint.config,
+                 LlamaScorer(model, model.prepare(checkpoint.params)), checkpoint.vocabulary)
+
+
+def _decoded_prompts(target: _Target, task: str, count: int) -> np.ndarray:
+  """int32 `[count, width]`: `count` validation chat prompts of `task`, evenly spaced."""
+  return pad_prompts(chat_prompts.build_prompts(target.vocabulary, task, "validation", count,
+                                                DECODED_PROMPT_LEN))
+
+
+def _decoded_alpha(config: StudentTrainConfig, student: Student, target: _Target,
+                   embedding: jax.Array, head_tokens: jax.Array
+                   ) -> Callable[[dict], dict[str, dict[str, float]]]:
+  """`params -> {task: {"T=0" | "T=1": alpha}}`: the draft decoding against the target
+  (`decoded_examples` prompts per held-out task, batch 1, the same key every time)."""
+  prompts = {task: _decoded_prompts(target, task, config.decoded_examples)
+             for task in config.held_out_tasks}
+
+  def measure(params: dict) -> dict[str, dict[str, float]]:
+    draft = student.draft(params, embedding, head_tokens)
+    return {task: {f"T={t:g}": alpha_tracking.measure_alpha(
+        target.scorer, draft, [jnp.asarray(row[None]) for row in rows],
+        gamma=config.decoded_gamma, max_decode_len=config.decoded_max_len, warp=Warp(t),
+        eos_id=target.eos_id, rng=jax.random.PRNGKey(config.seed)).beta for t in (0.0, 1.0)}
+        for task, rows in prompts.items()}
+
+  return measure
 
 
 def choose_head(data: PackedSignals, vocab_size: int, size: int, eos_id: int) -> np.ndarray:
@@ -267,11 +314,16 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   curve = _read_curve(model_dir)
   rng = jax.random.PRNGKey(config.seed + 1)
 
+  decoded = (_decoded_alpha(config, student, target, embedding, head_tokens)
+             if config.decoded_examples else None)
+
   def evaluate(step: int) -> None:
     point = {"step": step, "passes": round(batches.passes(step), 3),
              "tokens": int(round(batches.passes(step) * len(train.output_tokens))),
              **_estimate_alpha(eval_step, state.params, held_out, eval_batches, index,
                                embedding, head_tokens)}
+    if decoded is not None:
+      point["decoded"] = decoded(state.params)
     curve[:] = [p for p in curve if p["step"] != step] + [point]
     atomic_io.write_json(os.path.join(model_dir, CURVE), {
         "config": dataclasses.asdict(config), "head_coverage": coverage,
@@ -279,7 +331,9 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
         "train_tokens": len(train.output_tokens),
         "points": curve})
     print(f"step {step} ({point['passes']} passes): alpha T=0 {point['alpha_t0']:.3f}, "
-          f"T=1 >= {point['alpha_t1_lower']:.3f}", flush=True)
+          f"T=1 >= {point['alpha_t1_lower']:.3f}" + "".join(
+              f"; decoded {task} " + ", ".join(f"{k} {v:.3f}" for k, v in by_t.items())
+              for task, by_t in point.get("decoded", {}).items()), flush=True)
 
   step = int(state.step)
   if step == 0 or not curve:
