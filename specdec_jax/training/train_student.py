@@ -56,9 +56,9 @@ from specdec_jax.distillation.teacher import default_root, gguf_file, teacher_sh
 from specdec_jax.models.llama import LlamaModel, LlamaScorer, gguf_loader, pad_prompts
 from specdec_jax.models.llama.student import Student, student_config
 from specdec_jax.models.llama.student_io import TargetId, check_target, load_student, save_student
-from specdec_jax.training import alpha_tracking, shortlist, student_distill
+from specdec_jax.training import alpha_tracking, loop, shortlist, student_distill
 from specdec_jax.training import optimizer as optimizers
-from specdec_jax.training.checkpointing import Checkpointer, StopFlag
+from specdec_jax.training.checkpointing import Checkpointer
 from specdec_jax.training.signals_source import PackedSignals, SignalsBatches, read_packed
 from specdec_jax.training.trainer import LossConfig, TrainState
 
@@ -312,18 +312,17 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   restored = checkpointer.restore(state)
   state = restored if restored is not None else state
   curve = _read_curve(model_dir)
-  rng = jax.random.PRNGKey(config.seed + 1)
 
   decoded = (_decoded_alpha(config, student, target, embedding, head_tokens)
              if config.decoded_examples else None)
 
-  def evaluate(step: int) -> None:
+  def evaluate(step: int, params: dict) -> None:
     point = {"step": step, "passes": round(batches.passes(step), 3),
              "tokens": int(round(batches.passes(step) * len(train.output_tokens))),
-             **_estimate_alpha(eval_step, state.params, held_out, eval_batches, index,
-                               embedding, head_tokens)}
+             **_estimate_alpha(eval_step, params, held_out, eval_batches, index, embedding,
+                               head_tokens)}
     if decoded is not None:
-      point["decoded"] = decoded(state.params)
+      point["decoded"] = decoded(params)
     curve[:] = [p for p in curve if p["step"] != step] + [point]
     atomic_io.write_json(os.path.join(model_dir, CURVE), {
         "config": dataclasses.asdict(config), "head_coverage": coverage,
@@ -335,30 +334,26 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
               f"; decoded {task} " + ", ".join(f"{k} {v:.3f}" for k, v in by_t.items())
               for task, by_t in point.get("decoded", {}).items()), flush=True)
 
-  step = int(state.step)
-  if step == 0 or not curve:
-    evaluate(step)
-  metrics = {}
-  with StopFlag() as stop:
-    for batch in batches.batches(step):
-      if step >= total or stop.requested:
-        break
-      state, metrics = step_fn(state, shortlist.to_shortlist(batch, index),
-                               jax.random.fold_in(rng, step), embedding, head_tokens)
-      step += 1
-      if step % config.eval_every == 0 or step == total:
-        evaluate(step)
-      if step % config.checkpoint_every == 0 or step == total or stop.requested:
-        checkpointer.save(step, state)
-  checkpointer.save(step, state)
+  if int(state.step) == 0 or not curve:
+    evaluate(int(state.step), state.params)
+  state, metrics = loop.train_loop(
+      state, batches.batches(int(state.step)),
+      lambda st, batch, rng: step_fn(st, shortlist.to_shortlist(batch, index), rng, embedding,
+                                     head_tokens),
+      total_steps=total, seed=config.seed, save=checkpointer.save,
+      work=[loop.Due(loop.every(config.eval_every, total),
+                     lambda step, st, _: evaluate(step, st.params)),
+            loop.Due(loop.every(config.checkpoint_every, total),
+                     lambda step, st, _: checkpointer.save(step, st))])
   checkpointer.close()
+  step = int(state.step)
   summary = {"steps": step, "total_steps": total, "passes": round(batches.passes(step), 3),
              "head_coverage": round(coverage, 4),
              "parameters": student.param_count(state.params), "train_pairs": train.num_pairs,
              "train_tokens": len(train.output_tokens),
              "target_file": target.id.file,
              "last": curve[-1] if curve else None,
-             "loss": float(metrics["loss"]) if metrics else None,
+             "loss": float(metrics["loss"]) if metrics is not None else None,
              "seconds": round(time.time() - t0, 1)}
   if step >= total:
     export = os.path.join(model_dir, EXPORT)

@@ -53,6 +53,7 @@ from specdec_jax.models.t5 import SharedEncoderModel, T5Model  # noqa: E402
 from specdec_jax.training import (  # noqa: E402
   batching,
   evaluation,
+  loop,
   on_policy,
   optimizer,
   signals_source,
@@ -64,7 +65,7 @@ from specdec_jax.training.alpha_tracking import (  # noqa: E402
   AlphaTracker,
   held_out_inputs,
 )
-from specdec_jax.training.checkpointing import Checkpointer, StopFlag  # noqa: E402
+from specdec_jax.training.checkpointing import Checkpointer  # noqa: E402
 from specdec_jax.training.model_config import model_config  # noqa: E402
 
 SUMMARY = "train_summary.json"
@@ -445,90 +446,100 @@ def _train_loop(state, counters, batches: Iterator[dict], train_step, eval_step,
                 schedule, tracker: AlphaTracker | None, *, total_steps: int, seed: int,
                 log_every: int, eval_every: int, save_every_minutes: float,
                 save_every_steps: int):
-  """Steps until `total_steps` or a stop signal; saves periodically and on the way out.
+  """`loop.train_loop` with this driver's work between steps: progress lines (means since
+  the last line), validation, alpha where `tracker` is due (the first step, every N-th, the
+  last; each after a checkpoint at that step) and checkpoints every `save_every_minutes`
+  or `save_every_steps`. The alpha measurements' time is not counted in the run's
+  `wall_time_s`.
 
-  `train_step(state, batch, rng)`. Where `tracker` is due (the first step, every N-th,
-  the last) a checkpoint is saved and alpha measured; the measurements' time is not
-  counted in the run's `wall_time_s`.
+  `train_step(state, batch, rng)`.
   """
-  rng = jax.random.PRNGKey(seed + 1)
   start_step = int(state.step)
   wall0 = counters["wall_time_s"]
-  t_start = t_log = t_save = time.monotonic()
-  alpha_s = 0.0  # Spent measuring alpha in this session.
-  tokens_since_log, shapes_seen = 0, set()
-  metric_sums, steps_since_log = None, 0  # Progress lines report means since the last one.
-  alpha_sums, steps_since_alpha = None, 0  # Curve entries: means since the last one.
+  t_start = time.monotonic()
+  clock = {"log": t_start, "save": t_start, "alpha_s": 0.0}  # alpha_s: this session's.
+  tokens_since_log, shapes_seen = [0], set()
+  # (metric sums, steps) since the last progress line, and alpha measurement.
+  sums = {"log": (None, 0), **({"alpha": (None, 0)} if tracker is not None else {})}
 
-  def snapshot():
-    counters["wall_time_s"] = wall0 + time.monotonic() - t_start - alpha_s
-    return {"state": state, "counters": _counter_arrays(counters)}
+  def snapshot(st):
+    counters["wall_time_s"] = wall0 + time.monotonic() - t_start - clock["alpha_s"]
+    return {"state": st, "counters": _counter_arrays(counters)}
 
-  def measure_alpha(step: int) -> None:
-    nonlocal alpha_s, alpha_sums, steps_since_alpha
-    ckpt.save(step, snapshot())  # A restarted run re-measures only what the curve lacks.
+  def means(key: str) -> dict[str, float]:
+    total, steps = sums[key]
+    sums[key] = (None, 0)
+    return {} if total is None else {k: float(v) / steps
+                                     for k, v in jax.device_get(total).items()}
+
+  def counted_step(st, batch, rng):
+    shape = (batch["encoder_input_tokens"].shape, batch["decoder_target_tokens"].shape)
+    if shape not in shapes_seen:
+      shapes_seen.add(shape)
+      print(f"step {int(st.step)}: first batch of shape inputs {shape[0]}, targets "
+            f"{shape[1]} (compiling the train step for it).", flush=True)
+    n_in = int(np.count_nonzero(batch["encoder_input_tokens"]))
+    n_tgt = int(batch["decoder_loss_weights"].sum())
+    st, metrics = train_step(st, batch, rng)
+    for key, (total, steps) in sums.items():
+      sums[key] = (metrics if total is None else jax.tree.map(jnp.add, total, metrics),
+                   steps + 1)
+    counters["input_tokens"] += n_in
+    counters["target_tokens"] += n_tgt
+    tokens_since_log[0] += n_in + n_tgt
+    return st, metrics
+
+  def measure_alpha(step: int, st) -> None:
+    ckpt.save(step, snapshot(st))  # A restarted run re-measures only what the curve lacks.
     t0 = time.monotonic()
-    means = ({} if alpha_sums is None else
-             {k: float(v) / steps_since_alpha for k, v in jax.device_get(alpha_sums).items()})
-    entry = tracker.measure(step, state.params, wall_time_s=counters["wall_time_s"],
-                            train=means)
-    alpha_s += time.monotonic() - t0
-    alpha_sums, steps_since_alpha = None, 0
+    entry = tracker.measure(step, st.params, wall_time_s=counters["wall_time_s"],
+                            train=means("alpha"))
+    clock["alpha_s"] += time.monotonic() - t0
+    clock["log"] = time.monotonic()  # The measurement is no part of the next line's rate.
     print(f"step {step} alpha " + " ".join(f"{task} {k} {a:.4f}" for task, by_t in
                                            entry["alpha"].items() for k, a in by_t.items())
           + f" (score {entry['score']:.4f}, best {tracker.best['score']:.4f} at step "
           f"{tracker.best['step']}; {entry['alpha_eval_s']:.0f} s)", flush=True)
 
-  with StopFlag() as stop:
-    try:
-      if tracker is not None and tracker.due(start_step):
-        measure_alpha(start_step)
-      while int(state.step) < total_steps and not stop.requested:
-        batch = next(batches)
-        shape = (batch["encoder_input_tokens"].shape, batch["decoder_target_tokens"].shape)
-        if shape not in shapes_seen:
-          shapes_seen.add(shape)
-          print(f"step {int(state.step)}: first batch of shape inputs {shape[0]}, targets "
-                f"{shape[1]} (compiling the train step for it).", flush=True)
-        n_in = int(np.count_nonzero(batch["encoder_input_tokens"]))
-        n_tgt = int(batch["decoder_loss_weights"].sum())
-        step_rng = jax.random.fold_in(rng, state.step)
-        state, metrics = train_step(state, batch, step_rng)
-        add = lambda sums, m=metrics: m if sums is None else jax.tree.map(jnp.add, sums, m)
-        metric_sums, steps_since_log = add(metric_sums), steps_since_log + 1
-        if tracker is not None:
-          alpha_sums, steps_since_alpha = add(alpha_sums), steps_since_alpha + 1
-        counters["input_tokens"] += n_in
-        counters["target_tokens"] += n_tgt
-        tokens_since_log += n_in + n_tgt
-        step = int(state.step)
-        if step % log_every == 0 or step == total_steps:
-          now = time.monotonic()
-          rate = tokens_since_log / (now - t_log)
-          eta = (now - t_start - alpha_s) / (step - start_step) * (total_steps - step)
-          m = {k: float(v) / steps_since_log for k, v in jax.device_get(metric_sums).items()}
-          print(f"step {step}/{total_steps} mean of {steps_since_log} steps: loss "
-                f"{m['loss']:.4f} (label {m['label_loss']:.4f} distill "
-                f"{m['distill_loss']:.4f}) acc {m['accuracy']:.3f} gnorm {m['grad_norm']:.2f} "
-                f"| lr {float(schedule(step)):.2e} | "
-                f"{rate:.0f} tok/s | elapsed {_fmt_duration(wall0 + now - t_start - alpha_s)} "
-                f"ETA {_fmt_duration(eta)}", flush=True)
-          t_log, tokens_since_log, metric_sums, steps_since_log = now, 0, None, 0
-        if step % eval_every == 0 and val:
-          losses = _run_validation(eval_step, state.params, val)
-          print(f"step {step} validation loss " + " ".join(
-              f"{k} {v:.4f}" for k, v in losses.items()), flush=True)
-        if tracker is not None and tracker.due(step):
-          measure_alpha(step)
-          t_log = time.monotonic()  # The measurement is no part of the next line's rate.
-        if (time.monotonic() - t_save >= 60 * save_every_minutes
-            or (save_every_steps and step % save_every_steps == 0)):
-          ckpt.save(step, snapshot())
-          t_save = time.monotonic()
-          print(f"step {step} checkpoint saved.", flush=True)
-    finally:
-      ckpt.save(int(state.step), snapshot())
-      print(f"step {int(state.step)} checkpoint saved.", flush=True)
+  def log(step: int, _st, _metrics) -> None:
+    now = time.monotonic()
+    rate = tokens_since_log[0] / (now - clock["log"])
+    eta = (now - t_start - clock["alpha_s"]) / (step - start_step) * (total_steps - step)
+    steps = sums["log"][1]
+    m = means("log")
+    print(f"step {step}/{total_steps} mean of {steps} steps: loss "
+          f"{m['loss']:.4f} (label {m['label_loss']:.4f} distill "
+          f"{m['distill_loss']:.4f}) acc {m['accuracy']:.3f} gnorm {m['grad_norm']:.2f} "
+          f"| lr {float(schedule(step)):.2e} | "
+          f"{rate:.0f} tok/s | elapsed "
+          f"{_fmt_duration(wall0 + now - t_start - clock['alpha_s'])} "
+          f"ETA {_fmt_duration(eta)}", flush=True)
+    clock["log"], tokens_since_log[0] = now, 0
+
+  def validate(step: int, st, _metrics) -> None:
+    losses = _run_validation(eval_step, st.params, val)
+    print(f"step {step} validation loss " + " ".join(
+        f"{k} {v:.4f}" for k, v in losses.items()), flush=True)
+
+  def save_due(step: int) -> bool:
+    return (time.monotonic() - clock["save"] >= 60 * save_every_minutes
+            or bool(save_every_steps and step % save_every_steps == 0))
+
+  def save(step: int, st, _metrics=None) -> None:
+    ckpt.save(step, snapshot(st))
+    clock["save"] = time.monotonic()
+    print(f"step {step} checkpoint saved.", flush=True)
+
+  work = [loop.Due(loop.every(log_every, total_steps), log)]
+  if val:
+    work.append(loop.Due(lambda step: step % eval_every == 0, validate))
+  if tracker is not None:
+    if tracker.due(start_step):
+      measure_alpha(start_step, state)
+    work.append(loop.Due(tracker.due, lambda step, st, _: measure_alpha(step, st)))
+  work.append(loop.Due(save_due, save))
+  state, _ = loop.train_loop(state, batches, counted_step, total_steps=total_steps, seed=seed,
+                             save=save, work=work)
   return state, counters
 
 
