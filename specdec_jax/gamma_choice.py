@@ -237,6 +237,10 @@ def _reason(choice: GammaChoice) -> str:
                  f"{loops.step_overhead_s / choice.t_step_s:.2f} per step; encoders "
                  f"{1e3 * (loops.encode_target_s + loops.encode_draft_s):.1f} ms over "
                  f"{loops.loop_tokens:.0f} tokens")
+    if loops.misfit:
+      parts.append("misfit: the loop work's unconstrained fit wanted "
+                   + ", ".join(f"{v:.2f} T_step per {k}" for k, v in loops.misfit.items())
+                   + f", clamped to 0 (residual {loops.misfit_residual:.2f} T_step)")
     simpler = {"steps only": choice.speedup_steps_only, **simpler}
   for name, speedups in simpler.items():
     best = max(speedups, key=speedups.get)

@@ -57,6 +57,7 @@ from specdec_jax.gamma_choice import (
     pooled_alpha,
     second_gamma,
 )
+from specdec_jax.loop_work import fit_loop_work
 from specdec_jax.theory import LoopCosts
 
 Array = jax.Array
@@ -633,8 +634,11 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
 
   With `slope_gamma`, the speculative decoder also decodes at that gamma, and
   its iteration overhead is split into a fixed part and a part per proposal:
-  the line through the two gammas' overheads, its slope at least 0 (flat at
-  their mean otherwise). Without, the whole overhead is per iteration.
+  the line through the two gammas' overheads. Without, the whole overhead is
+  per iteration. Every term is fitted >= 0 (`loop_work.fit_loop_work`: flat
+  at the two overheads' mean for a falling line, through the origin for one
+  that would start below it); a term the unconstrained fit wanted negative is
+  recorded with the residual (`LoopCosts.misfit`, in T_step units).
 
   The target's work once per sequence is `encode` and the arrays `init_state`
   makes (`state_arrays`: an empty cache; a decoder-only target's
@@ -681,14 +685,14 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
     iterations = sum(int(o.stats.loop_iterations) for o in outputs[f"gamma={g}"])
     overhead[g] = ((timings[f"gamma={g}"].median_s - n * (encode_target + encode_draft))
                    / max(iterations, 1) - (g * t_draft + t_chunk[g + 1]))
-  per_proposal = (0.0 if len(gammas) == 1 else max(
-      0.0, (overhead[gammas[-1]] - overhead[gammas[0]]) / (gammas[-1] - gammas[0])))
+  work = fit_loop_work(
+      (timings["baseline"].median_s - n * encode_target) / max(steps, 1) - t_chunk[1], overhead)
   costs = LoopCosts(
-      encode_target_s=encode_target, encode_draft_s=encode_draft,
-      step_overhead_s=(timings["baseline"].median_s - n * encode_target) / max(steps, 1)
-      - t_chunk[1],
-      iteration_overhead_s=float(np.mean([o - g * per_proposal for g, o in overhead.items()])),
-      batches=n, held_out=held_out, loop_tokens=steps / n, proposal_overhead_s=per_proposal)
+      encode_target_s=encode_target, encode_draft_s=encode_draft, step_overhead_s=work.step_s,
+      iteration_overhead_s=work.iteration_s, batches=n, held_out=held_out,
+      loop_tokens=steps / n, proposal_overhead_s=work.proposal_s,
+      misfit={name: value / t_chunk[1] for name, value in work.misfit.items()},
+      misfit_residual=work.residual_s / t_chunk[1])
   return costs, pooled_alpha(outputs[f"gamma={gamma}"], gamma)
 
 

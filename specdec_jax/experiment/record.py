@@ -209,6 +209,7 @@ class PointRow:
       row[name] = {str(k): v for k, v in row[name].items()}
     if row["speedup_spread"] is None:  # Rows from before it was recorded stay as they were.
       del row["speedup_spread"]
+    row["cost_model_terms"] = self.cost_model_terms.to_json()
     if row["cost_model_terms"]["proposal_overhead_s"] == 0.0:
       # A row that times its loop at its own gamma alone has no per-proposal term (one
       # priced by gamma = 'auto''s calibration, at two gammas, has), and rows from before
