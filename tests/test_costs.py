@@ -130,7 +130,7 @@ def test_choose_gamma_with_given_alpha_decides_with_it(pair, monkeypatch):
                       lambda *a, chunk_lengths, **k: dict.fromkeys(chunk_lengths, steps))
   monkeypatch.setattr(timing, "draft_token_time",
                       lambda *a, **k: timing.StepTimes(seconds=0.01, compile_s=0.0))
-  measured = gamma_choice.AlphaEstimate(0.1, 0.1, 2, 3, 12, 1.1)
+  measured = gamma_choice.AlphaEstimate(0.1, 0.1, 2, 3, 12, 1.1, 10)
   loops = LoopCosts(encode_target_s=0.0, encode_draft_s=0.0, step_overhead_s=0.0,
                                  iteration_overhead_s=0.1, batches=2, held_out=True,
                                  loop_tokens=30.0)
