@@ -184,6 +184,12 @@ class PointRow:
   speedup_spread: list[float] | None = None
 
   @property
+  def cost_model_error(self) -> float:
+    """The cost model's error on this point: (predicted - measured) / measured speedup, the
+    prediction `speedup_predicted_cost_model` (> 0: it promised more than was measured)."""
+    return self.speedup_predicted_cost_model / self.speedup_measured - 1
+
+  @property
   def efficiency(self) -> float:
     """The measured speedup over Theorem 3.8's with the row's own alpha, c and gamma."""
     return self.speedup_measured / self.speedup_predicted_thm38
