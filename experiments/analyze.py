@@ -3,6 +3,7 @@
   python -m experiments.analyze [--results_dir=results/quickstart_t5 ...] [--results_root=results] \
       [--output_dir=/tmp/analysis]
   python -m experiments.analyze --alpha_curves=checkpoints/RUN,... [--output_dir=results/alpha]
+  python -m experiments.analyze --cost_model_error [--results_root=results]
 
 For each results directory (default: every `<results_root>/*/results.jsonl` of
 `experiments.run` points)
@@ -15,6 +16,10 @@ goes there instead (one folder per results directory), and results/ is only read
 measured it (`experiments.train` with `TrainConfig.alpha_every_steps`: each run's
 `alpha_curve.json`, `specdec_jax.experiment.alpha_curves`) into `<output_dir>/curves.json`
 (recipes already there and not named now are kept) and `curves.png`.
+
+`--cost_model_error` prints instead the cost model's error over the committed rows of the
+first command and the main sweeps (`specdec_jax.experiment.prediction_error`) and writes it
+to `<output_dir or results_root>/cost_model_error.md`, the section of results/README.md.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import os
 from absl import app, flags
 
 from specdec_jax import atomic_io
-from specdec_jax.experiment import alpha_curves, report, results_io
+from specdec_jax.experiment import alpha_curves, prediction_error, report, results_io
 
 _RESULTS_DIR = flags.DEFINE_multi_string(
     "results_dir", [], "Directories holding results.jsonl (default: all under --results_root).")
@@ -38,8 +43,12 @@ _OUTPUT_DIR = flags.DEFINE_string(
 _ALPHA_CURVES = flags.DEFINE_list(
     "alpha_curves", None, "Training run directories whose alpha curves to draw, instead of the "
     "results' tables.")
+_COST_MODEL_ERROR = flags.DEFINE_bool(
+    "cost_model_error", False, "Print and write the cost model's error over the committed rows "
+    "of the first command and the main sweeps, instead of the results' tables.")
 
 CURVES_JSON, CURVES_FIGURE = "curves.json", "curves.png"
+COST_MODEL_ERROR_FILE = "cost_model_error.md"
 
 
 def draw_alpha_curves(model_dirs: list[str], output_dir: str) -> str:
@@ -68,6 +77,12 @@ def main(argv: list[str]) -> None:
   if _ALPHA_CURVES.value:
     output_dir = _OUTPUT_DIR.value or os.path.join(_RESULTS_ROOT.value, "alpha")
     print(f"Wrote {draw_alpha_curves(_ALPHA_CURVES.value, output_dir)}.")
+    return
+  if _COST_MODEL_ERROR.value:
+    text = prediction_error.section(_RESULTS_ROOT.value)
+    path = os.path.join(_OUTPUT_DIR.value or _RESULTS_ROOT.value, COST_MODEL_ERROR_FILE)
+    atomic_io.atomic_write_bytes(path, text.encode("utf-8"))
+    print(f"{text}\nWrote {path}.")
     return
   # By default every directory of experiments.run points (benchmarks such as
   # results/decode_step keep rows of their own kind, with their own tables).

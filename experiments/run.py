@@ -77,6 +77,7 @@ def measure(exp: settings.Experiment, output_dir: str | None) -> None:
         f"{env.get('cpu_count', '?')} ({env.get('backend', '?')}), batch sizes "
         f"{sorted({r.batch_size for r in rows})}; reference: {reference_path}\n")
   print(runner.summary_table(rows, reference))
+  print(f"\n{runner.time_split_line(rows)}")
   print(f"\nRows: {path} (rerunning resumes; delete it to measure again). Tables and figures: "
         f"python -m experiments.analyze --results_dir={output_dir}")
 

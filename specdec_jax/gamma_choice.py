@@ -16,6 +16,10 @@ sequence:
 k-token call costs at least a (k-1)-token one; a single short timing once
 measured T_verify(7) below T_verify(4) and chose gamma = 6, slower than
 gamma = 3) and picks the gamma in 1..max_gamma of highest predicted speedup.
+It decides with the measured alpha and states its uncertainty: the Wilson
+interval over the verified positions it was measured on (`alpha_interval`),
+and the other gammas the cost model prices best somewhere in that interval
+(`GammaChoice.gamma_tie`: the measurement cannot tell them from the choice).
 
 The encoders do not move the best gamma (they add the same seconds to every
 gamma's speculative time), but they decide how much it gains and whether any
@@ -34,9 +38,12 @@ module only, not the measurement.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from specdec_jax import theory, validation
 from specdec_jax.stats import Pooled, nondecreasing_fit
@@ -45,6 +52,8 @@ from specdec_jax.theory import LoopCosts
 DEFAULT_MAX_GAMMA = 8
 DEFAULT_CALIBRATION_GAMMA = 3
 NEAR_TIE = 0.01  # A runner-up predicted within this of the chosen gamma is named in the reason.
+ALPHA_Z = 1.96  # alpha's interval: the Wilson score interval at 95%.
+TIE_GRID = 17  # Alphas across the interval at which every gamma is priced (both ends included).
 
 
 class AlphaEstimate(NamedTuple):
@@ -59,6 +68,7 @@ class AlphaEstimate(NamedTuple):
     gamma: the gamma of the calls.
     tokens: tokens generated in all.
     tokens_per_iteration: tokens per target call.
+    positions: the verified positions `beta` is the mean over (`beta_count`).
   """
 
   beta: float
@@ -67,6 +77,37 @@ class AlphaEstimate(NamedTuple):
   gamma: int
   tokens: int
   tokens_per_iteration: float
+  positions: int
+
+  def interval(self, z: float = ALPHA_Z) -> tuple[float, float]:
+    """`beta`'s uncertainty: the Wilson score interval over `positions` (`alpha_interval`)."""
+    return alpha_interval(self.beta, self.positions, z)
+
+
+def alpha_interval(alpha: float, positions: int, z: float = ALPHA_Z) -> tuple[float, float]:
+  """The Wilson score interval of an acceptance rate measured over `positions` positions.
+
+  Each position's beta lies in [0, 1] with mean alpha, so its variance is at most a coin's,
+  alpha (1 - alpha): the interval of a proportion bounds the mean beta's. It takes the
+  positions as independent; those of one sequence are not quite (an easy text is easy
+  throughout), so it is the narrowest honest interval, not a wide one.
+
+  Args:
+    alpha: the measured rate in [0, 1].
+    positions: the positions measured, >= 0 (0: the whole of [0, 1]).
+    z: the normal quantile of the interval's level (1.96: 95%).
+
+  Returns:
+    (low, high), 0 <= low <= alpha <= high <= 1.
+  """
+  alpha = check_alpha(alpha)
+  n = validation.as_int("positions", positions, minimum=0, what="verified positions measured")
+  if n == 0:
+    return 0.0, 1.0
+  shrink = 1 + z * z / n
+  center = (alpha + z * z / (2 * n)) / shrink
+  half = z / shrink * math.sqrt(alpha * (1 - alpha) / n + z * z / (4 * n * n))
+  return max(0.0, min(alpha, center - half)), min(1.0, max(alpha, center + half))
 
 
 def pooled_alpha(stats: Sequence[Any], gamma: int) -> AlphaEstimate:
@@ -88,7 +129,8 @@ def pooled_alpha(stats: Sequence[Any], gamma: int) -> AlphaEstimate:
   return AlphaEstimate(
       beta=pooled.alpha_beta(), empirical=pooled.alpha_empirical(),
       examples=sum(int(s.tokens.shape[0]) for s in stats), gamma=gamma,
-      tokens=int(pooled["tokens"]), tokens_per_iteration=pooled.tokens_per_call())
+      tokens=int(pooled["tokens"]), tokens_per_iteration=pooled.tokens_per_call(),
+      positions=int(pooled["beta_count"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +165,14 @@ class GammaChoice:
       by whoever guarded them (`experiment.measure.calibrate`); None when
       unguarded.
     reason: one line: the choice, its neighbours' predictions, the terms that
-      decided it, where the simpler models would differ and any gamma
-      predicted within `NEAR_TIE` of it.
+      decided it, alpha's interval and the gammas it cannot tell from the
+      choice, where the simpler models would differ and any gamma predicted
+      within `NEAR_TIE` of it.
+    alpha_interval: (low, high), the measured alpha's 95% interval
+      (`AlphaEstimate.interval`); None when alpha was given.
+    gamma_tie: the other gammas that the cost model prices best at some alpha
+      in `alpha_interval` (ascending): the measurement cannot tell them from
+      `gamma`. () when it can, or alpha was given.
   """
 
   gamma: int
@@ -142,6 +190,8 @@ class GammaChoice:
   calibration_s: float
   idle_check: Mapping[str, Any] | None
   reason: str
+  alpha_interval: tuple[float, float] | None = None
+  gamma_tie: tuple[int, ...] = ()
 
   @property
   def helps(self) -> bool:
@@ -170,6 +220,8 @@ class GammaChoice:
         "calibration_s": self.calibration_s,
         "idle_check": None if self.idle_check is None else dict(self.idle_check),
         "reason": self.reason,
+        "alpha_interval": None if self.alpha_interval is None else list(self.alpha_interval),
+        "gamma_tie": list(self.gamma_tie),
     }
 
 
@@ -230,6 +282,12 @@ def _reason(choice: GammaChoice) -> str:
            + (f" ({neighbours})" if neighbours else ""),
            f"alpha={choice.alpha:.2f}, c={choice.c:.3f}, "
            f"T_verify({k})/T_step={choice.verify_ratio[k]:.2f}{spread}"]
+  if choice.alpha_interval is not None:
+    low, high = choice.alpha_interval
+    parts.append(f"alpha 95% interval {low:.2f}-{high:.2f} over "
+                 f"{choice.alpha_measured.positions} positions: "
+                 + (f"gamma_tie {list(choice.gamma_tie)} (best somewhere in it)"
+                    if choice.gamma_tie else f"gamma={gamma} best throughout"))
   simpler = {"Thm 3.8 (free verification)": choice.speedup_thm38}
   if loops is not None:
     parts.append(f"loop work {loops.iteration_overhead_s / choice.t_step_s:.2f} T_step per "
@@ -237,6 +295,10 @@ def _reason(choice: GammaChoice) -> str:
                  f"{loops.step_overhead_s / choice.t_step_s:.2f} per step; encoders "
                  f"{1e3 * (loops.encode_target_s + loops.encode_draft_s):.1f} ms over "
                  f"{loops.loop_tokens:.0f} tokens")
+    if loops.misfit:
+      parts.append("misfit: the loop work's unconstrained fit wanted "
+                   + ", ".join(f"{v:.2f} T_step per {k}" for k, v in loops.misfit.items())
+                   + f", clamped to 0 (residual {loops.misfit_residual:.2f} T_step)")
     simpler = {"steps only": choice.speedup_steps_only, **simpler}
   for name, speedups in simpler.items():
     best = max(speedups, key=speedups.get)
@@ -257,7 +319,8 @@ def make_choice(alpha: float | AlphaEstimate, t_chunk: Mapping[int, float], t_dr
   None: whoever timed sets it, `dataclasses.replace`).
 
   Args:
-    alpha: an `AlphaEstimate` (its `beta` is used) or a given acceptance rate.
+    alpha: an `AlphaEstimate` (its `beta` is decided with, its interval names the
+      gammas it cannot tell apart) or a given acceptance rate (taken as exact).
     t_chunk: {k: seconds per cached target call scoring k tokens} for
       k = 1..max_gamma + 1 (k = 1 is T_step), e.g. `costs.VerifyTimes.t_chunk`;
       fitted non-decreasing in k before the decision.
@@ -288,8 +351,13 @@ def make_choice(alpha: float | AlphaEstimate, t_chunk: Mapping[int, float], t_dr
     model, tokens = steps_only, None
   else:
     model, tokens = loop_costs.cost_model(steps_only.t_verify, t_draft), loop_costs.loop_tokens
+  gamma = model.optimal_gamma(alpha, max_gamma, tokens=tokens).gamma
+  interval = measured.interval() if measured else None
+  ties = () if interval is None else tuple(sorted(
+      {model.optimal_gamma(a, max_gamma, tokens=tokens).gamma
+       for a in np.linspace(*interval, TIE_GRID)} - {gamma}))
   choice = GammaChoice(
-      gamma=model.optimal_gamma(alpha, max_gamma, tokens=tokens).gamma, alpha=alpha,
+      gamma=gamma, alpha=alpha,
       alpha_measured=measured, t_step_s=t_step, c=c,
       verify_ratio=types.MappingProxyType(ratios),
       verify_ratio_measured=types.MappingProxyType(measured_ratios),
@@ -304,7 +372,9 @@ def make_choice(alpha: float | AlphaEstimate, t_chunk: Mapping[int, float], t_dr
           {g: float(theory.walltime_improvement(alpha, g, c)) for g in gammas}),
       calibration_s=float(calibration_s),
       idle_check=None,
-      reason="")
+      reason="",
+      alpha_interval=interval,
+      gamma_tie=ties)
   return dataclasses.replace(choice, reason=_reason(choice))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -439,6 +439,13 @@ class LoopCosts:
     proposal_overhead_s: seconds per proposed token of the loop's own work
       (0 when the speculative decoder was timed at one gamma, as rows before
       this term were).
+    misfit: {term ("step", "iteration", "proposal"): the value in T_step units
+      that the unconstrained fit wanted} for each term it made negative; the
+      terms above are fitted >= 0 (`loop_work.fit_loop_work`). {} when the
+      measurements fit; None in rows from before the constraint.
+    misfit_residual: the constrained fit's largest |measured - fitted| loop
+      work over the timed configurations, in T_step per step or iteration;
+      None in rows from before the constraint.
   """
 
   encode_target_s: float
@@ -449,6 +456,17 @@ class LoopCosts:
   held_out: bool
   loop_tokens: float
   proposal_overhead_s: float = 0.0
+  misfit: dict[str, float] | None = None
+  misfit_residual: float | None = None
+
+  def to_json(self) -> dict[str, Any]:
+    """The terms as a row holds them: the misfit fields are left out where None, so that
+    rows from before the constraint read back and write the same."""
+    terms = dataclasses.asdict(self)
+    for name in ("misfit", "misfit_residual"):
+      if terms[name] is None:
+        del terms[name]
+    return terms
 
   def cost_model(self, t_chunk: Mapping[int, float], t_draft: float) -> CostModel:
     """The whole `CostModel`: these terms with the model calls' times."""

@@ -33,7 +33,7 @@ import statistics
 import subprocess
 import time
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -57,6 +57,7 @@ from specdec_jax.gamma_choice import (
     pooled_alpha,
     second_gamma,
 )
+from specdec_jax.loop_work import fit_loop_work
 from specdec_jax.theory import LoopCosts
 
 Array = jax.Array
@@ -89,6 +90,25 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
   start = time.perf_counter()
   out = jax.block_until_ready(fn())
   return time.perf_counter() - start, out
+
+
+class Stopwatch:
+  """Wall-clock seconds spent inside named spans, summed per name: `with watch("load"):`."""
+
+  def __init__(self) -> None:
+    self.seconds: dict[str, float] = {}
+
+  @contextlib.contextmanager
+  def __call__(self, name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+  def pop(self, name: str) -> float:
+    """The seconds spent in `name` so far (0 if none), forgotten."""
+    return self.seconds.pop(name, 0.0)
 
 
 def time_calls(fn: Callable[[], Any], repeats: int) -> Timing:
@@ -633,8 +653,11 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
 
   With `slope_gamma`, the speculative decoder also decodes at that gamma, and
   its iteration overhead is split into a fixed part and a part per proposal:
-  the line through the two gammas' overheads, its slope at least 0 (flat at
-  their mean otherwise). Without, the whole overhead is per iteration.
+  the line through the two gammas' overheads. Without, the whole overhead is
+  per iteration. Every term is fitted >= 0 (`loop_work.fit_loop_work`: flat
+  at the two overheads' mean for a falling line, through the origin for one
+  that would start below it); a term the unconstrained fit wanted negative is
+  recorded with the residual (`LoopCosts.misfit`, in T_step units).
 
   The target's work once per sequence is `encode` and the arrays `init_state`
   makes (`state_arrays`: an empty cache; a decoder-only target's
@@ -681,14 +704,14 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
     iterations = sum(int(o.stats.loop_iterations) for o in outputs[f"gamma={g}"])
     overhead[g] = ((timings[f"gamma={g}"].median_s - n * (encode_target + encode_draft))
                    / max(iterations, 1) - (g * t_draft + t_chunk[g + 1]))
-  per_proposal = (0.0 if len(gammas) == 1 else max(
-      0.0, (overhead[gammas[-1]] - overhead[gammas[0]]) / (gammas[-1] - gammas[0])))
+  work = fit_loop_work(
+      (timings["baseline"].median_s - n * encode_target) / max(steps, 1) - t_chunk[1], overhead)
   costs = LoopCosts(
-      encode_target_s=encode_target, encode_draft_s=encode_draft,
-      step_overhead_s=(timings["baseline"].median_s - n * encode_target) / max(steps, 1)
-      - t_chunk[1],
-      iteration_overhead_s=float(np.mean([o - g * per_proposal for g, o in overhead.items()])),
-      batches=n, held_out=held_out, loop_tokens=steps / n, proposal_overhead_s=per_proposal)
+      encode_target_s=encode_target, encode_draft_s=encode_draft, step_overhead_s=work.step_s,
+      iteration_overhead_s=work.iteration_s, batches=n, held_out=held_out,
+      loop_tokens=steps / n, proposal_overhead_s=work.proposal_s,
+      misfit={name: value / t_chunk[1] for name, value in work.misfit.items()},
+      misfit_residual=work.residual_s / t_chunk[1])
   return costs, pooled_alpha(outputs[f"gamma={gamma}"], gamma)
 
 
@@ -901,6 +924,12 @@ class PointTiming:
     draft_cost: T_draft at `gamma`, seconds per proposed token.
     loop_costs: the loops' own work, the encoders on the measured batches and N.
     idle_check: the guard's record of the decoders' and the draft's timing.
+    phases_s: where the point's wall-clock seconds went, apart (guards included):
+      "compile" (the decoders' first calls less steady ones, and the step-timing
+      loops' compilation), "calibration" (the cost model's timings: T_verify(k),
+      gamma = 'auto''s calibration with the compilation it does, T_draft, the
+      loops' own work, the encoders; less the compilation counted above) and
+      "measurement" (the decoders' interleaved timing, less their compilation).
   """
 
   gamma: int
@@ -912,6 +941,7 @@ class PointTiming:
   draft_cost: StepTimes
   loop_costs: LoopCosts
   idle_check: Mapping[str, Any]
+  phases_s: Mapping[str, float]
 
 
 def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
@@ -946,14 +976,17 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
   Returns:
     The `PointTiming`.
   """
+  watch = Stopwatch()
+  step_compile_s = 0.0  # The step-timing loops' compilation this point paid.
   if shared.verify is None:
-    with guard("target step times") as checked:
+    with watch("costs"), guard("target step times") as checked:
       verify = verify_times(target, batches[0], max_gamma=setup.max_gamma,
                             max_decode_len=setup.max_decode_len, calls=setup.timing_calls,
                             repeats=setup.timing_repeats, rounds=setup.timing_rounds)
     shared.verify, shared.verify_check = verify, checked.record()
+    step_compile_s += verify.compile_s
   if setup.gamma is None and shared.choice is None:
-    with guard("gamma calibration") as checked:
+    with watch("costs"), guard("gamma calibration") as checked:
       choice = calibrate(
           target, draft, held_out, warp=setup.warp, max_decode_len=setup.max_decode_len,
           max_gamma=setup.auto_max_gamma, eos_id=setup.eos_id,
@@ -971,37 +1004,54 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
           target, draft, batches[i], key("speculative", i), gamma=gamma,
           draft_inputs=batches[i], **kwargs)}
   with guard(what) as checked:
-    timings, outputs = time_interleaved(decoders, len(batches), setup.passes,
-                                        fetch=distributed.fetch, check=check,
-                                        warmup=first_of_each_shape(batches))
-    draft_cost = draft_time(draft, batches[0], gamma=gamma, warp=setup.warp,
-                            max_decode_len=setup.max_decode_len, max_gamma=setup.max_gamma,
-                            calls=setup.timing_calls, repeats=setup.timing_repeats,
-                            seed=setup.seed, target=target)
-    if choice is not None and choice.loop_costs is not None:
-      # The calibration timed them just now, on held-out batches at this temperature and
-      # at two gammas: timing them again would decode the same batches with the same
-      # programs.
-      loop_costs = choice.loop_costs
-    else:
-      loop_costs, _ = measure_loop_costs(
-          target, draft, list(held_out) or list(batches[:1]), gamma=gamma, warp=setup.warp,
-          max_decode_len=setup.max_decode_len, eos_id=setup.eos_id,
-          t_chunk=shared.verify.t_chunk, t_draft=draft_cost.seconds,
-          rng=jax.random.PRNGKey(setup.seed), repeats=setup.timing_repeats,
-          held_out=bool(held_out))
-    # The once-per-sequence work at the measured examples' own lengths: the few held-out
-    # batches' lengths need not be theirs (man-page inputs run from 16 to 128 tokens).
-    encode_target, encode_draft = time_sequence_work(
-        target, draft, batches, repeats=setup.timing_repeats,
-        cache_len=timing_geometry(setup.max_decode_len, gamma)[0])
+    with watch("decoders"):
+      timings, outputs = time_interleaved(decoders, len(batches), setup.passes,
+                                          fetch=distributed.fetch, check=check,
+                                          warmup=first_of_each_shape(batches))
+    with watch("costs"):
+      draft_cost, loop_costs, encoders = _point_costs(
+          target, draft, batches, held_out, setup, gamma, choice, shared.verify)
+  step_compile_s += draft_cost.compile_s
   # Tokens per batch as the loops run them, on the measured examples: until the longest
   # row ends.
   loop_costs = dataclasses.replace(
-      loop_costs, encode_target_s=encode_target, encode_draft_s=encode_draft,
+      loop_costs, encode_target_s=encoders[0], encode_draft_s=encoders[1],
       loop_tokens=float(np.mean([int(np.max(o.lengths)) for o in outputs["baseline"]])))
+  decoders_compile_s = sum(t.compile_s for t in timings.values())
+  phases = {"compile": decoders_compile_s + step_compile_s,
+            "calibration": max(watch.seconds["costs"] - step_compile_s, 0.0),
+            "measurement": max(watch.seconds["decoders"] - decoders_compile_s, 0.0)}
   return PointTiming(gamma, timings, outputs, shared.verify, shared.verify_check, choice,
-                     draft_cost, loop_costs, checked.record())
+                     draft_cost, loop_costs, checked.record(), types.MappingProxyType(phases))
+
+
+def _point_costs(target: Scorer, draft: Draft, batches: Sequence[Array],
+                 held_out: Sequence[Array], setup: PointSetup, gamma: int,
+                 choice: GammaChoice | None, verify: VerifyTimes
+                 ) -> tuple[StepTimes, LoopCosts, tuple[float, float]]:
+  """`time_point`'s costs after the decoders: T_draft at `gamma`, the loops' own work and
+  the encoders on the measured batches (seconds per batch: the target's, the draft's)."""
+  draft_cost = draft_time(draft, batches[0], gamma=gamma, warp=setup.warp,
+                          max_decode_len=setup.max_decode_len, max_gamma=setup.max_gamma,
+                          calls=setup.timing_calls, repeats=setup.timing_repeats,
+                          seed=setup.seed, target=target)
+  if choice is not None and choice.loop_costs is not None:
+    # The calibration timed them just now, on held-out batches at this temperature and
+    # at two gammas: timing them again would decode the same batches with the same
+    # programs.
+    loop_costs = choice.loop_costs
+  else:
+    loop_costs, _ = measure_loop_costs(
+        target, draft, list(held_out) or list(batches[:1]), gamma=gamma, warp=setup.warp,
+        max_decode_len=setup.max_decode_len, eos_id=setup.eos_id,
+        t_chunk=verify.t_chunk, t_draft=draft_cost.seconds,
+        rng=jax.random.PRNGKey(setup.seed), repeats=setup.timing_repeats,
+        held_out=bool(held_out))
+  # The once-per-sequence work at the measured examples' own lengths: the few held-out
+  # batches' lengths need not be theirs (man-page inputs run from 16 to 128 tokens).
+  encoders = time_sequence_work(target, draft, batches, repeats=setup.timing_repeats,
+                                cache_len=timing_geometry(setup.max_decode_len, gamma)[0])
+  return draft_cost, loop_costs, encoders
 
 
 def _cpu_model() -> str:

@@ -81,6 +81,7 @@ def test_verify_times_reads_the_level_from_medians_and_the_shape_from_fastest_ro
 @pytest.mark.parametrize("fixed, per_proposal, want_fixed, want_per_proposal", [
     (0.5, 0.2, 0.5, 0.2),  # The line through gamma = 1 and 3.
     (0.5, -0.1, 0.5 - 0.2, 0.0),  # A falling line: flat at the two overheads' mean.
+    (-0.2, 0.3, 0.0, (0.1 + 3 * 0.7) / 10),  # Starting below 0: through the origin.
 ])
 def test_measure_loop_costs_prices_the_loop_per_iteration_and_per_proposal(
     pair, monkeypatch, fixed, per_proposal, want_fixed, want_per_proposal):
@@ -112,6 +113,10 @@ def test_measure_loop_costs_prices_the_loop_per_iteration_and_per_proposal(
   assert loops.encode_target_s + loops.encode_draft_s == pytest.approx(encoders)
   assert loops.proposal_overhead_s == pytest.approx(want_per_proposal)
   assert loops.iteration_overhead_s == pytest.approx(want_fixed)
+  assert ("iteration" in loops.misfit) == (fixed < 0)  # In T_step units.
+  if fixed < 0:
+    assert loops.misfit["iteration"] == pytest.approx(fixed / t_chunk[1])
+  assert loops.misfit_residual >= 0
   assert estimate.gamma == 3
   model = loops.cost_model(t_chunk, t_draft)
   assert model.iteration_time(2) == pytest.approx(
@@ -125,7 +130,7 @@ def test_choose_gamma_with_given_alpha_decides_with_it(pair, monkeypatch):
                       lambda *a, chunk_lengths, **k: dict.fromkeys(chunk_lengths, steps))
   monkeypatch.setattr(timing, "draft_token_time",
                       lambda *a, **k: timing.StepTimes(seconds=0.01, compile_s=0.0))
-  measured = gamma_choice.AlphaEstimate(0.1, 0.1, 2, 3, 12, 1.1)
+  measured = gamma_choice.AlphaEstimate(0.1, 0.1, 2, 3, 12, 1.1, 10)
   loops = LoopCosts(encode_target_s=0.0, encode_draft_s=0.0, step_overhead_s=0.0,
                                  iteration_overhead_s=0.1, batches=2, held_out=True,
                                  loop_tokens=30.0)

@@ -107,6 +107,15 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   assert terms.batches >= 1 and terms.encode_target_s > 0 and terms.loop_tokens > 0
   assert row.speedup_predicted_cost_model > 0 and row.speedup_predicted_steps_only > 0
 
+  split = row.time_split_s  # The point's seconds apart, from the clock at its boundaries.
+  assert set(split) == set(runner.PHASES) and min(split.values()) >= 0
+  assert split["load"] > 0 and split["measurement"] > 0  # The run's first point loaded.
+  assert split["compile"] > 0 and split["calibration"] > 0  # Step timings compile.
+  line = runner.time_split_line([row, dataclasses.replace(row, time_split_s=None)])
+  assert line.startswith("Time apart over 1 points: ")
+  for phase in runner.PHASES:
+    assert f"{phase} {split[phase]:.1f} s" in line
+
   table = runner.summary_table([row], [dataclasses.replace(row, speedup_measured=9.25)])
   assert "draft" in table and f"**{row.speedup_measured:.2f}X**" in table
   assert "9.25X" in table  # The committed reference speedup beside the measured one.
@@ -442,6 +451,7 @@ def test_the_readme_main_command_measures_and_ends_with_its_table(tmp_path):
                                                   results_io.RESULTS_FILE))
   committed = next(r for r in reference if r.temperature == 0)
   assert line.endswith(f"| {committed.speedup_measured:.2f}X |")
+  assert runner.time_split_line(rows) in done.stdout  # Load, compile, calibration, measurement.
 
 
 def test_a_suite_measures_each_experiment_and_skips_a_missing_model(tmp_path, models_dir):

@@ -98,7 +98,7 @@ def test_make_choice_records_the_decision():
   t_step = 0.004
   t_chunk = {k: t_step * (1.0 + 0.1 * (k - 1)) for k in range(1, 7)}
   estimate = gamma_choice.AlphaEstimate(beta=0.7, empirical=0.68, examples=4, gamma=3, tokens=90,
-                                        tokens_per_iteration=2.5)
+                                        tokens_per_iteration=2.5, positions=60)
   costs = _loop_costs(iteration=0.3 * t_step, step=0.2 * t_step, encoders=5 * t_step)
   spread = dict.fromkeys(range(1, 7), 0.02)
   choice = gamma_choice.make_choice(estimate, t_chunk, 0.05 * t_step, loop_costs=costs,
@@ -124,6 +124,52 @@ def test_make_choice_records_the_decision():
                                                                               "5"}
   assert row["loop_costs"]["loop_tokens"] == 30.0 and row["verify_spread"]["6"] == 0.02
   assert row["idle_check"] is None  # The guard and its record are the timing caller's.
+  low, high = estimate.interval()
+  assert row["alpha_interval"] == [low, high] and low < 0.7 < high
+  assert row["gamma_tie"] == list(choice.gamma_tie)
+  assert f"alpha 95% interval {low:.2f}-{high:.2f} over 60 positions" in choice.reason
+
+
+def _estimate(alpha: float, positions: int) -> gamma_choice.AlphaEstimate:
+  return gamma_choice.AlphaEstimate(beta=alpha, empirical=alpha, examples=4, gamma=3,
+                                    tokens=positions, tokens_per_iteration=1.5,
+                                    positions=positions)
+
+
+def test_few_positions_leave_the_gamma_undecided_and_many_decide_it():
+  """Free verification, c = 0.05: the best gamma is 1 below alpha 0.243, 2 up to ~0.42.
+  Measured over 150 positions (the issue's calibration), an alpha of 0.30 cannot tell them
+  apart; over 20,000 it can. The gamma decided is the same: the decision is alpha's."""
+  ratios = dict.fromkeys(range(1, 8), 1.0)
+  few = gamma_choice.make_choice(_estimate(0.30, 150), ratios, 0.05, max_gamma=6)
+  many = gamma_choice.make_choice(_estimate(0.30, 20_000), ratios, 0.05, max_gamma=6)
+  assert few.gamma == many.gamma == theory.optimal_gamma(0.30, 0.05, 6).gamma == 2
+  low, high = few.alpha_interval
+  assert high - low > 0.1 and few.gamma_tie  # Uncertain: the row names the tie.
+  best = {theory.optimal_gamma(a, 0.05, 6).gamma for a in (low, high)}
+  assert best - {few.gamma} == set(few.gamma_tie) == {1}
+  assert "gamma_tie [" in few.reason
+  assert many.gamma_tie == () and "best throughout" in many.reason  # Certain.
+  assert many.alpha_interval[1] - many.alpha_interval[0] < 0.02
+  given = gamma_choice.make_choice(0.30, ratios, 0.05, max_gamma=6)  # No measurement to doubt.
+  assert given.alpha_interval is None and given.gamma_tie == ()
+
+
+@pytest.mark.parametrize("alpha, positions", [(0.0, 10), (1.0, 10), (0.4, 1), (0.45, 153)])
+def test_alpha_interval_holds_the_estimate_and_narrows_with_positions(alpha, positions):
+  low, high = gamma_choice.alpha_interval(alpha, positions)
+  assert 0.0 <= low <= alpha <= high <= 1.0 and high > low
+  wider = gamma_choice.alpha_interval(alpha, positions // 2 or 1)
+  narrower = gamma_choice.alpha_interval(alpha, positions * 100)
+  assert narrower[1] - narrower[0] < high - low <= wider[1] - wider[0]
+  assert gamma_choice.alpha_interval(alpha, 0) == (0.0, 1.0)
+
+
+def test_alpha_interval_matches_the_wilson_formula():
+  low, high = gamma_choice.alpha_interval(0.29, 153)
+  assert (low, high) == pytest.approx((0.2239, 0.3663), abs=2e-4)
+  with pytest.raises(ValueError, match="positions must be an int >= 0"):
+    gamma_choice.alpha_interval(0.3, -1)
 
 
 def test_reason_names_a_near_tie():
@@ -187,9 +233,11 @@ def test_pooled_alpha_pools_rows_of_every_call():
       rejections=np.array([1, 3]), beta_sum=np.array([2.0, 1.0], np.float32),
       beta_count=np.array([4, 4]), loop_iterations=np.int32(4))
   assert gamma_choice.pooled_alpha([stats], 3) == gamma_choice.AlphaEstimate(
-      beta=3.0 / 8, empirical=4 / 8, examples=2, gamma=3, tokens=12, tokens_per_iteration=2.0)
+      beta=3.0 / 8, empirical=4 / 8, examples=2, gamma=3, tokens=12, tokens_per_iteration=2.0,
+      positions=8)
   assert gamma_choice.pooled_alpha([stats, stats], 3) == gamma_choice.AlphaEstimate(
-      beta=3.0 / 8, empirical=4 / 8, examples=4, gamma=3, tokens=24, tokens_per_iteration=2.0)
+      beta=3.0 / 8, empirical=4 / 8, examples=4, gamma=3, tokens=24, tokens_per_iteration=2.0,
+      positions=16)
   with pytest.raises(ValueError, match="no verified token"):
     gamma_choice.pooled_alpha([stats.replace(beta_count=zeros)], 3)
 

@@ -200,7 +200,8 @@ def _example(output: Any, pieces: Callable[[list[int]], list[str]]) -> Example:
 
 def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
                   batches: Sequence[Array], held_out: Sequence[Array], max_gamma: int,
-                  shared: timing.SharedCosts, greedy: GreedyCheck) -> PointRow:
+                  shared: timing.SharedCosts, greedy: GreedyCheck, load_s: float = 0.0
+                  ) -> PointRow:
   """Measures one (task, draft, temperature, gamma, batch size) point: one routine
   (`timing.time_point`) times it, the row is made of its record and the outputs.
 
@@ -218,6 +219,8 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
     shared: what points of this batch size share (the target's step costs) and this
       point's gamma = 'auto' choice, filled in as measured (`timing.SharedCosts`).
     greedy: what a greedy point does when its tokens differ from the baseline's.
+    load_s: the seconds the runner spent loading for this point (the row's
+      `time_split_s["load"]`).
 
   Returns:
     The row.
@@ -249,4 +252,5 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
       example=_example(timed.outputs["speculative"][0], target.pieces),
       environment=timing.environment(target.scorer.decode_options.provenance()),
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      gamma_auto=auto, gamma_choice=None if timed.choice is None else timed.choice.to_json())
+      gamma_auto=auto, gamma_choice=None if timed.choice is None else timed.choice.to_json(),
+      time_split_s={"load": load_s, **timed.phases_s})

@@ -118,6 +118,11 @@ class PointRow:
       the baseline over the speculative decoder): how much the measured
       speedup varies between examples. None in rows measured before it was
       recorded (the key is then absent).
+    time_split_s: the point's wall-clock seconds, apart: "load" (the target, on
+      the run's first point; a draft, on its first point; the examples),
+      "compile", "calibration" (every timing of the cost model) and
+      "measurement" (the decoders' timed passes) (`timing.PointTiming.phases_s`).
+      None in rows measured before it was recorded (the key is then absent).
   """
 
   experiment: str
@@ -182,6 +187,13 @@ class PointRow:
   gamma_auto: bool
   gamma_choice: dict[str, Any] | None
   speedup_spread: list[float] | None = None
+  time_split_s: dict[str, float] | None = None
+
+  @property
+  def cost_model_error(self) -> float:
+    """The cost model's error on this point: (predicted - measured) / measured speedup, the
+    prediction `speedup_predicted_cost_model` (> 0: it promised more than was measured)."""
+    return self.speedup_predicted_cost_model / self.speedup_measured - 1
 
   @property
   def efficiency(self) -> float:
@@ -207,8 +219,10 @@ class PointRow:
     row = dataclasses.asdict(self)
     for name in _INT_KEYED:
       row[name] = {str(k): v for k, v in row[name].items()}
-    if row["speedup_spread"] is None:  # Rows from before it was recorded stay as they were.
-      del row["speedup_spread"]
+    for name in ("speedup_spread", "time_split_s"):
+      if row[name] is None:  # Rows from before it was recorded stay as they were.
+        del row[name]
+    row["cost_model_terms"] = self.cost_model_terms.to_json()
     if row["cost_model_terms"]["proposal_overhead_s"] == 0.0:
       # A row that times its loop at its own gamma alone has no per-proposal term (one
       # priced by gamma = 'auto''s calibration, at two gammas, has), and rows from before

@@ -134,14 +134,17 @@ class _Bench:
   `measure(point)` is one point; the drafts, examples, target step costs and
   gamma = 'auto' choices it needs are made on first use and kept (the costs as
   `timing.SharedCosts`, filled in as they are measured), so a point retried after a
-  timing refused as noisy redoes only what failed.
+  timing refused as noisy redoes only what failed. The loading's seconds go to the
+  row of the first point measured after it (`PointRow.time_split_s["load"]`).
   """
 
   def __init__(self, exp: settings.Experiment, max_gamma: int, mesh: jax.sharding.Mesh,
                greedy: measure.GreedyCheck):
     self.exp, self.max_gamma, self.mesh, self.greedy = exp, max_gamma, mesh, greedy
     self.kind = registry.target_kind(exp.target_kind, "Experiment.target_kind")
-    self.target = self.kind.load(exp, mesh)
+    self._watch = timing.Stopwatch()
+    with self._watch("load"):
+      self.target = self.kind.load(exp, mesh)
     self._made: dict[tuple, Any] = {}
 
   def _once(self, key: tuple, make: Callable[[], Any]) -> Any:
@@ -152,11 +155,12 @@ class _Bench:
   def measure(self, point: settings.Point, say: Callable[[str], Any]) -> PointRow:
     """Measures `point`, choosing its gamma first if it is 'auto'."""
     exp = self.exp
-    examples = self._once(("examples", point.task, point.batch_size),
-                          lambda: self._examples(point.task, point.batch_size))
-    draft_kind = self.kind.draft_kind(point.draft)
-    draft = self._once(("draft", *interface.draft_key(draft_kind, point.draft, point.task)),
-                       lambda: self._draft(draft_kind, point, examples.measured[0]))
+    with self._watch("load"):
+      examples = self._once(("examples", point.task, point.batch_size),
+                            lambda: self._examples(point.task, point.batch_size))
+      draft_kind = self.kind.draft_kind(point.draft)
+      draft = self._once(("draft", *interface.draft_key(draft_kind, point.draft, point.task)),
+                         lambda: self._draft(draft_kind, point, examples.measured[0]))
     if not examples.held_out and point.gamma == settings.AUTO:
       raise ValueError(
           f"Experiment.auto_calibration_examples={exp.auto_calibration_examples}: gamma="
@@ -166,9 +170,11 @@ class _Bench:
     verify = self._once(("verify", point.task, point.batch_size), timing.SharedCosts)
     shared = self._once(("costs", point.key), lambda: dataclasses.replace(verify))
     try:
-      return measure.measure_point(exp, point, self.target, draft, examples.measured,
-                                   examples.held_out[:HELD_OUT_BATCHES], self.max_gamma, shared,
-                                   self.greedy)
+      row = measure.measure_point(exp, point, self.target, draft, examples.measured,
+                                  examples.held_out[:HELD_OUT_BATCHES], self.max_gamma, shared,
+                                  self.greedy, load_s=self._watch.seconds["load"])
+      self._watch.pop("load")  # Counted in this row; a retried point counts it again.
+      return row
     finally:
       verify.verify, verify.verify_check = shared.verify, shared.verify_check
       if shared.choice is not None and point.gamma == settings.AUTO:
@@ -205,6 +211,21 @@ class _Bench:
     validation.check_token_ids("inputs", tokens, self.target.scorer.vocab_size)
     return [partitioning.shard_batch(buckets.to_bucket(b), self.mesh)
             for b in np.split(tokens, len(tokens) // batch_size)]
+
+
+PHASES = ("load", "compile", "calibration", "measurement")  # `PointRow.time_split_s`.
+
+
+def time_split_line(rows: list[PointRow]) -> str:
+  """One line: the seconds the rows' points spent loading, compiling, calibrating and
+  measuring, summed over those that recorded them (rows from before it are left out)."""
+  split = [r.time_split_s for r in rows if r.time_split_s is not None]
+  if not split:
+    return "Time apart: not recorded in these rows."
+  total = {phase: sum(s.get(phase, 0.0) for s in split) for phase in PHASES}
+  return (f"Time apart over {len(split)} points: " + ", ".join(
+      f"{phase} {seconds:.1f} s" for phase, seconds in total.items())
+      + f" ({sum(total.values()):.1f} s in all).")
 
 
 def summary_table(rows: list[PointRow], reference_rows: list[PointRow]) -> str:

@@ -181,7 +181,10 @@ class PairRow:
 
   def to_json(self) -> dict[str, Any]:
     """The row as rows.jsonl holds it."""
-    return {"kind": self.kind, **dataclasses.asdict(self)}
+    row = dataclasses.asdict(self)
+    if self.loop_costs is not None:
+      row["loop_costs"] = self.loop_costs.to_json()
+    return {"kind": self.kind, **row}
 
 
 Row = ModelRow | PairRow
