@@ -204,7 +204,7 @@ def _measure(shared: settings.Settings) -> dict:
 
 def main(argv: Sequence[str]) -> None:
   del argv
-  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
+  shared = gin_flags.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   result = _measure(shared)
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
   atomic_io.write_json(_OUTPUT.value, result)

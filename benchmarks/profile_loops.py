@@ -141,7 +141,7 @@ def _plot(result: dict, path: str) -> None:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
-  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
+  shared = gin_flags.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   loops = _loops(shared)
   command = ("python -m benchmarks profile_loops "
              f"--drafts={','.join(_DRAFTS.value)} --gammas={','.join(_GAMMAS.value)} "

@@ -202,7 +202,7 @@ PEERS = {"t5": _t5_peer, "llama_gguf": _llama_peer}
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
-  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
+  shared = gin_flags.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   torch.set_num_threads(_THREADS.value)
   if shared.target_kind not in PEERS:
     raise app.UsageError(f"Settings.target_kind={shared.target_kind!r} has no peer here; use "
