@@ -64,12 +64,12 @@ import jaxlib
 import numpy as np
 
 from experiments import accelerator_checks
-from specdec_jax import atomic_io, checkpoints, contention, partitioning, timing
+from specdec_jax import atomic_io, contention, partitioning, timing
 from specdec_jax.experiment import gin_flags, results_io, runner, settings
 from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.experiment.record import PointRow
 from specdec_jax.experiment.targets import registry
-from specdec_jax.models.t5 import T5Config
+from specdec_jax.models.t5 import T5Config, checkpoints
 from specdec_jax.regime_map import regime_predictions, sweep
 
 Array = jax.Array

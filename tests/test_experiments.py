@@ -20,7 +20,6 @@ from absl.testing import flagsaver
 from conftest import make_model, make_point_row
 
 from experiments import analyze
-from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import (
@@ -37,6 +36,7 @@ from specdec_jax.experiment.record import PointRow
 from specdec_jax.experiment.targets import t5_target
 from specdec_jax.models import t5
 from specdec_jax.models.t5 import T5Draft
+from specdec_jax.models.t5.checkpoints import save_hf_checkpoint
 from specdec_jax.regime_map import sweep
 from specdec_jax.training import alpha_tracking
 

@@ -35,16 +35,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import atomic_io
-from specdec_jax.checkpoints import (
+from specdec_jax.data import corpora, layout, pipeline, teacher_signals, vocab
+from specdec_jax.distillation.teacher import teacher_sha256
+from specdec_jax.models.t5 import SharedEncoderModel, T5Model
+from specdec_jax.models.t5.checkpoints import (
   load_hf_checkpoint,
   load_hf_config,
   load_model,
   save_hf_checkpoint,
   save_shared_encoder_checkpoint,
 )
-from specdec_jax.data import corpora, layout, pipeline, teacher_signals, vocab
-from specdec_jax.distillation.teacher import teacher_sha256
-from specdec_jax.models.t5 import SharedEncoderModel, T5Model
 from specdec_jax.training import (
   batching,
   evaluation,
