@@ -33,18 +33,18 @@ import numpy as np
 from absl import app, flags
 
 from specdec_jax import atomic_io, contention, timing
-from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import gin_flags, settings
 from specdec_jax.models.t5 import (
-    T5Model,
-    T5Scorer,
-    get_config,
-    make_draft,
-    speculative_sample,
-    temperature_sample,
+  T5Model,
+  T5Scorer,
+  get_config,
+  make_draft,
+  speculative_sample,
+  temperature_sample,
 )
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model
 
 _TARGET = flags.DEFINE_string("target_config", "t5-v1_1-small", "Named config of the target.")
 _TARGET_DIR = flags.DEFINE_string("target_dir", None,
@@ -204,7 +204,7 @@ def _measure(shared: settings.Settings) -> dict:
 
 def main(argv: Sequence[str]) -> None:
   del argv
-  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
+  shared = gin_flags.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   result = _measure(shared)
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
   atomic_io.write_json(_OUTPUT.value, result)

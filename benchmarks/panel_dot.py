@@ -28,9 +28,9 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from specdec_jax import atomic_io, contention, timing
-from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.models import panel_dot
 from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint
 
 _TARGET_DIR = flags.DEFINE_string("target_dir", "assets/models/target",
                                   "HF-format target checkpoint whose decoder panels are timed.")

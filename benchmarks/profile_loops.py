@@ -29,7 +29,6 @@ import sentencepiece as spm  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from specdec_jax import atomic_io, contention, timing  # noqa: E402
-from specdec_jax.checkpoints import load_model  # noqa: E402
 from specdec_jax.data import prompts  # noqa: E402
 from specdec_jax.decoding import acceptance, baseline, speculative  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
@@ -38,6 +37,7 @@ from specdec_jax.models.t5 import (  # noqa: E402
   T5Scorer,
   make_draft,
 )
+from specdec_jax.models.t5.checkpoints import load_model  # noqa: E402
 
 parse_flags = gin_flags.parse_flags  # `python -m benchmarks` parses with it.
 
@@ -141,7 +141,7 @@ def _plot(result: dict, path: str) -> None:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
-  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
+  shared = gin_flags.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   loops = _loops(shared)
   command = ("python -m benchmarks profile_loops "
              f"--drafts={','.join(_DRAFTS.value)} --gammas={','.join(_GAMMAS.value)} "

@@ -33,9 +33,9 @@ import numpy as np
 from absl import app, flags
 
 from specdec_jax import atomic_io, contention, timing
-from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import teacher_signals
 from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.training import on_policy, optimizer, signals_source, sparse_distill, trainer
 
 _DRAFT = flags.DEFINE_string("draft", "assets/models/draft_shared_enc_long",

@@ -64,12 +64,12 @@ import jaxlib
 import numpy as np
 
 from experiments import accelerator_checks
-from specdec_jax import atomic_io, checkpoints, contention, partitioning, timing
+from specdec_jax import atomic_io, contention, partitioning, timing
 from specdec_jax.experiment import gin_flags, results_io, runner, settings
 from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.experiment.record import PointRow
 from specdec_jax.experiment.targets import registry
-from specdec_jax.models.t5 import T5Config
+from specdec_jax.models.t5 import T5Config, checkpoints
 from specdec_jax.regime_map import regime_predictions, sweep
 
 Array = jax.Array
@@ -127,8 +127,8 @@ def experiments(check: DeviceCheck) -> list[settings.Experiment]:
       raise ValueError(f"DeviceCheck.runs[{i}] = {dict(run)}: each run needs a 'name' and "
                        f"sets Experiment fields only ({unknown} are not).")
     try:
-      exp = settings.Experiment(**overrides)  # The rest from the gin file's Experiment.
-    except TypeError as e:
+      exp = gin_flags.build_experiment(**overrides)  # The rest from the gin file.
+    except ValueError as e:
       raise ValueError(f"DeviceCheck.runs[{i}]: {e}; bind it in the run or the gin file's "
                        "Experiment.") from e
     exp = dataclasses.replace(exp, name=f"{exp.name}_{run['name']}")
@@ -328,7 +328,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: Sequence[str]) -> None:
   args, bindings = parse_args(argv)
   os.environ[contention.GUARD_ENV] = "off"  # Recorded in every row, not enforced.
-  settings.parse_gin(args.gin_file or [DEFAULT_GIN], bindings)
+  gin_flags.parse_gin(args.gin_file or [DEFAULT_GIN], bindings)
   try:
     check = DeviceCheck()
     exps = experiments(check)

@@ -186,7 +186,7 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
   if shared:
     lines += [
         "## Use", "", "```python",
-        "from specdec_jax.checkpoints import load_model",
+        "from specdec_jax.models.t5.checkpoints import load_model",
         "from specdec_jax.models.t5 import make_draft",
         f'draft = make_draft(*load_model("assets/models/{name}"))  # a SharedEncoderDraft',
         "# speculative_sample(target, target_params, draft, inputs, gamma=..., ...)", "```",
@@ -198,7 +198,7 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
   else:
     lines += [
         "## Use", "", "```python",
-        "from specdec_jax.checkpoints import load_hf_checkpoint",
+        "from specdec_jax.models.t5.checkpoints import load_hf_checkpoint",
         "from specdec_jax.models.t5 import T5Model",
         f'cfg, params = load_hf_checkpoint("assets/models/{name}")  # float16 on disk, '
         "float32 in memory", "model = T5Model(cfg)", "```", "",

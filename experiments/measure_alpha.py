@@ -226,7 +226,7 @@ def experiment(shared: settings.Settings) -> settings.Experiment:
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
-  exp = experiment(settings.load_settings(gin_flags.GIN_FILE.value,
+  exp = experiment(gin_flags.load_settings(gin_flags.GIN_FILE.value,
                                           gin_flags.GIN_BINDINGS.value))
   output = _OUTPUT.value
   previous = previous_rows(output, exp)

@@ -45,7 +45,6 @@ import transformers
 from absl import app, flags
 
 from specdec_jax import atomic_io, contention, partitioning, timing
-from specdec_jax.checkpoints import load_hf_checkpoint, load_hf_config
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.sampling import Warp
@@ -54,6 +53,7 @@ from specdec_jax.experiment.targets import interface, llama_target
 from specdec_jax.models.llama import student_io
 from specdec_jax.models.llama.student_hf import check_exportable, to_transformers
 from specdec_jax.models.t5 import T5Model, make_draft, speculative_sample, temperature_sample
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_hf_config
 
 _DRAFT = flags.DEFINE_string(
     "draft", "draft_small", "Draft: a checkpoint (in Settings.models_dir) of a T5 target; "
@@ -202,7 +202,7 @@ PEERS = {"t5": _t5_peer, "llama_gguf": _llama_peer}
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
-  shared = settings.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
+  shared = gin_flags.load_settings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   torch.set_num_threads(_THREADS.value)
   if shared.target_kind not in PEERS:
     raise app.UsageError(f"Settings.target_kind={shared.target_kind!r} has no peer here; use "

@@ -34,7 +34,7 @@ import sys
 import gin
 from absl import app, flags
 
-from specdec_jax.experiment import gin_flags, results_io, runner, settings
+from specdec_jax.experiment import gin_flags, results_io, runner
 from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.regime_map import regime_figure, regime_predictions, sweep
 
@@ -73,7 +73,7 @@ def family_rows(gin_files: list[str], output_dir: str, measure: bool) -> list[st
   the results files (each experiment parses its gin file afresh)."""
   paths = []
   for gin_file in gin_files:
-    exp = runner.load_experiment([gin_file], [])
+    exp = gin_flags.load_experiment([gin_file], [])
     directory = os.path.join(output_dir, "family", exp.name)
     paths.append(runner.run(exp, directory, greedy=GreedyCheck()) if measure
                  else os.path.join(directory, results_io.RESULTS_FILE))
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> None:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
   output_dir = _OUTPUT_DIR.value
   family = family_rows(_FAMILY_RUNS.value, output_dir, _MEASURE.value)
-  settings.parse_gin(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
+  gin_flags.parse_gin(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   try:
     map_settings, prediction_settings = RegimeMap(), RegimePredictions()
   except ValueError as e:

@@ -46,16 +46,16 @@ def main(argv: list[str]) -> None:
   distributed.maybe_initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   compilation_cache.enable(_COMPILATION_CACHE_DIR.value)
   bindings = gin_flags.GIN_BINDINGS.value
-  files = suite.listed_experiments(gin_flags.GIN_FILE.value, bindings)
+  files = gin_flags.listed_experiments(gin_flags.GIN_FILE.value, bindings)
   if files is None:  # One experiment.
-    measure(runner.load_experiment(gin_flags.GIN_FILE.value, bindings), _OUTPUT_DIR.value)
+    measure(gin_flags.load_experiment(gin_flags.GIN_FILE.value, bindings), _OUTPUT_DIR.value)
     return
   if _OUTPUT_DIR.value:
     raise app.UsageError("--output_dir is for one experiment; a suite writes each one's rows "
                          "to runs/<Experiment.name>/.")
   for gin_file in files:
     try:
-      exp = runner.load_experiment([gin_file], bindings)
+      exp = gin_flags.load_experiment([gin_file], bindings)
     except suite.MISSING_MODEL as e:
       print(f"\n{gin_file}: not measured, its model is missing: {e}\n", flush=True)
       continue

@@ -44,6 +44,10 @@ def main(argv: list[str]) -> None:
   if not model_dir:
     raise app.UsageError("--model_dir is required (the run directory).")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
+  # One thread each for tf.data's op pools (the input pipeline); JAX takes the cores.
+  # TensorFlow reads these when its runtime starts (the pipeline's first op), after this.
+  os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+  os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
   compilation_cache.enable(_COMPILATION_CACHE_DIR.value)
   gin.parse_config_files_and_bindings(gin_flags.GIN_FILE.value, gin_flags.GIN_BINDINGS.value)
   os.makedirs(model_dir, exist_ok=True)

@@ -1,8 +1,9 @@
 """Argument checks of the public entry points, in one place, done before any work.
 
-The decoders (`models.t5.temperature_sample` / `speculative_sample`, data
-parallel or not; `baseline.decode` / `speculative.speculative_decode`
-through `check_scorer_decode_args`), the drafts' constructors, `checkpoints`,
+The decoders' entry points (`decoding.generate.sample` / `speculative_sample` for a
+scorer of any family, `models.t5.temperature_sample` / `speculative_sample`, data
+parallel or not, and `timing.choose_gamma`: one set, `check_scorer_decode_args` and
+`check_scorer_speculative_args`), the drafts' constructors, the checkpoint readers,
 `specdec_jax.experiment.settings.validate` and the experiment commands check their
 arguments with these functions before anything is loaded or compiled. Every
 failure is a `ValueError` whose message names the argument, what it got and
@@ -319,24 +320,23 @@ class DecodeArgs:
   rng: Array
 
 
-def check_decode_args(model: Any, inputs: Any, *, max_decode_len: Any, eos_id: Any,
-                      temperature: Any, top_k: Any, top_p: Any, rng: Any,
-                      model_name: str = "model",
-                      config_type: type | None = None) -> DecodeArgs:
-  """Checks the arguments every decoder of a model takes.
+def check_scorer_decode_args(scorer: Any, inputs: Any, *, max_decode_len: Any, eos_id: Any,
+                             temperature: Any, top_k: Any, top_p: Any, rng: Any,
+                             name: str = "scorer") -> DecodeArgs:
+  """Checks the arguments every decoder takes, for a scorer of any family.
 
   Args:
-    model: the (target) model: anything with a `config_type` as its `config`
-      (e.g. a `T5Model`).
+    scorer: the (target) `decoding.scorer.Scorer`: a `T5Scorer`, a `LlamaScorer`, ...
+      (its `vocab_size` is what is read).
     inputs: `[batch, input_len]` integer token ids.
     max_decode_len: the most tokens to generate per row.
-    eos_id: the end-of-sequence id, or None for the config's.
+    eos_id: the end-of-sequence id (a scorer has no config to take it from; the T5
+      entry points pass their config's for None).
     temperature: the sampling temperature (0 = greedy).
     top_k: see `sampling.Warp`.
     top_p: see `sampling.Warp`.
     rng: a PRNG key, or None for `PRNGKey(0)`.
-    model_name: the model argument's name, for the message ("model", "target").
-    config_type: the config class the model must have (`check_model`).
+    name: the scorer argument's name, for the message ("scorer", "target").
 
   Returns:
     The normalised `DecodeArgs`.
@@ -344,43 +344,17 @@ def check_decode_args(model: Any, inputs: Any, *, max_decode_len: Any, eos_id: A
   Raises:
     ValueError: naming the first bad argument.
   """
-  config = check_model(model, model_name, config_type)
-  return _decode_args(config.vocab_size, config.eos_token_id, inputs,
-                      max_decode_len=max_decode_len, eos_id=eos_id, temperature=temperature,
-                      top_k=top_k, top_p=top_p, rng=rng)
-
-
-def check_scorer_decode_args(scorer: Any, inputs: Any, *, max_decode_len: Any, eos_id: Any,
-                             temperature: Any, top_k: Any, top_p: Any, rng: Any) -> DecodeArgs:
-  """Checks the arguments of the generic decoder (`baseline.decode`) for any scorer.
-
-  As `check_decode_args`, for a `decoding.scorer.Scorer` of any model (its
-  `vocab_size` is all that is read) instead of a T5 model; `eos_id` is
-  required (a scorer has no config to take it from).
-
-  Raises:
-    ValueError: naming the first bad argument.
-  """
   vocab_size = getattr(scorer, "vocab_size", None)
   if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-    raise ValueError(f"scorer must be a specdec_jax.decoding.scorer.Scorer, got "
+    raise ValueError(f"{name} must be a specdec_jax.decoding.scorer.Scorer (e.g. "
+                     "T5Scorer(model, params), LlamaScorer(model, weights)), got "
                      f"{type(scorer).__name__}.")
-  return _decode_args(vocab_size, None, inputs, max_decode_len=max_decode_len, eos_id=eos_id,
-                      temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
-
-
-def _decode_args(vocab_size: int, default_eos: int | None, inputs: Any, *, max_decode_len: Any,
-                 eos_id: Any, temperature: Any, top_k: Any, top_p: Any, rng: Any
-                 ) -> DecodeArgs:
-  """`DecodeArgs` checked against a vocabulary; `eos_id` None means `default_eos`."""
   max_decode_len = as_int("max_decode_len", max_decode_len, minimum=1,
                           what="the most tokens to generate per row")
-  if eos_id is None and default_eos is not None:
-    eos_id = default_eos
   eos_id = as_int("eos_id", eos_id)
   if not 0 <= eos_id < vocab_size:
     raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab_size}); "
-                     "pass the tokenizer's EOS id, or None for the model config's.")
+                     "pass the tokenizer's EOS id.")
   temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
   inputs = check_token_ids("inputs", inputs, vocab_size)
   return DecodeArgs(inputs, max_decode_len, eos_id, temperature, top_k, top_p, check_rng(rng))
@@ -402,21 +376,20 @@ class SpeculativeArgs(DecodeArgs):
   draft_inputs: Array
 
 
-def check_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma: Any,
-                           draft_inputs: Any, max_decode_len: Any, eos_id: Any,
-                           temperature: Any, top_k: Any, top_p: Any, rng: Any,
-                           config_type: type | None = None) -> SpeculativeArgs:
-  """Checks the arguments every speculative decoder takes.
+def check_scorer_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma: Any,
+                                  draft_inputs: Any, max_decode_len: Any, eos_id: Any,
+                                  temperature: Any, top_k: Any, top_p: Any, rng: Any
+                                  ) -> SpeculativeArgs:
+  """Checks the arguments every speculative decoder takes, for a target of any family.
 
   Args:
-    target: the target model (see `check_decode_args`).
+    target: the target's `decoding.scorer.Scorer` (see `check_scorer_decode_args`); its
+      `encoder_width` and `feature_size` are what a draft that reads them must match.
     draft: the `drafts.Draft` (see `check_draft`).
     inputs, max_decode_len, eos_id, temperature, top_k, top_p, rng: as in
-      `check_decode_args`.
+      `check_scorer_decode_args`.
     gamma: proposals per target call.
     draft_inputs: the draft's own encoder tokens, or None to share `inputs`.
-    config_type: the config class the target must have (`check_model`); its
-      `d_model` is the width of the encoder outputs a draft may read.
 
   Returns:
     The normalised `SpeculativeArgs`.
@@ -424,38 +397,12 @@ def check_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma: Any,
   Raises:
     ValueError: naming the first bad argument.
   """
-  args = check_decode_args(target, inputs, max_decode_len=max_decode_len, eos_id=eos_id,
-                           temperature=temperature, top_k=top_k, top_p=top_p, rng=rng,
-                           model_name="target", config_type=config_type)
-  return _speculative_args(args, draft, gamma, draft_inputs, target.config.vocab_size,
-                           target.config.d_model)
-
-
-def check_scorer_speculative_args(target: Any, draft: Any, inputs: Any, *, gamma: Any,
-                                  draft_inputs: Any, max_decode_len: Any, eos_id: Any,
-                                  temperature: Any, top_k: Any, top_p: Any, rng: Any
-                                  ) -> SpeculativeArgs:
-  """Checks the arguments of the generic speculative decoder (`speculative_decode`).
-
-  As `check_speculative_args`, with the target a `decoding.scorer.Scorer`
-  of any model (`check_scorer_decode_args`).
-
-  Raises:
-    ValueError: naming the first bad argument.
-  """
   args = check_scorer_decode_args(target, inputs, max_decode_len=max_decode_len, eos_id=eos_id,
-                                  temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
-  return _speculative_args(args, draft, gamma, draft_inputs, target.vocab_size, None,
-                           target.feature_size)
-
-
-def _speculative_args(args: DecodeArgs, draft: Any, gamma: Any, draft_inputs: Any,
-                      vocab_size: int, encoder_width: int | None,
-                      feature_size: int = 0) -> SpeculativeArgs:
-  """`args` with gamma and the draft checked against the target (`check_draft`)."""
+                                  temperature=temperature, top_k=top_k, top_p=top_p, rng=rng,
+                                  name="target")
   gamma = as_int("gamma", gamma, minimum=1, what="proposals per target call")
-  draft_inputs = check_draft(draft, vocab_size, args.inputs, draft_inputs, encoder_width,
-                             feature_size)
+  draft_inputs = check_draft(draft, target.vocab_size, args.inputs, draft_inputs,
+                             target.encoder_width, target.feature_size)
   return SpeculativeArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args)},
                          gamma=gamma, draft_inputs=draft_inputs)
 

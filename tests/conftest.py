@@ -18,13 +18,13 @@ os.environ.setdefault("SPECDEC_TIMING_GUARD", "off")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-from specdec_jax.checkpoints import save_hf_checkpoint  # noqa: E402
 from specdec_jax.experiment.record import Example, PointRow  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
   SharedEncoderModel,  # noqa: E402
   T5Model,
   get_config,
 )
+from specdec_jax.models.t5.checkpoints import save_hf_checkpoint  # noqa: E402
 from specdec_jax.theory import LoopCosts  # noqa: E402
 
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"

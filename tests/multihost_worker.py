@@ -71,9 +71,9 @@ def main(coordinator: str, num_processes: int, process_id: int, out_json: str,
     with open(out_json, "w") as f:
       json.dump(gathered, f)
   if gin_file:
-    from specdec_jax.experiment import runner
+    from specdec_jax.experiment import gin_flags, runner
     from specdec_jax.experiment.measure import GreedyCheck
-    runner.run(runner.load_experiment([gin_file], []), out_dir, greedy=GreedyCheck())
+    runner.run(gin_flags.load_experiment([gin_file], []), out_dir, greedy=GreedyCheck())
 
 
 if __name__ == "__main__":

@@ -18,19 +18,21 @@ import scipy.stats
 from specdec_jax.decoding import acceptance, sampling
 
 
+def _acceptance_probability(p: jax.Array, q: jax.Array) -> jax.Array:
+  """min(1, p(y) / q(y)) for every y with q(y) > 0 (0 elsewhere: y is never proposed), the
+  probability that `verify`'s rule u * q(y) < p(y), u ~ U[0, 1), accepts y
+  (`test_verify_accepts_with_probability_min_one_p_over_q`); `[..., vocab]`."""
+  return jnp.where(q > 0, jnp.minimum(1.0, p / jnp.where(q > 0, q, 1.0)), 0.0)
+
+
 @jax.jit
 def _emit_distribution(p: jax.Array, q: jax.Array) -> jax.Array:
-  """P(emitted token = x) for one proposal x ~ q, via the library functions.
+  """P(emitted token = x) for one proposal x ~ q, with the library's residual.
 
   Σ_y q(y) a(y) [x == y] + (1 - Σ_y q(y) a(y)) residual(x), for `[rows, vocab]`
   p and q; returns `[rows, vocab]`.
   """
-  rows, vocab = p.shape
-  tokens = jnp.broadcast_to(jnp.arange(vocab), (rows, vocab))  # Every y, per row.
-  a = acceptance.acceptance_probability(jnp.broadcast_to(p[:, None], (rows, vocab, vocab)),
-                                        jnp.broadcast_to(q[:, None], (rows, vocab, vocab)),
-                                        tokens)  # [rows, vocab]
-  accepted = q * a  # [rows, vocab]
+  accepted = q * _acceptance_probability(p, q)  # [rows, vocab]
   residual = acceptance.residual_distribution(p, q)  # [rows, vocab]
   return accepted + (1 - accepted.sum(-1, keepdims=True)) * residual
 
@@ -86,11 +88,19 @@ def test_enumeration_with_warped_distributions(settings):
                                atol=1e-6)
 
 
-def test_acceptance_probability_values():
-  p = jnp.array([[0.5, 0.3, 0.2, 0.0]] * 4)
-  q = jnp.array([[0.25, 0.6, 0.0, 0.15]] * 4)
-  np.testing.assert_allclose(acceptance.acceptance_probability(p, q, jnp.arange(4)),
-                             [1.0, 0.5, 1.0, 0.0])
+def test_verify_accepts_with_probability_min_one_p_over_q():
+  """`verify` itself: each token q can propose is accepted min(1, p/q) of the time."""
+  p = jnp.array([0.5, 0.3, 0.2, 0.0])
+  q = jnp.array([0.25, 0.6, 0.0, 0.15])
+  proposed, rows = jnp.array([0, 1, 3]), 20_000  # The tokens with q > 0.
+  proposals = jnp.repeat(proposed, rows)[:, None]  # [3 * rows, 1]
+  q_probs = jnp.broadcast_to(q, (3 * rows, 1, 4))
+  p_probs = jnp.broadcast_to(p, (3 * rows, 2, 4))
+  out = acceptance.verify(jax.random.PRNGKey(0), proposals, q_probs, p_probs)
+  frequency = np.asarray(out.num_accepted).reshape(3, rows).mean(axis=1)
+  expected = np.asarray(_acceptance_probability(p, q))[np.asarray(proposed)]
+  np.testing.assert_allclose(expected, [1.0, 0.5, 0.0])
+  np.testing.assert_allclose(frequency, expected, atol=0.015)  # ~4 standard errors.
 
 
 def test_residual_distribution_values_and_fallback():

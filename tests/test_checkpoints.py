@@ -12,17 +12,17 @@ import pytest
 from conftest import make_model
 from safetensors.numpy import load_file, save_file
 
-from specdec_jax.checkpoints import (
-    CheckpointError,
-    load_hf_checkpoint,
-    load_hf_config,
-    parameter_names,
-    rounded_to_half,
-    save_hf_checkpoint,
-)
 from specdec_jax.models import kernels
 from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import T5Model, get_config
+from specdec_jax.models.t5.checkpoints import (
+  CheckpointError,
+  load_hf_checkpoint,
+  load_hf_config,
+  parameter_names,
+  rounded_to_half,
+  save_hf_checkpoint,
+)
 
 
 @pytest.fixture

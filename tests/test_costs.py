@@ -10,7 +10,7 @@ from conftest import make_model
 
 from specdec_jax import gamma_choice, timing
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.experiment import measure, results_io, runner, settings
+from specdec_jax.experiment import gin_flags, measure, results_io, runner, settings
 from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.experiment.record import PointRow
 from specdec_jax.models.t5 import T5Draft, T5Scorer
@@ -176,7 +176,7 @@ def _gin(tmp_path, pair_dir: str, gammas: str) -> str:
 
 
 def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, pair_dir):
-  exp = runner.load_experiment([_gin(tmp_path, pair_dir, "['auto', 3]")], [])
+  exp = gin_flags.load_experiment([_gin(tmp_path, pair_dir, "['auto', 3]")], [])
   points = settings.plan(exp)
   assert [p.gamma for p in points] == ["auto", 3]
   assert points[0].key == ("ende", "draft", 0.0, "auto", 1)
@@ -185,15 +185,15 @@ def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, pair_dir):
   for bad in ("'Auto'", "'best'", "'3'"):
     with pytest.raises(ValueError, match=r"Experiment\.gammas\[0\]=.* is not a gamma: use an "
                                          r"int >= 1 .* or 'auto'"):
-      runner.load_experiment([_gin(tmp_path, pair_dir, f"[{bad}]")], [])
+      gin_flags.load_experiment([_gin(tmp_path, pair_dir, f"[{bad}]")], [])
   for field in ("auto_max_gamma", "auto_calibration_examples"):
     with pytest.raises(ValueError, match=rf"Experiment\.{field} must be an int >= 1"):
-      runner.load_experiment([_gin(tmp_path, pair_dir, "['auto']")],
+      gin_flags.load_experiment([_gin(tmp_path, pair_dir, "['auto']")],
                              [f"Experiment.{field} = 0"])
 
 
 def test_run_with_gamma_auto_records_the_choice(tmp_path, pair_dir, monkeypatch):
-  exp = runner.load_experiment([_gin(tmp_path, pair_dir, "['auto']")], [])
+  exp = gin_flags.load_experiment([_gin(tmp_path, pair_dir, "['auto']")], [])
   timed = []
   real_measure_loop_costs = timing.measure_loop_costs
   monkeypatch.setattr(timing, "measure_loop_costs",

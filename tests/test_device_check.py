@@ -15,7 +15,7 @@ import pytest
 
 from experiments import accelerator_checks, device_check
 from specdec_jax.data import layout
-from specdec_jax.experiment import results_io, settings
+from specdec_jax.experiment import gin_flags, results_io, settings
 from specdec_jax.experiment.targets import family
 
 # The module-scoped fixtures run once: every test of this file on one worker.
@@ -33,7 +33,7 @@ def smoke(tmp_path_factory) -> tuple[str, device_check.DeviceCheck, settings.Exp
   out = str(tmp_path_factory.mktemp("device_check"))
   device_check.main(["--output_dir", out, "--gin_file", SMOKE_GIN])
   try:
-    settings.parse_gin([SMOKE_GIN], [])
+    gin_flags.parse_gin([SMOKE_GIN], [])
     check = device_check.DeviceCheck()
     (exp,) = device_check.experiments(check)
   finally:
@@ -129,7 +129,7 @@ def test_a_bad_configuration_stops_before_any_work(tmp_path, monkeypatch, bindin
 
 def test_the_full_check_measures_every_shipped_draft_in_both_dtypes():
   try:
-    settings.parse_gin([device_check.DEFAULT_GIN], [])
+    gin_flags.parse_gin([device_check.DEFAULT_GIN], [])
     exps = device_check.experiments(device_check.DeviceCheck())
   finally:
     gin.clear_config()

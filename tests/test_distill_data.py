@@ -17,11 +17,11 @@ import sentencepiece as spm
 from conftest import make_model
 
 from specdec_jax import atomic_io
-from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 from specdec_jax.data import corpora, distill, layout
 from specdec_jax.distillation import decode
 from specdec_jax.distillation.decode import DistillConfig, DistillError
 from specdec_jax.models.t5 import T5Model
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("distill_data")

@@ -16,8 +16,8 @@ import pytest
 from conftest import make_model
 
 from specdec_jax import distributed
-from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.experiment import results_io
+from specdec_jax.models.t5.checkpoints import save_hf_checkpoint
 
 TIMEOUT_S = 240
 VOCAB = 8192  # The committed SentencePiece model's size (experiments tokenize with it).

@@ -20,7 +20,6 @@ from absl.testing import flagsaver
 from conftest import make_model, make_point_row
 
 from experiments import analyze
-from specdec_jax.checkpoints import save_hf_checkpoint
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import (
@@ -30,7 +29,6 @@ from specdec_jax.experiment import (
   results_io,
   runner,
   settings,
-  suite,
   tables,
 )
 from specdec_jax.experiment.measure import GreedyCheck
@@ -38,6 +36,7 @@ from specdec_jax.experiment.record import PointRow
 from specdec_jax.experiment.targets import t5_target
 from specdec_jax.models import t5
 from specdec_jax.models.t5 import T5Draft
+from specdec_jax.models.t5.checkpoints import save_hf_checkpoint
 from specdec_jax.regime_map import sweep
 from specdec_jax.training import alpha_tracking
 
@@ -90,7 +89,7 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   out.mkdir()
   earlier = make_point_row(task="mansum", temperature=1.0, gamma=4).to_json()
   (out / results_io.RESULTS_FILE).write_text(json.dumps(earlier) + "\n")
-  exp = runner.load_experiment([_gin(tmp_path, models_dir)], [])
+  exp = gin_flags.load_experiment([_gin(tmp_path, models_dir)], [])
   cleared = []
   real_clear = jax.clear_caches
   monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(1) or real_clear())
@@ -128,7 +127,7 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
 
 def test_run_times_verification_to_a_larger_gamma_and_stops_at_its_deadline(
     tmp_path, models_dir, monkeypatch):
-  exp = runner.load_experiment([_gin(tmp_path, models_dir, temperatures="[0.0, 1.0]")], [])
+  exp = gin_flags.load_experiment([_gin(tmp_path, models_dir, temperatures="[0.0, 1.0]")], [])
   # The first point is started whatever its pace; the second would end past the deadline.
   clock = iter([100.0, 105.0, 105.0])
   monkeypatch.setattr(runner, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
@@ -159,14 +158,14 @@ def test_run_times_verification_to_a_larger_gamma_and_stops_at_its_deadline(
 def test_bad_config_fails_before_work(tmp_path, models_dir, monkeypatch, binding, error, match):
   monkeypatch.setattr(t5_target, "load_hf_checkpoint", lambda *a, **k: pytest.fail("work started"))
   with pytest.raises(error, match=match):
-    runner.load_experiment([_gin(tmp_path, models_dir)], [binding])
+    gin_flags.load_experiment([_gin(tmp_path, models_dir)], [binding])
 
 
 def test_plan_uses_best_gamma(tmp_path, models_dir):
   sweep = tmp_path / "sweep.jsonl"
   rows = [make_point_row(gamma=g, speedup_measured=s) for g, s in ((1, 1.1), (2, 1.5), (3, 1.2))]
   sweep.write_text("".join(json.dumps(r.to_json()) + "\n" for r in rows))
-  exp = runner.load_experiment([_gin(tmp_path, models_dir, gammas="[5]",
+  exp = gin_flags.load_experiment([_gin(tmp_path, models_dir, gammas="[5]",
                                      temperatures="[0.0, 1.0]",
                                      best_gamma_from=repr(str(sweep)))], [])
   assert [(p.temperature, p.gamma) for p in settings.plan(exp)] == [(0.0, 2), (1.0, 5)]
@@ -318,25 +317,25 @@ def test_decoder_only_table3_has_both_estimators_in_order():
 def test_bad_settings_fail_when_loaded(binding, match):
   try:
     with pytest.raises(ValueError, match=match):
-      settings.load_settings([], [binding])
+      gin_flags.load_settings([], [binding])
   finally:
     gin.clear_config()
 
 
 def test_settings_are_shared_and_a_run_may_override_them(tmp_path, models_dir):
   try:
-    shared = settings.load_settings([], ["Settings.input_len = 32", "Settings.gamma = 5"])
+    shared = gin_flags.load_settings([], ["Settings.input_len = 32", "Settings.gamma = 5"])
     assert (shared.input_len, shared.gamma, shared.max_decode_len) == (32, 5, 64)
     # An Experiment takes what it leaves unbound from Settings; its own bindings win.
     gin_file = _gin(tmp_path, models_dir)
-    exp = runner.load_experiment([gin_file], ["Settings.input_len = 32", "Settings.seed = 7",
+    exp = gin_flags.load_experiment([gin_file], ["Settings.input_len = 32", "Settings.seed = 7",
                                               "Settings.gamma = 4"])
     assert (exp.input_len, exp.seed, exp.gammas) == (16, 7, [2])
     unbound_gammas = tmp_path / "no_gammas.gin"
     lines = (tmp_path / "tiny.gin").read_text().splitlines()
     unbound_gammas.write_text("".join(line + "\n" for line in lines
                                       if not line.startswith("Experiment.gammas")))
-    exp = runner.load_experiment([str(unbound_gammas)], ["Settings.gamma = 4"])
+    exp = gin_flags.load_experiment([str(unbound_gammas)], ["Settings.gamma = 4"])
     assert exp.gammas == (4,) and exp.gamma == 4
   finally:
     gin.clear_config()
@@ -402,7 +401,7 @@ def test_shipped_experiment_configs_parse_and_plan(name, points):
         [os.path.join(layout.REPO_ROOT, "gin_configs", f"{name}.gin")],
         ["Experiment.best_gamma_from = None"],  # Plan every gamma, whatever results exist.
         finalize_config=False)
-    exp = settings.Experiment()
+    exp = gin_flags.build_experiment()
   finally:
     gin.clear_config()
   assert exp.name == name
@@ -411,7 +410,7 @@ def test_shipped_experiment_configs_parse_and_plan(name, points):
 
 
 def test_the_readme_main_command_is_a_suite_of_both_pairs():
-  assert suite.listed_experiments([os.path.join(layout.REPO_ROOT, "gin_configs",
+  assert gin_flags.listed_experiments([os.path.join(layout.REPO_ROOT, "gin_configs",
                                                 "quickstart.gin")], []) == (
       "gin_configs/quickstart_t5.gin", "gin_configs/quickstart_smollm2.gin")
   gin.clear_config()

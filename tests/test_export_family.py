@@ -11,7 +11,7 @@ from conftest import make_model
 
 from experiments import export_family
 from specdec_jax import atomic_io
-from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 
 
 def _fake_run(root: str, name: str) -> dict:

@@ -15,8 +15,12 @@ import torch
 from conftest import make_model
 from transformers import T5ForConditionalGeneration
 
-from specdec_jax.checkpoints import load_hf_checkpoint, parameter_names, save_hf_checkpoint
 from specdec_jax.models.t5 import T5Model, temperature_sample
+from specdec_jax.models.t5.checkpoints import (
+  load_hf_checkpoint,
+  parameter_names,
+  save_hf_checkpoint,
+)
 
 ATOL = 1e-4
 GEN_LEN = 40

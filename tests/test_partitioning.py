@@ -177,7 +177,7 @@ def test_hardware_gin_files_parse():
 
   import gin
 
-  from specdec_jax.experiment import settings
+  from specdec_jax.experiment import gin_flags
 
   files = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "gin_configs",
                                         "hardware", "*.gin")))
@@ -187,7 +187,7 @@ def test_hardware_gin_files_parse():
     for path in files:
       gin.clear_config()
       gin.parse_config_file(path)
-      assert settings.Experiment().target == "flan-t5-xxl"
+      assert gin_flags.build_experiment().target == "flan-t5-xxl"
       assert partitioning.draft_axis_rules() == partitioning.axis_rules(heads=None, mlp=None,
                                                                         vocab=None)
   finally:

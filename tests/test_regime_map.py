@@ -17,10 +17,10 @@ from conftest import make_point_row
 from safetensors.numpy import load_file
 
 from specdec_jax import theory
-from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.experiment import results_io
 from specdec_jax.models.t5 import T5Model, get_config
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 from specdec_jax.regime_map import regime_predictions, regime_rows, sweep
 from specdec_jax.regime_map.regime_rows import ModelRow, PairRow
 from specdec_jax.theory import LoopCosts

@@ -15,14 +15,14 @@ from conftest import make_model
 from test_speculative import LENGTH, SAMPLES, VOCAB, _chi_square_p_value, _exact_distribution
 from test_training import _batch
 
-from specdec_jax import checkpoints
 from specdec_jax.models.t5 import (
-    SharedEncoderDraft,
-    SharedEncoderModel,
-    T5Draft,
-    make_draft,
-    speculative_sample,
-    temperature_sample,
+  SharedEncoderDraft,
+  SharedEncoderModel,
+  T5Draft,
+  checkpoints,
+  make_draft,
+  speculative_sample,
+  temperature_sample,
 )
 from specdec_jax.training import optimizer, trainer
 from specdec_jax.training.checkpointing import Checkpointer

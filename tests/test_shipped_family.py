@@ -16,7 +16,6 @@ import torch
 from transformers import T5ForConditionalGeneration
 
 from experiments import export_family
-from specdec_jax.checkpoints import load_hf_checkpoint, load_model
 from specdec_jax.data import layout, prompts, vocab
 from specdec_jax.experiment.targets.family import FAMILY, GGUF_DRAFTS, SHARED_ENCODER
 from specdec_jax.models.llama import gguf_loader, student_io
@@ -27,6 +26,7 @@ from specdec_jax.models.t5 import (
   speculative_sample,
   temperature_sample,
 )
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model
 
 MODELS_DIR = os.path.join(layout.ASSETS_DIR, "models")
 SHIPPED = [name for name in FAMILY if os.path.isdir(os.path.join(MODELS_DIR, name))]

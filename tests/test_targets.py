@@ -18,7 +18,7 @@ import pytest
 
 from specdec_jax import partitioning
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
-from specdec_jax.experiment import results_io, runner, settings
+from specdec_jax.experiment import gin_flags, results_io, runner
 from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.experiment.targets import interface, llama_target, registry, t5_target
 from specdec_jax.models import layers
@@ -167,7 +167,7 @@ def test_bad_llama_runs_fail_before_work(tmp_path, tiny_gguf, monkeypatch, bindi
   monkeypatch.setattr(llama_target.gguf_loader, "load_gguf", lambda *a: pytest.fail("loaded"))
   monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))  # No prepared corpora.
   with pytest.raises(error, match=match):
-    runner.load_experiment([_gin(tmp_path, tiny_gguf[0], drafts="['layer_skip_1', 'bigram']")],
+    gin_flags.load_experiment([_gin(tmp_path, tiny_gguf[0], drafts="['layer_skip_1', 'bigram']")],
                            [binding])
 
 
@@ -176,7 +176,7 @@ def test_runner_measures_a_decoder_only_target(tmp_path, tiny_gguf, shared_prefi
   """The runner, unchanged, on the tiny GGUF Llama: chat prompts, a layer-skip draft,
   greedy tokens checked equal to the baseline's, the row's costs through `Scorer.score`;
   with the chat template's system turn prefilled once or per prompt."""
-  exp = runner.load_experiment([_gin(tmp_path, tiny_gguf[0])],
+  exp = gin_flags.load_experiment([_gin(tmp_path, tiny_gguf[0])],
                                [f"PromptCache.shared_prefix = {shared_prefix}"])
   path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
   (row,) = results_io.read_points(path)
@@ -196,9 +196,9 @@ def test_llama_target_builds_its_drafts_and_prompts(tmp_path, tiny_gguf, monkeyp
     (data / "corpora" / task / "validation.jsonl").write_text(
         json.dumps({"id": "0", "inputs": source, "targets": "-"}) + "\n")
   monkeypatch.setenv("SPECDEC_DATA_DIR", str(data))
-  settings.parse_gin([_gin(tmp_path, tiny_gguf[0])], ["NgramFit.batch_size = 2"])
+  gin_flags.parse_gin([_gin(tmp_path, tiny_gguf[0])], ["NgramFit.batch_size = 2"])
   try:
-    exp = settings.Experiment()
+    exp = gin_flags.build_experiment()
     loaded = llama_target.load(exp, partitioning.make_mesh())
     inputs = loaded.tokenize("ende", ["translate English to German: the house"], 64)
     text = loaded.vocabulary.tokenizer().decode(inputs[0][inputs[0] != 0].tolist(),

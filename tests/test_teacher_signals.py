@@ -18,7 +18,6 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 from specdec_jax.data import distill, distill_archive, layout
 from specdec_jax.data import teacher_signals as ts
 from specdec_jax.distillation import signals, teacher
@@ -26,6 +25,7 @@ from specdec_jax.distillation.teacher import DistillError, load_t5_teacher
 from specdec_jax.models.layers import ParamInfo
 from specdec_jax.models.llama import TEST_CONFIG, LlamaModel, LlamaScorer, pad_prompts
 from specdec_jax.models.t5 import T5Model, get_config
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, save_hf_checkpoint
 
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("teacher_signals")

@@ -177,17 +177,6 @@ def test_cost_model_is_immutable_copy():
     model.t_verify[2] = 1.5
 
 
-def test_alpha_estimators():
-  betas = np.array([[0.5, 0.7], [0.9, 0.1]])
-  assert theory.alpha_from_beta(betas) == pytest.approx(0.55)
-  assert theory.alpha_from_beta(betas, mask=np.array([[True, False]] * 2)) == pytest.approx(0.7)
-  assert theory.alpha_from_beta([1.0000001]) == 1.0
-  rng = np.random.default_rng(0)
-  alpha, gamma = 0.7, 4
-  accepted = np.minimum(rng.geometric(1 - alpha, size=200_000) - 1, gamma)
-  assert theory.alpha_from_num_accepted(accepted, gamma) == pytest.approx(alpha, abs=0.005)
-
-
 @pytest.mark.parametrize("call", [
     lambda: theory.expected_tokens_per_iteration(1.1, 2),
     lambda: theory.expected_tokens_per_iteration(-0.1, 2),
@@ -197,8 +186,6 @@ def test_alpha_estimators():
     lambda: theory.walltime_improvement(0.5, 2, -0.1),
     lambda: theory.operations_factor(0.5, 2, -1.0),
     lambda: theory.optimal_gamma(0.5, 0.1, max_gamma=0),
-    lambda: theory.alpha_from_beta([]),
-    lambda: theory.alpha_from_num_accepted([0, 5], 4),
     lambda: theory.CostModel(t_target_step=0.0, t_draft_step=0.1, t_verify={1: 1.0}),
     lambda: theory.CostModel(t_target_step=1.0, t_draft_step=-0.1, t_verify={1: 1.0}),
     lambda: theory.CostModel(t_target_step=1.0, t_draft_step=0.1, t_verify={}),

@@ -15,7 +15,6 @@ import pytest
 from safetensors.numpy import load_file
 
 from specdec_jax import atomic_io
-from specdec_jax.checkpoints import load_model, save_hf_checkpoint
 from specdec_jax.data import corpora, distill, layout
 from specdec_jax.distillation import signals
 from specdec_jax.distillation.teacher import teacher_sha256
@@ -23,6 +22,7 @@ from specdec_jax.draft_pricing import draft_ranking
 from specdec_jax.experiment import alpha_curves, figures
 from specdec_jax.models.layers import ParamInfo
 from specdec_jax.models.t5 import T5Model, get_config
+from specdec_jax.models.t5.checkpoints import load_model, save_hf_checkpoint
 from specdec_jax.training import alpha_tracking, trainer
 from specdec_jax.training.train_t5 import TrainConfig, train
 

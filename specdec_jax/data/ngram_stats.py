@@ -41,12 +41,6 @@ class NgramStats:
   def vocab_size(self) -> int:
     return int(self.unigram.shape[0])
 
-  def dense_bigram(self, dtype: np.dtype = np.float32) -> np.ndarray:
-    """[V, V] counts, row = previous token (V*V*itemsize bytes: 256 MiB for 8192 in fp32)."""
-    out = np.zeros((self.vocab_size, self.vocab_size), dtype=dtype)
-    out[self.bigram_prev, self.bigram_next] = self.bigram_count
-    return out
-
 
 def count_ngrams(sequences: Iterable[Sequence[int]], vocab_size: int, *,
                  decoder_start_id: int = DECODER_START_ID, eos_id: int = EOS_ID) -> NgramStats:

@@ -30,28 +30,6 @@ def _prefix_length(accept: jax.Array) -> jax.Array:
   return jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1, dtype=jnp.int32)
 
 
-def acceptance_probability(p_probs: jax.Array, q_probs: jax.Array,
-                           tokens: jax.Array) -> jax.Array:
-  """Probability that the rule `u * q(x) < p(x)`, u ~ U[0, 1), accepts x.
-
-  That is min(1, p(x)/q(x)) where q(x) > 0; 1 where q(x) = 0 < p(x); 0 where
-  p(x) = 0. Only x with q(x) > 0 can be proposed, so the two edge values only
-  make the function total, and they agree with what the rule in `verify` does.
-
-  Args:
-    p_probs: `[..., vocab]` target probabilities.
-    q_probs: `[..., vocab]` draft probabilities.
-    tokens: `[...]` int proposed tokens.
-
-  Returns:
-    `[...]` float32 acceptance probabilities in [0, 1].
-  """
-  p_x = _token_probs(p_probs, tokens).astype(jnp.float32)  # [...]
-  q_x = _token_probs(q_probs, tokens).astype(jnp.float32)  # [...]
-  ratio = p_x / jnp.where(q_x > 0, q_x, 1.0)
-  return jnp.where(q_x > 0, jnp.minimum(1.0, ratio), (p_x > 0).astype(jnp.float32))
-
-
 def residual_distribution(p_probs: jax.Array, q_probs: jax.Array) -> jax.Array:
   """The distribution to resample from after a rejection: norm(max(0, p - q)).
 

@@ -67,7 +67,8 @@ def decode(scorer: Scorer, inputs: Array, rng: Array, *, max_decode_len: int, wa
   """Samples (or, at temperature 0, greedily decodes) from any `Scorer`.
 
   The arguments are taken as checked (`validation.check_scorer_decode_args`;
-  `models.t5.temperature_sample` checks them for a T5): `inputs` in the
+  `decoding.generate.sample` checks them for any scorer, `models.t5.temperature_sample`
+  for a T5 model): `inputs` in the
   scorer's vocabulary, `max_decode_len` >= 1, `eos_id`
   an int. The scorer's `encode` runs here, as its own program; the loop is one
   compiled program per scorer kind, shapes and settings.

@@ -123,7 +123,7 @@ class Warp:
   of speculative sampling and every draft's `propose` receive it (a static
   argument under `jax.jit`: one compiled program per setting). The public
   decoders take `temperature`, `top_k` and `top_p` as keywords and build it
-  once from the arguments `validation.check_decode_args` checked (`Warp.of`);
+  once from the arguments `validation.check_scorer_decode_args` checked (`Warp.of`);
   from there on (the scorer-level `baseline.decode` and
   `speculative.speculative_decode`, the data-parallel shards) only the `Warp`
   travels.
@@ -151,7 +151,8 @@ class Warp:
 
   @classmethod
   def of(cls, args: validation.DecodeArgs) -> Warp:
-    """The settings of a decoder call's checked arguments (`validation.check_decode_args`)."""
+    """The settings of a decoder call's checked arguments
+    (`validation.check_scorer_decode_args`)."""
     return cls(args.temperature, args.top_k, args.top_p)
 
   def log_probs(self, logits: jax.Array) -> jax.Array:

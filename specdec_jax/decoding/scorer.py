@@ -77,6 +77,12 @@ class Scorer(abc.ABC):
     """The padding id the outputs carry after a row's end."""
 
   @property
+  def encoder_width(self) -> int | None:
+    """The width of the encoder outputs a draft may read (`encoder_outputs`); None: no
+    encoder."""
+    return None
+
+  @property
   def reads_target_encoder(self) -> bool:
     """Whether `encode` needs the target's encoder outputs (`target_encoded`)."""
     return False

@@ -169,8 +169,9 @@ def speculative_decode(target: Scorer, draft: Draft, inputs: Array, rng: Array, 
 
   The output is distributed exactly as `baseline.decode` on the target with
   the same `warp`; at temperature 0 it is the same tokens. The arguments are
-  taken as checked (`validation.check_scorer_speculative_args`;
-  `models.t5.speculative_sample` checks them for a T5 target): the draft
+  taken as checked (`validation.check_scorer_speculative_args`; the checked
+  entry points are `decoding.generate.speculative_sample` for any scorer and
+  `models.t5.speculative_sample` for a T5 model): the draft
   shares the scorer's vocabulary, `inputs` and `draft_inputs` hold ids in it,
   one row per example each. The target's `encode` runs here, as its own
   program; the loop is one compiled program per scorer and draft kind, shapes

@@ -33,13 +33,13 @@ import sentencepiece as spm
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from specdec_jax.checkpoints import load_hf_checkpoint
 from specdec_jax.data import chat_prompts, corpora, layout, prompts
 from specdec_jax.data import teacher_signals as ts
 from specdec_jax.decoding import baseline
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models.llama import LlamaModel, LlamaScorer, gguf_loader, pad_prompts
 from specdec_jax.models.t5 import T5Config, T5Model, temperature_sample
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint
 
 Array = jax.Array
 

@@ -21,7 +21,6 @@ import os
 import jax
 
 from specdec_jax import contention, gamma_choice, timing
-from specdec_jax.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.data import layout
 from specdec_jax.data.distill import read_distilled
 from specdec_jax.decoding import buckets
@@ -29,6 +28,7 @@ from specdec_jax.decoding.sampling import Warp
 from specdec_jax.distillation import head_tokens
 from specdec_jax.draft_pricing.draft_ranking import INPUT_LEN, TASK
 from specdec_jax.models.t5 import T5Model, T5Scorer, make_draft
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.training import alpha_tracking
 
 FULL = "full"

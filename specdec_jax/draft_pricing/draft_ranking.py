@@ -25,11 +25,11 @@ import numpy as np
 import sentencepiece as spm
 
 from specdec_jax import contention, gamma_choice, timing
-from specdec_jax.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models.t5 import T5Model, T5Scorer, make_draft
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.training import alpha_tracking
 
 TASK = "ende"

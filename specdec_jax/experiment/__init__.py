@@ -2,7 +2,8 @@
 
 - a run: `settings` (the gin-bound `Settings` every command reads and the run's
   `Experiment`), `measure` (one measured point), `runner` (a run over a grid, resumable),
-  `suite` (several runs from one gin file), `gin_flags`;
+  `suite` (several runs from one gin file), `gin_flags` (where a command parses gin and
+  builds the objects it passes down);
 - its results: `record` (the `PointRow`), `results_io` (results files, best points),
   `tables`, `figures`, `report` and `alpha_curves` (analysis);
 - `targets/`: the target kinds a run measures, their interface and registry.

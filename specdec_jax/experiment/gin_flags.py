@@ -1,8 +1,25 @@
-"""The gin flags the entry points share (defined once) and T5X-style `--gin.X=Y` parsing."""
+"""Where the commands assemble their gin objects: the shared flags, parsing, and building.
+
+T5X binds gin where the program is assembled and passes objects down; so do we. A
+command parses its files and bindings here (`parse_gin`), builds its `Settings` or
+`Experiment` here (`load_settings`, `load_experiment`, `build_experiment`), with the
+gin-configurable fields they hold (`PromptCache`, `NgramFit`), and reads its
+`suite.Suite` here (`listed_experiments`); the library below takes those objects as
+arguments and reads no gin. `--gin.NAME=VALUE` arguments (T5X style) are
+read as `--gin_bindings`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import gin
 from absl import app, flags
+
+from specdec_jax.data import layout
+from specdec_jax.experiment import runner, settings, suite
 
 GIN_FILE = flags.DEFINE_multi_string("gin_file", [], "Gin files, applied in order.")
 GIN_BINDINGS = flags.DEFINE_multi_string(
@@ -33,3 +50,80 @@ def parse_flags(argv: list[str]) -> list[str]:
   """`app.run`'s flags parser, with `--gin.NAME=VALUE` read as `--gin_bindings`."""
   rest, bindings = split_gin_args(argv)
   return flags.FLAGS(rest + [f"--gin_bindings={b}" for b in bindings])
+
+
+def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
+  """Parses gin files (repo-relative includes work from any folder) and bindings afresh.
+
+  Raises:
+    ValueError: a bad file or binding (the message says where to look).
+  """
+  gin.clear_config()
+  gin.add_config_file_search_path(layout.REPO_ROOT)
+  try:
+    # Not finalized: a locked config would refuse the configurables that modules
+    # imported later in the same process define (the training driver in the tests).
+    gin.parse_config_files_and_bindings(gin_files, bindings, finalize_config=False)
+  except (ValueError, KeyError, SyntaxError) as e:
+    raise ValueError(f"Bad gin configuration ({e}). Check the names against "
+                     "specdec_jax/experiment/settings.py (Settings, Experiment) and the files "
+                     "in gin_configs/.") from e
+
+
+def load_settings(gin_files: Sequence[str], bindings: Sequence[str]) -> settings.Settings:
+  """The validated `Settings` of gin files and bindings (`--gin.Settings.FIELD=VALUE`)."""
+  parse_gin(gin_files, bindings)
+  shared = settings.Settings()
+  settings.validate_settings(shared)
+  return shared
+
+
+def _bound(name: str) -> bool:
+  try:
+    gin.query_parameter(name)
+  except ValueError:  # Not bound.
+    return False
+  return True
+
+
+def build_experiment(**fields: Any) -> settings.Experiment:
+  """The `Experiment` of the parsed gin config, `fields` passed over its bindings.
+
+  A shared field (`Settings`) that `Experiment` leaves unbound takes the `Settings`
+  binding, so `--gin.Settings.gamma=5` reaches a run that binds no `Experiment.gamma`.
+
+  Raises:
+    ValueError: a required field (`name`, `drafts`) is bound nowhere.
+  """
+  shared = settings.Settings()
+  inherited = {f.name: getattr(shared, f.name) for f in dataclasses.fields(settings.Settings)
+               if _bound(f"Settings.{f.name}") and not _bound(f"Experiment.{f.name}")}
+  try:
+    return settings.Experiment(**{**inherited, **fields})
+  except TypeError as e:
+    raise ValueError(f"Experiment is incomplete ({e}); bind it in a gin file, e.g. "
+                     "Experiment.name = 'mine' and Experiment.drafts = ['draft_small'].") from e
+
+
+def load_experiment(gin_files: Sequence[str], bindings: Sequence[str]) -> settings.Experiment:
+  """Parses the gin files and bindings afresh; the `Experiment` checked before any work
+  (`runner.prepare`)."""
+  parse_gin(gin_files, bindings)
+  return runner.prepare(build_experiment())
+
+
+def listed_experiments(gin_files: Sequence[str], bindings: Sequence[str]
+                       ) -> tuple[str, ...] | None:
+  """The gin files a suite lists (`suite.Suite`); None when `gin_files` bind no `Suite`
+  (one experiment).
+
+  Raises:
+    ValueError: a bad gin file or binding, or a suite that lists nothing.
+  """
+  parse_gin(gin_files, bindings)
+  if not _bound("Suite.experiments"):
+    return None
+  listed = suite.Suite().experiments
+  if not listed:
+    raise ValueError(f"Suite.experiments is empty in {list(gin_files)}: list gin files.")
+  return tuple(listed)

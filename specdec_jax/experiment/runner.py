@@ -1,7 +1,7 @@
 """The measurement run behind `python -m experiments.run`: load, plan, measure, resume.
 
-`load_experiment` parses the gin files and bindings into a validated
-`settings.Experiment` (checked before any work); `run` measures each point
+`prepare` checks a `settings.Experiment` that a command assembled from gin
+(`gin_flags.load_experiment`) before any work; `run` measures each point
 (task, batch size, draft, temperature, gamma) with `measure.measure_point` and
 appends its row (`record.PointRow`) to `<output_dir>/results.jsonl` atomically.
 A gamma of 'auto' is chosen first (`timing.calibrate`: the whole cost model,
@@ -41,14 +41,13 @@ RUNS_ROOT = "runs"  # A user's own runs (not committed).
 HELD_OUT_BATCHES = 4  # Most held-out batches a row's loop costs are timed on.
 
 
-def load_experiment(gin_files: list[str], bindings: list[str]) -> settings.Experiment:
-  """Parses the gin files and bindings afresh and returns the validated `Experiment`."""
-  settings.parse_gin(gin_files, bindings)
-  try:
-    exp = settings.Experiment()
-  except TypeError as e:
-    raise ValueError(f"Experiment is incomplete ({e}); bind it in a gin file, e.g. "
-                     "Experiment.name = 'mine' and Experiment.drafts = ['draft_small'].") from e
+def prepare(exp: settings.Experiment) -> settings.Experiment:
+  """The run checked before any work (`registry.check`), its target swapped for random-init
+  stand-ins first when `Experiment.stand_ins_when_missing` asks for them.
+
+  Raises:
+    ValueError / FileNotFoundError: naming the field and the fix.
+  """
   if exp.stand_ins_when_missing:
     kind = registry.target_kind(exp.target_kind, "Experiment.target_kind")
     if kind.stand_ins is None:

@@ -5,7 +5,8 @@ cut, how long outputs are, gamma, the seed, dtypes), declared once and bound in
 gin: `--gin.Settings.FIELD=VALUE` (or a `--gin_file`) sets it for any command.
 `Experiment`, the run of `python -m experiments.run`, is a `Settings` plus the
 grid it measures; `Experiment.FIELD` bindings (`gin_configs/*.gin`) set a run's
-own values, and a shared field it leaves unbound takes the `Settings` binding.
+own values, and a shared field it leaves unbound takes the `Settings` binding
+(`gin_flags.build_experiment`, where the commands assemble both: nothing here reads gin).
 `validate` checks the fields; what depends on the kind of target
 (`target_kind`: its checkpoint, tokenizer and drafts) is checked by
 `experiment.targets.registry.check`. Together they read no weights, so a bad run fails in
@@ -17,28 +18,16 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import gin
 
 from specdec_jax import validation
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.experiment import record, results_io
+from specdec_jax.experiment.targets.llama_options import NgramFit, PromptCache
 from specdec_jax.models.config import check_dtype
 
 AUTO = record.AUTO
-
-
-def _shared(name: str, default: Any) -> Any:
-  """A field whose default is the `Settings.<name>` gin binding, else `default`."""
-
-  def factory() -> Any:
-    try:
-      return gin.query_parameter(f"Settings.{name}")
-    except ValueError:  # Not bound.
-      return default
-
-  return dataclasses.field(default_factory=factory)
 
 
 @gin.configurable
@@ -66,18 +55,26 @@ class Settings:
     seed: seed of the sampling PRNG keys.
     dtype: compute dtype of the models ("float32" on CPU, "bfloat16" on TPU/GPU).
     param_dtype: dtype the parameters are held in.
+    prompt_cache: how a "llama_gguf" target prefills its prompts (gin: `PromptCache.X`).
+    ngram_fit: where a "llama_gguf" target's unigram / bigram drafts are fit (gin:
+      `NgramFit.X`).
+
+  Both are built with the settings, where a command assembles them
+  (`experiment.gin_flags`); nothing below reads gin.
   """
 
-  target_kind: str = _shared("target_kind", "t5")
-  models_dir: str = _shared("models_dir", os.path.join("assets", "models"))
-  target: str = _shared("target", "target")
-  vocab_path: str = _shared("vocab_path", prompts.VOCAB_PATH)
-  input_len: int = _shared("input_len", 128)
-  max_decode_len: int = _shared("max_decode_len", 64)
-  gamma: int = _shared("gamma", 3)
-  seed: int = _shared("seed", 0)
-  dtype: str = _shared("dtype", "float32")
-  param_dtype: str = _shared("param_dtype", "float32")
+  target_kind: str = "t5"
+  models_dir: str = os.path.join("assets", "models")
+  target: str = "target"
+  vocab_path: str = prompts.VOCAB_PATH
+  input_len: int = 128
+  max_decode_len: int = 64
+  gamma: int = 3
+  seed: int = 0
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  prompt_cache: PromptCache = dataclasses.field(default_factory=PromptCache)
+  ngram_fit: NgramFit = dataclasses.field(default_factory=NgramFit)
 
   def checkpoint_dir(self, spec: str) -> str:
     """The path of a target or checkpoint-draft spec (`models_dir`-relative or absolute)."""
@@ -102,32 +99,6 @@ def validate_settings(settings: Settings, owner: str = "Settings") -> None:
   validation.as_int(f"{owner}.gamma", settings.gamma, minimum=1,
                     what="gamma: draft tokens per target call")
   validation.as_int(f"{owner}.seed", settings.seed)
-
-
-def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
-  """Parses gin files (repo-relative includes work from any folder) and bindings afresh.
-
-  Raises:
-    ValueError: a bad file or binding (the message says where to look).
-  """
-  gin.clear_config()
-  gin.add_config_file_search_path(layout.REPO_ROOT)
-  try:
-    # Not finalized: a locked config would refuse the configurables that modules
-    # imported later in the same process define (the training driver in the tests).
-    gin.parse_config_files_and_bindings(gin_files, bindings, finalize_config=False)
-  except (ValueError, KeyError, SyntaxError) as e:
-    raise ValueError(f"Bad gin configuration ({e}). Check the names against "
-                     "specdec_jax/experiment/settings.py (Settings, Experiment) and the files "
-                     "in gin_configs/.") from e
-
-
-def load_settings(gin_files: Sequence[str], bindings: Sequence[str]) -> Settings:
-  """The validated `Settings` of gin files and bindings (`--gin.Settings.FIELD=VALUE`)."""
-  parse_gin(gin_files, bindings)
-  shared = Settings()
-  validate_settings(shared)
-  return shared
 
 
 @gin.configurable

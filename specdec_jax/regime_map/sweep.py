@@ -43,7 +43,6 @@ import numpy as np
 import sentencepiece as spm
 
 from specdec_jax import contention, gamma_choice, timing, validation
-from specdec_jax.checkpoints import load_hf_checkpoint, load_model, save_hf_checkpoint
 from specdec_jax.data import layout, prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft
@@ -60,6 +59,7 @@ from specdec_jax.models.t5 import (
   get_config,
   make_draft,
 )
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model, save_hf_checkpoint
 from specdec_jax.regime_map import regime_rows
 from specdec_jax.regime_map.regime_rows import ModelRow, PairRow
 from specdec_jax.theory import LoopCosts

@@ -20,37 +20,32 @@ best parameters by alpha, not the last ones, are exported to `hf/`.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import functools
+import hashlib
+import math
 import os
+import time
+from collections.abc import Callable, Iterator
 
-# One thread each for tf.data's op pools (the input pipeline); JAX takes the cores.
-os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
-os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import dataclasses  # noqa: E402
-import datetime  # noqa: E402
-import functools  # noqa: E402
-import hashlib  # noqa: E402
-import math  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-
-import gin  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from specdec_jax import atomic_io  # noqa: E402
-from specdec_jax.checkpoints import (  # noqa: E402
+from specdec_jax import atomic_io
+from specdec_jax.data import corpora, layout, pipeline, teacher_signals, vocab
+from specdec_jax.distillation.teacher import teacher_sha256
+from specdec_jax.models.t5 import SharedEncoderModel, T5Model
+from specdec_jax.models.t5.checkpoints import (
   load_hf_checkpoint,
   load_hf_config,
   load_model,
   save_hf_checkpoint,
   save_shared_encoder_checkpoint,
 )
-from specdec_jax.data import corpora, layout, pipeline, teacher_signals, vocab  # noqa: E402
-from specdec_jax.distillation.teacher import teacher_sha256  # noqa: E402
-from specdec_jax.models.t5 import SharedEncoderModel, T5Model  # noqa: E402
-from specdec_jax.training import (  # noqa: E402
+from specdec_jax.training import (
   batching,
   evaluation,
   loop,
@@ -60,13 +55,13 @@ from specdec_jax.training import (  # noqa: E402
   sparse_distill,
   trainer,
 )
-from specdec_jax.training.alpha_tracking import (  # noqa: E402
+from specdec_jax.training.alpha_tracking import (
   AlphaProbe,
   AlphaTracker,
   held_out_inputs,
 )
-from specdec_jax.training.checkpointing import Checkpointer  # noqa: E402
-from specdec_jax.training.model_config import model_config  # noqa: E402
+from specdec_jax.training.checkpointing import Checkpointer
+from specdec_jax.training.model_config import model_config
 
 SUMMARY = "train_summary.json"
 STUDENTS = ("t5", "shared_encoder")

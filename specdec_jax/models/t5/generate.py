@@ -1,7 +1,9 @@
 """The T5 entry points: `temperature_sample` and `speculative_sample` on a `T5Model`.
 
-Each checks its arguments (`specdec_jax.validation`) before any work, builds
-the target's `T5Scorer` and runs the model-free loop: `decoding.baseline.decode`
+Each checks the model, then its arguments against the target's `T5Scorer` as every
+family's are checked (`validation.check_scorer_decode_args` /
+`check_scorer_speculative_args`; `eos_id=None` is the config's), before any work, and
+runs the model-free loop: `decoding.baseline.decode`
 (the baseline, one token per step) or `decoding.speculative.speculative_decode`
 (gamma proposals per target call), on one device with the inputs cut to a
 length bucket (`decoding.buckets`), or with rows split over a mesh's data axis
@@ -61,9 +63,11 @@ def temperature_sample(model: T5Model, params: dict | PreparedParams, inputs: Ar
       fail at run time instead (the same ValueError, or a
       `jax.errors.JaxRuntimeError` carrying its message).
   """
-  args = validation.check_decode_args(model, inputs, max_decode_len=max_decode_len,
-                                      eos_id=eos_id, temperature=temperature, top_k=top_k,
-                                      top_p=top_p, rng=rng, config_type=T5Config)
+  config = validation.check_model(model, "model", T5Config)
+  args = validation.check_scorer_decode_args(
+      T5Scorer(model, params), inputs, max_decode_len=max_decode_len,
+      eos_id=config.eos_token_id if eos_id is None else eos_id, temperature=temperature,
+      top_k=top_k, top_p=top_p, rng=rng)
   warp = Warp.of(args)
   if mesh is not None:
     # The parameters are prepared on each shard, inside the program.
@@ -122,10 +126,11 @@ def speculative_sample(target: T5Model, target_params: dict | PreparedParams, dr
       run time instead (the same ValueError, or a `jax.errors.JaxRuntimeError`
       carrying its message).
   """
-  args = validation.check_speculative_args(
-      target, draft, inputs, gamma=gamma, draft_inputs=draft_inputs,
-      max_decode_len=max_decode_len, eos_id=eos_id, temperature=temperature, top_k=top_k,
-      top_p=top_p, rng=rng, config_type=T5Config)
+  config = validation.check_model(target, "target", T5Config)
+  args = validation.check_scorer_speculative_args(
+      T5Scorer(target, target_params), draft, inputs, gamma=gamma, draft_inputs=draft_inputs,
+      max_decode_len=max_decode_len, eos_id=config.eos_token_id if eos_id is None else eos_id,
+      temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
   warp = Warp.of(args)
   if mesh is not None:
     # The target's parameters are prepared on each shard, inside the program.

@@ -114,6 +114,10 @@ class T5Scorer(Scorer):
     return self.model.config.vocab_size
 
   @property
+  def encoder_width(self) -> int:
+    return self.model.config.d_model
+
+  @property
   def start_token(self) -> int:
     return self.model.config.decoder_start_token_id
 

@@ -1,7 +1,7 @@
 """HuggingFace T5 checkpoints (config.json + safetensors) <-> our parameter tree.
 
 A directory written by `T5ForConditionalGeneration.save_pretrained` loads into
-the T5X-named tree of `specdec_jax.models.Transformer`; `save_hf_checkpoint`
+the T5X-named tree of `models.t5.Transformer`; `save_hf_checkpoint`
 writes the reverse, which the reference implementation loads unchanged.
 
 Loading checks every file before it is used: a missing file raises
@@ -28,7 +28,9 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from specdec_jax import validation
-from specdec_jax.models.t5 import SharedEncoderModel, T5Config, T5Model
+from specdec_jax.models.t5.config import T5Config
+from specdec_jax.models.t5.model import T5Model
+from specdec_jax.models.t5.shared_encoder import SharedEncoderModel
 
 _CONFIG = "config.json"
 # config.json's "model_type" of a shared-encoder draft (our format, not HF's).

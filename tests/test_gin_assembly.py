@@ -1,0 +1,89 @@
+"""Gin is bound where a command assembles its objects, never in the middle of a library call,
+and no library module writes the environment when it is imported.
+
+Every gin-configurable class of `specdec_jax` is found by its decorator; no function of the
+library below the assembly module (`experiment/gin_flags.py`) may create one or read a gin
+binding. `training/` is not scanned yet: its drivers build their optimizer and loss configs
+from gin inside `train` / `train_student` (issue 59, left to the training work), and the
+scan names them if it is widened.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "specdec_jax"
+ASSEMBLY = PACKAGE / "experiment" / "gin_flags.py"
+NOT_SCANNED = PACKAGE / "training"
+
+
+def _trees() -> dict[pathlib.Path, ast.Module]:
+  return {path: ast.parse(path.read_text(), str(path)) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def configurable_classes(trees: dict[pathlib.Path, ast.Module]) -> set[str]:
+  """Names of the classes decorated with `gin.configurable` (called or not)."""
+  return {node.name for tree in trees.values() for node in ast.walk(tree)
+          if isinstance(node, ast.ClassDef)
+          and any(ast.unparse(d).startswith("gin.configurable") for d in node.decorator_list)}
+
+
+def gin_reads(tree: ast.Module, classes: set[str]) -> list[str]:
+  """`function: call` for each configurable created, or binding read, inside a function."""
+  found = []
+  for function in ast.walk(tree):
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      continue
+    for call in ast.walk(function):
+      if not isinstance(call, ast.Call):
+        continue
+      callee = call.func
+      name = getattr(callee, "attr", getattr(callee, "id", None))
+      if name in classes or name == "query_parameter":
+        found.append(f"{function.name}:{call.lineno}: {ast.unparse(call)}")
+  return found
+
+
+def test_the_scan_finds_a_configurable_created_mid_call():
+  """Negative control: the scan catches both shapes it forbids."""
+  tree = ast.parse("def load(s):\n  fit = NgramFit()\n  return gin.query_parameter('X.y')\n")
+  assert gin_reads(tree, {"NgramFit"}) == ["load:2: NgramFit()",
+                                           "load:3: gin.query_parameter('X.y')"]
+
+
+def test_the_library_creates_no_gin_configurable_inside_a_function():
+  trees = _trees()
+  classes = configurable_classes(trees)
+  assert {"Settings", "Experiment", "PromptCache", "NgramFit", "GreedyCheck"} <= classes
+  offenders = {str(path.relative_to(PACKAGE)): found for path, tree in trees.items()
+               if path != ASSEMBLY and NOT_SCANNED not in path.parents
+               and (found := gin_reads(tree, classes))}
+  assert not offenders, ("Build these where the command assembles its objects "
+                         f"(experiment/gin_flags.py) and pass them down: {offenders}")
+
+
+def environment_writes_at_import(tree: ast.Module) -> list[str]:
+  """Module-level statements (outside every function) that write `os.environ`."""
+  found = []
+  for statement in tree.body:
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      continue
+    for node in ast.walk(statement):
+      text = ast.unparse(node) if isinstance(node, (ast.Call, ast.Assign)) else ""
+      if text.startswith(("os.environ.setdefault", "os.environ.update", "os.environ[",
+                          "os.putenv")):
+        found.append(f"{node.lineno}: {text}")
+  return found
+
+
+def test_the_environment_scan_finds_a_write_at_import():
+  tree = ast.parse("import os\nos.environ.setdefault('A', '1')\n"
+                   "def main():\n  os.environ['B'] = '2'\n")
+  assert environment_writes_at_import(tree) == ["2: os.environ.setdefault('A', '1')"]
+
+
+def test_no_library_module_writes_the_environment_at_import():
+  offenders = {str(path.relative_to(PACKAGE)): found for path, tree in _trees().items()
+               if (found := environment_writes_at_import(tree))}
+  assert not offenders, f"Set these in the command that needs them: {offenders}"
