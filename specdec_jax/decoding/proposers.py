@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specdec_jax.decoding import trees
 from specdec_jax.decoding.drafts import ScorerDraft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import EncoderOutputs
@@ -265,7 +266,7 @@ class DraftBranches(Proposer):
 
   @property
   def parents(self) -> tuple[int, ...]:
-    return tuple([-1] * self.k + [i for i in range(self.k * (self.depth - 1))])
+    return tuple(int(p) - 1 for p in trees.branches(self.k, self.depth)[1:])
 
   @property
   def forward_passes(self) -> int:
