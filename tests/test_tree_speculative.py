@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from specdec_jax import tree_choice
 from specdec_jax.decoding import baseline, proposers, tree_speculative
 from specdec_jax.decoding import tree_acceptance as ta
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.tree_speculative import tree_speculative_decode
+from specdec_jax.decoding.tree_speculative import TreeStats, tree_speculative_decode
 from specdec_jax.models.llama import TEST_CONFIG, LayerSkipDraft, LlamaModel, LlamaScorer
 from specdec_jax.models.llama.scorer import pad_prompts
 
@@ -79,6 +80,12 @@ def test_greedy_tokens_are_the_targets(name):
   np.testing.assert_array_equal(out.stats.tokens, want.lengths)
   if name == "merged":  # Rows 1 and 2 are in the datastore: several tokens per call.
     assert np.all(out.stats.tokens_per_iteration()[1:] > 2)
+  offered, accepted = np.asarray(out.stats.rank_offered), np.asarray(out.stats.rank_accepted)
+  assert np.all(accepted <= offered) and np.all(accepted.sum((1, 2)) >= out.stats.accepted)
+  if name == "chain":  # The root is reached every iteration, depth d + 1 when d was accepted.
+    np.testing.assert_array_equal(offered[:, 0, 0], out.stats.iterations)
+    np.testing.assert_array_equal(offered[:, 1:, 0], accepted[:, :-1, 0])
+  tree_choice.check_rates(out.stats.rank_rates())
 
 
 def test_sampled_loop_is_a_function_of_its_key():
@@ -116,9 +123,9 @@ def _three_token_probs(target, prompt: jnp.ndarray) -> dict[tuple[int, ...], flo
           for cell in np.argwhere(joint > 0)}
 
 
-def _chi_square_p_value(target, prompt, proposer) -> tuple[float, float]:
+def _chi_square_p_value(target, prompt, proposer) -> tuple[float, TreeStats]:
   """The p-value of the loop's first three tokens over DRAWS rows against the target's
-  probabilities (cells of expected count < 5 pooled), and its accepted candidates per row."""
+  probabilities (cells of expected count < 5 pooled), and the loop's counters."""
   want = _three_token_probs(target, prompt)
   out = tree_speculative_decode(target, proposer, jnp.repeat(prompt, DRAWS, axis=0),
                                 jax.random.PRNGKey(11), max_decode_len=3, warp=SAMPLED,
@@ -138,7 +145,7 @@ def _chi_square_p_value(target, prompt, proposer) -> tuple[float, float]:
   expected = np.append(expected[big], expected[~big].sum() + 1e-9)
   observed = np.append(observed[big], observed[~big].sum() + outside)
   return (float(scipy.stats.chisquare(observed, expected * observed.sum() / expected.sum())
-                .pvalue), float(np.mean(out.stats.accepted)))
+                .pvalue), out.stats)
 
 
 def test_sampled_tokens_are_distributed_as_the_targets(monkeypatch):
@@ -152,9 +159,12 @@ def test_sampled_tokens_are_distributed_as_the_targets(monkeypatch):
   proposer = proposers.Merged((proposers.DraftBranches(draft, k=2, depth=2),
                                proposers.DraftBranches(draft, k=1, depth=2)))
   prompt = prompts[:1]
-  p_value, accepted = _chi_square_p_value(target, prompt, proposer)
-  assert accepted > 0.3  # The tree's candidates make the output, not only the next token.
+  p_value, counters = _chi_square_p_value(target, prompt, proposer)
+  # The tree's candidates make the output, not only the next token.
+  assert np.mean(counters.accepted) > 0.3
   assert p_value > 1e-3
+  # The duplicate of the top-1 token (depth 1, rank 2) is tried but never accepted.
+  assert counters.rank_rates()[0, 2] == 0 and counters.rank_offered[:, 0, 2].sum() > 0
   with monkeypatch.context() as patch:
     patch.setattr(ta, "acceptance", type("Forgetful", (), {
         "residual_distribution": staticmethod(lambda r, q: r)}))
