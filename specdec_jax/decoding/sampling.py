@@ -116,7 +116,9 @@ def _nucleus_by_bisection(rows: jax.Array, log_norm: jax.Array, top_p: float) ->
                     mass_from(threshold + jnp.uint32(1)), 0.0)  # [n], A
   tie_mass = jnp.max(jnp.where(at, probs, 0.0), axis=-1)  # [n], a
   rank = jnp.cumsum(at, axis=-1, dtype=jnp.int32) - 1  # [n, vocab], r among the ties
-  kept_tie = above[:, None] + rank.astype(jnp.float32) * tie_mass[:, None] < top_p
+  # The first tie is kept by v*'s definition (A < top_p); saying so keeps it whatever the
+  # rounding of A outside the search.
+  kept_tie = (above[:, None] + rank.astype(jnp.float32) * tie_mass[:, None] < top_p) | (rank == 0)
   return (keys > threshold[:, None]) | (at & kept_tie)
 
 
