@@ -233,3 +233,55 @@ def test_top_p_over_a_large_vocabulary(scale, covered):
   expected = np.stack([_reference_probs(row, 1.0, 0, top_p) for row in logits])
   np.testing.assert_array_equal(got > 0, expected > 0)
   np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def _enumerated_rows() -> np.ndarray:
+  """float32 `[n, 4]`: every row of 4 logits from {-1, 0, 0.5, 2} (many ties), and -0.0."""
+  values = np.array([-1.0, 0.0, 0.5, 2.0], np.float32)
+  grid = np.stack(np.meshgrid(*[values] * 4, indexing="ij"), -1).reshape(-1, 4)
+  return np.concatenate([grid, [[-0.0, 0.0, 0.0, -1.0], [0.0, -0.0, 2.0, -0.0]]]).astype(
+      np.float32)
+
+
+TOP_PS = (0.05, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 0.97)
+
+
+def test_nucleus_without_sort_equals_the_sorted_reference_on_an_enumeration():
+  """Every 4-token row over 4 logit values, at 8 top_p: the mask and the probabilities are
+  the sorted order's, ties by token id. The negative control keeps every token tied at
+  the threshold (what a threshold alone gives): the enumeration tells it apart."""
+  rows = _enumerated_rows()
+  naive_differs = 0
+  for top_p in TOP_PS:
+    got = np.asarray(sampling.probs_from_logits(jnp.asarray(rows), temperature=1.0,
+                                                top_p=top_p))
+    expected = np.stack([_reference_probs(row, 1.0, 0, top_p) for row in rows])
+    np.testing.assert_array_equal(got > 0, expected > 0, err_msg=f"top_p={top_p}")
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    # Negative control: keep all tokens at or above the last kept token's logit.
+    cut = np.where(expected > 0, rows, np.inf).min(-1, keepdims=True)
+    naive_differs += int(np.sum(np.any((rows >= cut) != (expected > 0), axis=-1)))
+  assert naive_differs > 0
+
+
+def test_nucleus_at_smollm2_width():
+  """49,152 tokens, flat rows (the nucleus far beyond TOP_P_CANDIDATES) with a block of
+  equal logits at the threshold: equal to a stable sort's cumulative sum in float64."""
+  vocab, top_p = 49_152, 0.9
+  rng = np.random.default_rng(7)
+  logits = rng.normal(scale=0.5, size=(3, vocab)).astype(np.float32)
+  logits[2] = np.round(logits[2], 1)  # ~40 distinct values: ties everywhere.
+  got = np.asarray(sampling.probs_from_logits(jnp.asarray(logits), temperature=1.0,
+                                              top_p=top_p))
+  scaled = logits.astype(np.float64)
+  probs = np.exp(scaled - scaled.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  order = np.argsort(-logits, axis=-1, kind="stable")
+  sorted_probs = np.take_along_axis(probs, order, -1)
+  keep_sorted = np.cumsum(sorted_probs, -1) - sorted_probs < top_p
+  keep = np.zeros_like(keep_sorted)
+  np.put_along_axis(keep, order, keep_sorted, -1)
+  assert np.all(keep.sum(-1) > sampling.TOP_P_CANDIDATES)
+  np.testing.assert_array_equal(got > 0, keep)
+  expected = np.where(keep, probs, 0)
+  np.testing.assert_allclose(got, expected / expected.sum(-1, keepdims=True), atol=1e-7)

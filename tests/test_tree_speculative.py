@@ -3,8 +3,10 @@
 Trees from each proposer alone and from all three merged (prompt lookup, a
 datastore over the target's own outputs, the draft's top-k branches), with an
 EOS that ends rows at different lengths; the chain (one branch) is a tree too.
-At T > 0 exactness is `tree_acceptance`'s (tested there); here the sampled loop
-runs, is a function of its key, and its counters add up.
+At T > 0 the loop's first three tokens are distributed as the target's (a
+chi-square against the target's own probabilities, with a negative control
+that must fail: siblings tried without removing the candidates before them);
+the sampled loop is a function of its key, and its counters add up.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.stats
 
-from specdec_jax.decoding import baseline, proposers
+from specdec_jax import tree_choice
+from specdec_jax.decoding import baseline, proposers, tree_speculative
+from specdec_jax.decoding import tree_acceptance as ta
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.decoding.tree_speculative import tree_speculative_decode
+from specdec_jax.decoding.tree_speculative import TreeStats, tree_speculative_decode
 from specdec_jax.models.llama import TEST_CONFIG, LayerSkipDraft, LlamaModel, LlamaScorer
 from specdec_jax.models.llama.scorer import pad_prompts
 
@@ -27,14 +32,18 @@ PROMPTS = [[5, 6, 7, 8, 9, 5, 6], [11, 12], [40, 41, 40]]
 
 
 @functools.cache
-def _setup():
+def _model():
   model = LlamaModel(TEST_CONFIG)
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: x * (2.0 if "kernel" in jax.tree_util.keystr(path) else 1.0),
       model.init_params(jax.random.PRNGKey(0)))
   weights = model.prepare(params)
-  target = LlamaScorer(model, weights)
-  prompts = jnp.asarray(pad_prompts(PROMPTS))
+  return model, weights, LlamaScorer(model, weights), jnp.asarray(pad_prompts(PROMPTS))
+
+
+@functools.cache
+def _setup():
+  model, weights, target, prompts = _model()
   greedy = baseline.decode(target, prompts, jax.random.PRNGKey(0), max_decode_len=MAX_LEN,
                            warp=Warp(), eos_id=-1)
   # EOS: a token row 0 first emits mid-run, so rows end at different lengths.
@@ -71,6 +80,12 @@ def test_greedy_tokens_are_the_targets(name):
   np.testing.assert_array_equal(out.stats.tokens, want.lengths)
   if name == "merged":  # Rows 1 and 2 are in the datastore: several tokens per call.
     assert np.all(out.stats.tokens_per_iteration()[1:] > 2)
+  offered, accepted = np.asarray(out.stats.rank_offered), np.asarray(out.stats.rank_accepted)
+  assert np.all(accepted <= offered) and np.all(accepted.sum((1, 2)) >= out.stats.accepted)
+  if name == "chain":  # The root is reached every iteration, depth d + 1 when d was accepted.
+    np.testing.assert_array_equal(offered[:, 0, 0], out.stats.iterations)
+    np.testing.assert_array_equal(offered[:, 1:, 0], accepted[:, :-1, 0])
+  tree_choice.check_rates(out.stats.rank_rates())
 
 
 def test_sampled_loop_is_a_function_of_its_key():
@@ -82,3 +97,78 @@ def test_sampled_loop_is_a_function_of_its_key():
   np.testing.assert_array_equal(a.stats.tokens, a.lengths)
   np.testing.assert_array_equal(a.stats.accepted_histogram.sum(1), a.stats.iterations)
   assert np.all(a.stats.accepted <= a.lengths)
+
+
+SAMPLED = Warp(1.0, top_k=4, top_p=0.9)
+DRAWS = 3000
+
+
+def _three_token_probs(target, prompt: jnp.ndarray) -> dict[tuple[int, ...], float]:
+  """{(x1, x2, x3): the target's probability of its first three tokens under SAMPLED},
+  from its own logits: every (x1, x2) scored as a chain, in one jitted call."""
+  vocab = target.vocab_size
+  pairs = np.stack(np.meshgrid(np.arange(vocab), np.arange(vocab), indexing="ij"), -1)
+
+  @jax.jit
+  def probs(chunks):
+    batch = jnp.broadcast_to(prompt, (chunks.shape[0], prompt.shape[1]))
+    logits, _ = target.score(target.init_state(target.encode(batch), 4), chunks)
+    return SAMPLED.probs(logits)  # [vocab^2, 3, vocab]
+
+  chunks = np.concatenate([np.full((vocab * vocab, 1), target.start_token),
+                           pairs.reshape(-1, 2)], axis=1).astype(np.int32)
+  p = np.asarray(probs(jnp.asarray(chunks)), np.float64).reshape(vocab, vocab, 3, vocab)
+  joint = p[0, 0, 0][:, None, None] * p[:, 0, 1][:, :, None] * p[:, :, 2]  # [x1, x2, x3]
+  return {tuple(int(x) for x in cell): float(joint[tuple(cell)])
+          for cell in np.argwhere(joint > 0)}
+
+
+def _chi_square_p_value(target, prompt, proposer) -> tuple[float, TreeStats]:
+  """The p-value of the loop's first three tokens over DRAWS rows against the target's
+  probabilities (cells of expected count < 5 pooled), and the loop's counters."""
+  want = _three_token_probs(target, prompt)
+  out = tree_speculative_decode(target, proposer, jnp.repeat(prompt, DRAWS, axis=0),
+                                jax.random.PRNGKey(11), max_decode_len=3, warp=SAMPLED,
+                                eos_id=-1)
+  seen = [tuple(row) for row in np.asarray(out.sequences).tolist()]
+  counts = {cell: 0 for cell in want}
+  outside = 0
+  for cell in seen:
+    if cell in counts:
+      counts[cell] += 1
+    else:
+      outside += 1
+  cells = sorted(want, key=want.get, reverse=True)
+  expected = np.array([DRAWS * want[c] for c in cells])
+  observed = np.array([counts[c] for c in cells])
+  big = expected >= 5
+  expected = np.append(expected[big], expected[~big].sum() + 1e-9)
+  observed = np.append(observed[big], observed[~big].sum() + outside)
+  return (float(scipy.stats.chisquare(observed, expected * observed.sum() / expected.sum())
+                .pvalue), out.stats)
+
+
+def test_sampled_tokens_are_distributed_as_the_targets(monkeypatch):
+  """Top-k 4 and top-p 0.9 at T = 1, a tree with duplicate siblings (a draft's top-2
+  branches and its top-1 branch again): the first three tokens of 3,000
+  rows against the target's probabilities. The control forgets each rejected candidate
+  (the residual never updated): a rejected token stays in r, so it is emitted too often,
+  and the same statistic must reject it."""
+  model, weights, target, prompts = _model()
+  draft = LayerSkipDraft(model, weights, 1)
+  proposer = proposers.Merged((proposers.DraftBranches(draft, k=2, depth=2),
+                               proposers.DraftBranches(draft, k=1, depth=2)))
+  prompt = prompts[:1]
+  p_value, counters = _chi_square_p_value(target, prompt, proposer)
+  # The tree's candidates make the output, not only the next token.
+  assert np.mean(counters.accepted) > 0.3
+  assert p_value > 1e-3
+  # The duplicate of the top-1 token (depth 1, rank 2) is tried but never accepted.
+  assert counters.rank_rates()[0, 2] == 0 and counters.rank_offered[:, 0, 2].sum() > 0
+  with monkeypatch.context() as patch:
+    patch.setattr(ta, "acceptance", type("Forgetful", (), {
+        "residual_distribution": staticmethod(lambda r, q: r)}))
+    tree_speculative._tree_loop.clear_cache()
+    control, _ = _chi_square_p_value(target, prompt, proposer)
+  tree_speculative._tree_loop.clear_cache()
+  assert control < 1e-6

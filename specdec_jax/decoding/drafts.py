@@ -36,6 +36,7 @@ import numpy as np
 from flax import struct
 
 from specdec_jax import validation
+from specdec_jax.decoding import lookup
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import EncoderOutputs, Scorer
 
@@ -306,8 +307,9 @@ class PromptLookupDraft(Draft):
   """Copies from the input: the continuation of the longest matching n-gram.
 
   The last `n` generated tokens (n = max_ngram down to 1; the first n with a
-  match wins, and the earliest match within it) are looked up in the encoder
-  input, and the `gamma` input tokens after the match are proposed. With no
+  match wins, and the earliest match within it: `lookup.match_start`) are
+  looked up in the encoder input, and the `gamma` input tokens after the
+  match are proposed. With no
   match, the last token is proposed `gamma` times. q is a point mass on each
   proposal (logits 0 there, -inf elsewhere), so acceptance is min(1, p(x)).
 
@@ -337,21 +339,9 @@ class PromptLookupDraft(Draft):
               warp: Warp) -> tuple[Array, Array, Array]:
     del rng, warp  # Deterministic.
     inputs = state  # [batch, L]
-    batch, input_len = inputs.shape
+    input_len = inputs.shape[1]
     last = _last_tokens(tokens, lengths)
-    found = jnp.zeros((batch,), bool)
-    start = jnp.zeros((batch,), jnp.int32)  # Input index of the first proposed token.
-    for n in range(self.max_ngram, 0, -1):
-      # The n-gram ending at the last token; positions before the start token never match.
-      idx = lengths[:, None] - jnp.arange(n - 1, -1, -1)[None]  # [batch, n]
-      gram = jnp.take_along_axis(tokens, jnp.maximum(idx, 0), axis=1)  # [batch, n]
-      valid = jnp.all(idx >= 1, axis=1)  # [batch]
-      windows = jnp.stack([jnp.roll(inputs, -i, axis=1) for i in range(n)], -1)  # [b, L, n]
-      in_range = jnp.arange(input_len) <= input_len - n - 1  # A continuation exists.
-      match = jnp.all(windows == gram[:, None, :], -1) & in_range & (inputs != 0)  # [b, L]
-      hit = jnp.any(match, axis=1) & valid & ~found
-      start = jnp.where(hit, jnp.argmax(match, axis=1) + n, start)
-      found = found | hit
+    found, start = lookup.match_start(inputs, tokens, lengths, self.max_ngram)
     positions = jnp.minimum(start[:, None] + jnp.arange(gamma)[None], input_len - 1)
     copied = jnp.take_along_axis(inputs, positions, axis=1)  # [batch, gamma]
     proposals = jnp.where(found[:, None], copied, last[:, None]).astype(jnp.int32)

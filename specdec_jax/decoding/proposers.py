@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specdec_jax.decoding import lookup, trees
 from specdec_jax.decoding.drafts import ScorerDraft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import EncoderOutputs
@@ -53,17 +54,10 @@ class TreeProposal:
   valid: Array
 
 
-def _last_grams(tokens: Array, lengths: Array, n: int) -> tuple[Array, Array]:
-  """The n-gram ending at each row's last token: int32 `[batch, n]`, and bool `[batch]`
-  whether it lies after position 0 (the start token's place never matches)."""
-  idx = lengths[:, None] - jnp.arange(n - 1, -1, -1)[None]  # [batch, n]
-  return jnp.take_along_axis(tokens, jnp.maximum(idx, 0), axis=1), jnp.all(idx >= 1, axis=1)
-
-
 def longest_match(source: Array, tokens: Array, lengths: Array, *, depth: int,
                   max_ngram: int) -> TreeProposal:
   """The `depth` source tokens after the longest n-gram (n = max_ngram .. 1) that ends
-  at the last token, earliest match first.
+  at the last token, earliest match first (`lookup.match_start`).
 
   Args:
     source: int32 `[batch, L]`, 0-padded (0 never matches).
@@ -76,17 +70,8 @@ def longest_match(source: Array, tokens: Array, lengths: Array, *, depth: int,
     A chain's `TreeProposal` `[batch, depth]`: valid where a match exists and
     the source has a nonzero token there.
   """
-  batch, source_len = source.shape
-  found = jnp.zeros((batch,), bool)
-  start = jnp.zeros((batch,), jnp.int32)  # Source index of the first copied token.
-  for n in range(max_ngram, 0, -1):
-    gram, inside = _last_grams(tokens, lengths, n)
-    windows = jnp.stack([jnp.roll(source, -i, axis=1) for i in range(n)], -1)  # [b, L, n]
-    in_range = jnp.arange(source_len) <= source_len - n - 1  # A continuation exists.
-    match = jnp.all(windows == gram[:, None, :], -1) & in_range & (source != 0)  # [b, L]
-    hit = jnp.any(match, axis=1) & inside & ~found
-    start = jnp.where(hit, jnp.argmax(match, axis=1) + n, start)
-    found = found | hit
+  source_len = source.shape[1]
+  found, start = lookup.match_start(source, tokens, lengths, max_ngram)
   positions = start[:, None] + jnp.arange(depth)[None]  # [batch, depth]
   copied = jnp.take_along_axis(source, jnp.minimum(positions, source_len - 1), axis=1)
   valid = found[:, None] & (positions < source_len) & (copied != 0)
@@ -233,7 +218,7 @@ class Datastore(Proposer):
     for keys, grams, follow in zip(self.keys, self.grams, self.follow, strict=True):
       if keys.shape[0] == 0:
         continue
-      gram, inside = _last_grams(tokens, lengths, grams.shape[1])
+      gram, inside = lookup.last_grams(tokens, lengths, grams.shape[1])
       at = jnp.minimum(jnp.searchsorted(keys, _hash(gram)), keys.shape[0] - 1)  # [batch]
       hit = jnp.all(grams[at] == gram, axis=1) & inside & ~found
       out = jnp.where(hit[:, None], follow[at], out)
@@ -265,7 +250,7 @@ class DraftBranches(Proposer):
 
   @property
   def parents(self) -> tuple[int, ...]:
-    return tuple([-1] * self.k + [i for i in range(self.k * (self.depth - 1))])
+    return tuple(int(p) - 1 for p in trees.branches(self.k, self.depth)[1:])
 
   @property
   def forward_passes(self) -> int:

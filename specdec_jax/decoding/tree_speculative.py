@@ -16,6 +16,8 @@ Each iteration of the `lax.while_loop`:
 The chain of `speculative.py` is the tree whose parents are i - 1. At
 temperature 0 the output is token for token the target's greedy decoding; at
 T > 0 it is distributed as the target's (`tree_acceptance`'s derivation).
+The loop counts acceptance per depth and sibling rank (`TreeStats.rank_rates`):
+measured on held-out prompts, what `tree_choice.make_choice` chooses a shape from.
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ class TreeStats:
     accepted: int32 `[batch]`, accepted candidates that are part of the output.
     accepted_histogram: int32 `[batch, depth + 1]`, how often n accepted
       candidates were emitted in one iteration, n = 0..depth.
+    rank_accepted: int32 `[batch, depth, ranks]`, how often the candidate of
+      sibling rank r at depth d + 1 was accepted (rank: its place among its
+      parent's children, 0 tried first).
+    rank_offered: int32 `[batch, depth, ranks]`, how often the walk reached
+      the parent of such a candidate (whether the row held it or not: a
+      candidate a proposer could not fill counts as not accepted, so each
+      depth's rates sum to at most 1).
     loop_iterations: int32 `[]`, iterations of the batched loop.
   """
 
@@ -54,11 +63,22 @@ class TreeStats:
   tokens: Array
   accepted: Array
   accepted_histogram: Array
+  rank_accepted: Array
+  rank_offered: Array
   loop_iterations: Array
 
   def tokens_per_iteration(self) -> np.ndarray:
     """`[batch]` tokens emitted per target call."""
     return stats.tokens_per_call(self.tokens, self.iterations)
+
+  def rank_rates(self) -> np.ndarray:
+    """float64 `[depth, ranks]` over all rows: the probability that the sibling of rank r
+    at depth d + 1 is the child accepted, given the walk reached its parent
+    (`theory_trees.rank_accept`'s rates, for `tree_choice.make_choice`); 0 where
+    no such parent was reached."""
+    accepted = np.asarray(self.rank_accepted, np.float64).sum(0)
+    offered = np.asarray(self.rank_offered, np.float64).sum(0)
+    return np.where(offered > 0, accepted / np.maximum(offered, 1), 0.0)
 
 
 @struct.dataclass
@@ -91,6 +111,8 @@ class TreeLoopState:
     rng: PRNG key for the remaining iterations (unused at temperature 0).
     accepted: int32 `[batch, max_decode_len]`, candidates accepted at iteration i.
     emitted: int32 `[batch, max_decode_len]`, tokens emitted at iteration i.
+    rank_accepted: int32 `[batch, depth, ranks]`, `TreeStats.rank_accepted` so far.
+    rank_offered: int32 `[batch, depth, ranks]`, `TreeStats.rank_offered` so far.
   """
 
   iteration: Array
@@ -102,6 +124,19 @@ class TreeLoopState:
   rng: Array
   accepted: Array
   emitted: Array
+  rank_accepted: Array
+  rank_offered: Array
+
+
+def _rank_slots(parents: np.ndarray) -> np.ndarray:
+  """int32 `[n, depth, ranks]`: candidate i's one-hot at (its depth - 1, its sibling rank)."""
+  depth = trees.ancestors(parents).sum(-1)[1:] - 2  # [n], 0 for the root's children
+  rank = np.array([np.sum(parents[1:i] == parents[i]) for i in range(1, parents.shape[0])],
+                  np.int32)
+  n = parents.shape[0] - 1
+  slots = np.zeros((n, int(depth.max(initial=-1)) + 1, int(rank.max(initial=-1)) + 1), np.int32)
+  slots[np.arange(n), depth, rank] = 1
+  return slots
 
 
 def tree_speculative_decode(target: Scorer, proposer: Proposer, inputs: Array, rng: Array, *,
@@ -141,6 +176,8 @@ def _tree_loop(target: Scorer, context: object, proposer: Proposer, inputs: Arra
   batch = target.cached_lengths(target_state).shape[0]
   buffer = jnp.full((batch, max_decode_len + size + 1), target.pad_id, jnp.int32)
   records = jnp.zeros((batch, max_decode_len), jnp.int32)
+  depth = int(trees.ancestors(np.asarray(parents)).sum(-1).max()) - 1
+  by_rank = jnp.zeros((batch,) + _rank_slots(np.asarray(parents)).shape[1:], jnp.int32)
   init = TreeLoopState(
       iteration=jnp.array(0, jnp.int32),
       tokens=buffer.at[:, 0].set(target.start_token),
@@ -148,7 +185,7 @@ def _tree_loop(target: Scorer, context: object, proposer: Proposer, inputs: Arra
       done=jnp.zeros((batch,), bool),
       target_state=target_state,
       proposer_state=proposer.init_state(inputs, cache_len, target.encoder_outputs(context)),
-      rng=rng, accepted=records, emitted=records)
+      rng=rng, accepted=records, emitted=records, rank_accepted=by_rank, rank_offered=by_rank)
 
   def cond(state: TreeLoopState) -> Array:
     return ~jnp.all(state.done)
@@ -160,7 +197,6 @@ def _tree_loop(target: Scorer, context: object, proposer: Proposer, inputs: Arra
   final = jax.lax.while_loop(cond, body, init)
   valid = jnp.arange(max_decode_len)[None] < final.lengths[:, None]
   sequences = jnp.where(valid, final.tokens[:, 1:max_decode_len + 1], 0)
-  depth = int(trees.ancestors(np.asarray(parents)).sum(-1).max()) - 1
   n, count = final.accepted, final.emitted
   ran = count > 0
   kept = jnp.minimum(n, count)
@@ -171,6 +207,7 @@ def _tree_loop(target: Scorer, context: object, proposer: Proposer, inputs: Arra
       tokens=jnp.sum(count, axis=1, dtype=jnp.int32),
       accepted=jnp.sum(kept, axis=1, dtype=jnp.int32),
       accepted_histogram=histogram,
+      rank_accepted=final.rank_accepted, rank_offered=final.rank_offered,
       loop_iterations=final.iteration))
 
 
@@ -215,6 +252,16 @@ def _tree_step(target: Scorer, proposer: Proposer, state: TreeLoopState, *, pare
     at = (0, state.iteration)
     accepted = jax.lax.dynamic_update_slice(state.accepted, n[:, None], at)
     emitted = jax.lax.dynamic_update_slice(state.emitted, count[:, None], at)
+    # Per depth and sibling rank: candidates on the accepted path, and those whose parent is.
+    on_path = jnp.take(jnp.asarray(trees.ancestors(parents)), verdict.node, axis=0)  # [b, n+1]
+    live = ~state.done[:, None]
+    slots = _rank_slots(parents)  # [n, depth, ranks]
+    shape = state.rank_accepted.shape
+    slots = jnp.asarray(slots.reshape(slots.shape[0], -1))
+    rank_accepted = state.rank_accepted + jnp.reshape(
+        (on_path[:, 1:] & live).astype(jnp.int32) @ slots, shape)
+    rank_offered = state.rank_offered + jnp.reshape(
+        (on_path[:, parents[1:]] & live).astype(jnp.int32) @ slots, shape)
 
   with jax.named_scope("keep"):
     target_state = target.keep_path(target_state, verdict.order, new_lengths)
@@ -222,4 +269,5 @@ def _tree_step(target: Scorer, proposer: Proposer, state: TreeLoopState, *, pare
   return TreeLoopState(
       iteration=state.iteration + 1, tokens=tokens_buffer, lengths=new_lengths, done=done,
       target_state=target_state, proposer_state=proposer_state, rng=rng,
-      accepted=accepted, emitted=emitted)
+      accepted=accepted, emitted=emitted, rank_accepted=rank_accepted,
+      rank_offered=rank_offered)

@@ -11,7 +11,8 @@ What a scorer needs of a tree (`layout`): each node's depth (its position is
 the cached length + depth) and which nodes each node attends to (its
 ancestors and itself). What the loop needs after acceptance (`path_order`):
 the accepted path's nodes in depth order, so their keys and values can be
-moved to the front of the chunk.
+moved to the front of the chunk. `branches` is the shape of a draft's top-k
+branches.
 
 Parents may be NumPy (a static shape: the functions then give constants)
 or traced per row (`[batch, n + 1]`, a shape chosen per row).
@@ -32,6 +33,16 @@ Array = jax.Array
 def chain(num_candidates: int) -> np.ndarray:
   """int32 `[num_candidates + 1]`: the chain's parents, -1 then 0 .. num_candidates - 1."""
   return np.arange(-1, num_candidates, dtype=np.int32)
+
+
+def branches(k: int, depth: int) -> np.ndarray:
+  """int32 `[k depth + 1]`: k chains of `depth` under the root (`proposers.DraftBranches`).
+
+  Nodes 1..k are the root's children (rank order); level d's node i has the
+  parent i - k, the same branch one level up. `branches(1, depth)` is
+  `chain(depth)`.
+  """
+  return np.asarray([-1] + [0] * k + list(range(1, k * (depth - 1) + 1)), np.int32)
 
 
 def check_parents(parents: np.ndarray | list[int], name: str = "parents") -> np.ndarray:
