@@ -16,7 +16,10 @@ tree is exact at every temperature.
     tokens that followed them (a chain).
   * `DraftBranches`: a model draft's top-k tokens after the root, each
     extended by the draft's argmax (k chains); the draft scores the partial
-    tree level by level (`Scorer.score_tree`).
+    tree level by level (`Scorer.score_tree`). A draft that reads the target's
+    features does the same in its family's package
+    (`models.llama.feature_branches.FeatureBranches`): the loop gives it the
+    target's features (`Proposer.reads_target_features`).
 
 Conventions shared with `drafts.py`: `tokens [batch, buffer_len]` holds the
 start token at index 0 and the generated tokens after it; `lengths [batch]` = m
@@ -101,6 +104,13 @@ class Proposer(abc.ABC):
     """Whether `init_state` needs the target's encoder outputs."""
     return False
 
+  @property
+  def reads_target_features(self) -> bool:
+    """Whether it reads the target's features (EAGLE-style): then `init_state` takes the
+    prompts' as `target_encoded` (`Scorer.init_state_with_features`) and `commit` the
+    accepted path's (`Scorer.score_tree_with_features`)."""
+    return False
+
   @abc.abstractmethod
   def init_state(self, inputs: Array, cache_len: int,
                  target_encoded: EncoderOutputs = None) -> Any:
@@ -111,9 +121,20 @@ class Proposer(abc.ABC):
               ) -> tuple[Any, TreeProposal]:
     """Fills the subtree after `tokens[:, :lengths + 1]` (module docstring's conventions)."""
 
-  def commit(self, state: Any, lengths: Array, tokens: Array) -> Any:
-    """Takes the accepted text: `lengths [batch]` generated, `tokens` with them written."""
-    del lengths, tokens
+  def commit(self, state: Any, lengths: Array, tokens: Array, features: Array | None = None
+             ) -> Any:
+    """Takes the accepted text.
+
+    Args:
+      state: the state `propose` returned at the loop's length m.
+      lengths: int32 `[batch]`, m' = m + 1 + the accepted path's depth (m where a
+        row is finished).
+      tokens: int32 `[batch, buffer_len]`, the text with tokens m + 1 .. m' written.
+      features: float32 `[batch, n + 1, F]` if `reads_target_features` (else None):
+        the target's features along the accepted path, root first (entry d at
+        position m + d; entries past the path are arbitrary).
+    """
+    del lengths, tokens, features
     return state
 
 
@@ -281,7 +302,9 @@ class DraftBranches(Proposer):
       nodes = jnp.concatenate([nodes, level], axis=1)
     return state, TreeProposal(nodes, jnp.ones(nodes.shape, bool))
 
-  def commit(self, state: Any, lengths: Array, tokens: Array) -> Any:
+  def commit(self, state: Any, lengths: Array, tokens: Array, features: Array | None = None
+             ) -> Any:
+    del features
     scorer = self.draft.scorer
     start = scorer.cached_lengths(state)  # m + 1: the root is cached.
     index = start[:, None] + jnp.arange(self.depth)[None]
@@ -311,6 +334,10 @@ class Merged(Proposer):
   def reads_target_encoder(self) -> bool:
     return any(p.reads_target_encoder for p in self.proposers)
 
+  @property
+  def reads_target_features(self) -> bool:
+    return any(p.reads_target_features for p in self.proposers)
+
   def init_state(self, inputs: Array, cache_len: int,
                  target_encoded: EncoderOutputs = None) -> tuple[Any, ...]:
     return tuple(p.init_state(inputs, cache_len, target_encoded) for p in self.proposers)
@@ -322,9 +349,10 @@ class Merged(Proposer):
     return states, TreeProposal(jnp.concatenate([p.tokens for p in parts], axis=1),
                                 jnp.concatenate([p.valid for p in parts], axis=1))
 
-  def commit(self, state: tuple[Any, ...], lengths: Array, tokens: Array) -> tuple[Any, ...]:
-    return tuple(p.commit(s, lengths, tokens) for p, s in zip(self.proposers, state,
-                                                               strict=True))
+  def commit(self, state: tuple[Any, ...], lengths: Array, tokens: Array,
+             features: Array | None = None) -> tuple[Any, ...]:
+    return tuple(p.commit(s, lengths, tokens, features if p.reads_target_features else None)
+                 for p, s in zip(self.proposers, state, strict=True))
 
 
 def tree_parents(proposer: Proposer) -> np.ndarray:

@@ -13,6 +13,12 @@ Each iteration of the `lax.while_loop`:
            (`Scorer.keep_path`), rewound to the accepted length; the proposer
            takes the accepted text (`Proposer.commit`)
 
+A proposer that reads the target's features (`Proposer.reads_target_features`,
+EAGLE-style) gets them where the target computes them anyway: the prompt's from
+the target's prefill (`Scorer.init_state_with_features`), and the accepted
+path's from the scoring call (`Scorer.score_tree_with_features`, gathered in
+path order and passed to `Proposer.commit`).
+
 The chain of `speculative.py` is the tree whose parents are i - 1. At
 temperature 0 the output is token for token the target's greedy decoding; at
 T > 0 it is distributed as the target's (`tree_acceptance`'s derivation).
@@ -172,7 +178,11 @@ def _tree_loop(target: Scorer, context: object, proposer: Proposer, inputs: Arra
   """The loop, given the target's context (`target.encode(inputs)`)."""
   size = len(parents)  # n + 1
   cache_len = max_decode_len + size + 1
-  target_state = target.init_state(context, cache_len)
+  if proposer.reads_target_features:
+    target_state, target_encoded = target.init_state_with_features(context, cache_len)
+  else:
+    target_state = target.init_state(context, cache_len)
+    target_encoded = target.encoder_outputs(context)
   batch = target.cached_lengths(target_state).shape[0]
   buffer = jnp.full((batch, max_decode_len + size + 1), target.pad_id, jnp.int32)
   records = jnp.zeros((batch, max_decode_len), jnp.int32)
@@ -184,7 +194,7 @@ def _tree_loop(target: Scorer, context: object, proposer: Proposer, inputs: Arra
       lengths=jnp.zeros((batch,), jnp.int32),
       done=jnp.zeros((batch,), bool),
       target_state=target_state,
-      proposer_state=proposer.init_state(inputs, cache_len, target.encoder_outputs(context)),
+      proposer_state=proposer.init_state(inputs, cache_len, target_encoded),
       rng=rng, accepted=records, emitted=records, rank_accepted=by_rank, rank_offered=by_rank)
 
   def cond(state: TreeLoopState) -> Array:
@@ -227,7 +237,12 @@ def _tree_step(target: Scorer, proposer: Proposer, state: TreeLoopState, *, pare
     tokens = jnp.concatenate([root, proposal.tokens], axis=1)  # [batch, n + 1]
     valid = jnp.concatenate([jnp.ones_like(root, bool), proposal.valid], axis=1)
   with jax.named_scope("verify"):
-    p_logits, target_state = target.score_tree(state.target_state, tokens, parents)
+    features = None
+    if proposer.reads_target_features:
+      p_logits, features, target_state = target.score_tree_with_features(
+          state.target_state, tokens, parents)
+    else:
+      p_logits, target_state = target.score_tree(state.target_state, tokens, parents)
   with jax.named_scope("accept"):
     if warp.temperature == 0:
       verdict = ta.verify_tree_greedy(tokens, parents, p_logits, valid)
@@ -265,7 +280,9 @@ def _tree_step(target: Scorer, proposer: Proposer, state: TreeLoopState, *, pare
 
   with jax.named_scope("keep"):
     target_state = target.keep_path(target_state, verdict.order, new_lengths)
-    proposer_state = proposer.commit(proposer_state, new_lengths, tokens_buffer)
+    if features is not None:  # Along the accepted path, root first: [batch, n + 1, F].
+      features = jnp.take_along_axis(features, verdict.order[..., None], axis=1)
+    proposer_state = proposer.commit(proposer_state, new_lengths, tokens_buffer, features)
   return TreeLoopState(
       iteration=state.iteration + 1, tokens=tokens_buffer, lengths=new_lengths, done=done,
       target_state=target_state, proposer_state=proposer_state, rng=rng,

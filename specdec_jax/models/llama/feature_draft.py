@@ -22,7 +22,8 @@ Where the features come from, in the speculative loop's iteration at length m
               m + gamma + 1 in one chunk, each with the target's feature of the
               position before; it keeps q and the predicted feature at m' (chunk
               index n) and rewinds to m'. So every cached position of the draft read
-              the target's true feature.
+              the target's true feature. `advance` is this step from a state with
+              nothing pending (the tree loop's commit: `feature_branches`).
 
 `Student.feature_draft` builds one from a trained `Student` with `feature_size` > 0.
 """
@@ -103,15 +104,16 @@ class FeatureDraft(Draft):
   def compiler_options(self) -> tuple[tuple[str, Any], ...]:
     return self.model.options.compiler_options
 
-  def _run(self, cache: DecoderCache, tokens: Array, features: Array
-           ) -> tuple[Array, Array, DecoderCache]:
+  def run(self, cache: DecoderCache, tokens: Array, features: Array,
+          tree: tuple[Array, Array] | None = None) -> tuple[Array, Array, DecoderCache]:
     """`tokens [batch, k]` reading `features [batch, k, F]` (each its previous
     position's) -> float32 logits `[batch, k, vocab]`, float32 predicted features
-    `[batch, k, F]` and the advanced cache."""
+    `[batch, k, F]` and the advanced cache. The chunk is a chain, or the token
+    tree `tree` = (depths, ancestors) (`decoding.trees.layout`; `decode_hidden`)."""
     config, options = self.model.config, self.model.options
     dtype = config.compute_dtype
     extra = jnp.asarray(features, dtype) @ jnp.asarray(self.feature_in, dtype)
-    hidden, cache = decode_hidden(config, options, self.weights, cache, tokens, extra)
+    hidden, cache = decode_hidden(config, options, self.weights, cache, tokens, extra, tree)
     logits = logits_of(config, options, self.weights, hidden)
     predicted = hidden @ jnp.asarray(self.feature_out, dtype)
     return logits.astype(jnp.float32), predicted.astype(jnp.float32), cache
@@ -129,7 +131,7 @@ class FeatureDraft(Draft):
                                axis=1)                                    # [batch, width, F]
     n = prompt_lengths(inputs)
     cache = self.model.init_cache(batch, width + cache_len)
-    logits, predicted, cache = self._run(cache, inputs, features)
+    logits, predicted, cache = self.run(cache, inputs, features)
     last = (n - 1)[:, None, None]                     # The loops' position 0.
     return FeatureDraftState(
         cache=cache.rewind(n), prompt_lengths=n,
@@ -144,7 +146,7 @@ class FeatureDraft(Draft):
 
     def step(carry, step_rng):
       cache, token, feature = carry
-      logits, predicted, cache = self._run(cache, token[:, None], feature[:, None])
+      logits, predicted, cache = self.run(cache, token[:, None], feature[:, None])
       new_token = warp.sample(step_rng, logits[:, 0])
       return (cache, new_token, predicted[:, 0]), (new_token, logits[:, 0])
 
@@ -161,13 +163,32 @@ class FeatureDraft(Draft):
       raise ValueError("FeatureDraft.commit needs the text (tokens) and the target's features "
                        "of the verified chunk; the speculative loop passes both.")
     gamma = features.shape[1] - 1
+    # Propose ran gamma - 1 steps past position m: back to m, nothing pending.
+    return self.advance(state.replace(cache=state.cache.rewind(state.cache.lengths - gamma + 1)),
+                        lengths, tokens, features)
+
+  def advance(self, state: FeatureDraftState, lengths: Array, tokens: Array, features: Array
+              ) -> FeatureDraftState:
+    """The state at the loops' length m (nothing pending) taken to `lengths`.
+
+    Args:
+      state: the state at m (`cache.lengths` = n + m).
+      lengths: int32 `[batch]`, m' = m + 1 .. m + g + 1 (m where a row is finished).
+      tokens: int32 `[batch, buffer_len]`, the text with tokens m + 1 .. m' written.
+      features: float32 `[batch, g + 1, F]`, the target's features at m .. m + g
+        along the accepted text (valid up to m' - 1).
+
+    Returns:
+      The state at m': positions m + 1 .. m' run in one chunk, each reading the
+      target's feature of the position before; q and the predicted feature at m'.
+    """
+    width = features.shape[1]
     n = state.prompt_lengths
-    start = state.cache.lengths - (gamma - 1)  # n + m: propose ran gamma - 1 steps.
-    m = start - n
-    chunk = jax.vmap(lambda row, s: jax.lax.dynamic_slice(row, (s,), (gamma + 1,)))(
-        tokens, m + 1)                                          # positions m + 1 .. m + gamma + 1
-    logits, predicted, cache = self._run(state.cache.rewind(start), chunk, features)
-    at = jnp.clip(lengths - m - 1, 0, gamma)[:, None, None]     # Position m' (finished: any).
+    m = state.cache.lengths - n
+    chunk = jax.vmap(lambda row, s: jax.lax.dynamic_slice(row, (s,), (width,)))(
+        tokens, m + 1)                                          # positions m + 1 .. m + g + 1
+    logits, predicted, cache = self.run(state.cache, chunk, features)
+    at = jnp.clip(lengths - m - 1, 0, width - 1)[:, None, None]  # Position m' (finished: any).
     return FeatureDraftState(
         cache=cache.rewind(n + lengths), prompt_lengths=n,
         logits=jnp.take_along_axis(logits, at, axis=1)[:, 0],
