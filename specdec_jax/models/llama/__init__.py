@@ -6,6 +6,7 @@
   drafts.py       `LayerSkipDraft`: the target's first layers as the draft
   student.py      `Student`: a small trained draft that reads the target's embedding
   feature_draft.py  `FeatureDraft`: a trained draft that also reads the target's features
+  feature_branches.py  `FeatureBranches`: a `FeatureDraft` expanding the tree loop's tree
 """
 
 from specdec_jax.models.llama.drafts import LayerSkipDraft
