@@ -21,7 +21,7 @@ import os
 from absl import app, flags
 
 from specdec_jax import compilation_cache, distributed
-from specdec_jax.experiment import gin_flags, results_io, runner, settings, suite
+from specdec_jax.experiment import gin_flags, results_io, runner, settings, suite, tree_point
 from specdec_jax.experiment import measure as measure_lib
 from specdec_jax.experiment.record import PointRow
 
@@ -77,6 +77,11 @@ def measure(exp: settings.Experiment, output_dir: str | None) -> None:
         f"{env.get('cpu_count', '?')} ({env.get('backend', '?')}), batch sizes "
         f"{sorted({r.batch_size for r in rows})}; reference: {reference_path}\n")
   print(runner.summary_table(rows, reference))
+  tree_rows = [tree_point.TreeRow.from_json(r) for r in results_io.read_rows(
+      os.path.join(output_dir, tree_point.TREES_FILE)) if r["shape"] == exp.tree]
+  if tree_rows:
+    print(f"\nThe tree {exp.tree} beside the chain, same draft and examples:\n")
+    print(tree_point.tree_table(tree_rows))
   print(f"\n{runner.time_split_line(rows)}")
   print(f"\nRows: {path} (rerunning resumes; delete it to measure again). Tables and figures: "
         f"python -m experiments.analyze --results_dir={output_dir}")

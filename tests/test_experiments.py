@@ -154,6 +154,12 @@ def test_run_times_verification_to_a_larger_gamma_and_stops_at_its_deadline(
     ("Experiment.input_len = 1", ValueError, r"Experiment\.input_len must be an int >= 2"),
     ("Experiment.drafts = 'draft'", ValueError, r"Experiment\.drafts must be a list"),
     ("Experiment.dtype = 'float33'", ValueError, r"Experiment\.dtype='float33' is not a dtype"),
+    ("Experiment.tree = '2'", ValueError, r"Experiment\.tree='2' is not a tree's shape"),
+    ("Experiment.tree = '2x2'", ValueError, r"'2x2' has 4 candidates, but the run's largest "
+                                            r"gamma is 2"),
+    ("Experiment.tree = '1x2'", ValueError, r"a 't5' target scores no token trees"),
+    ("Experiment.tree = '1x1'\nExperiment.tree_tasks = ['mansum']", ValueError,
+     r"Experiment\.tree_tasks=\['mansum'\] must be None or a list of the run's tasks"),
 ])
 def test_bad_config_fails_before_work(tmp_path, models_dir, monkeypatch, binding, error, match):
   monkeypatch.setattr(t5_target, "load_hf_checkpoint", lambda *a, **k: pytest.fail("work started"))
@@ -406,6 +412,9 @@ def test_shipped_experiment_configs_parse_and_plan(name, points):
     gin.clear_config()
   assert exp.name == name
   assert len(settings.plan(exp)) == points
+  trees = settings.tree_points(exp)  # The first command's tree: beside one chain point.
+  assert [(p.task, p.temperature) for p in trees] == (
+      [("mansum", 0.0)] if name == "quickstart_smollm2" else [])
   assert all(exp.num_examples % b == 0 for b in exp.batch_sizes)
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from specdec_jax import partitioning
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
-from specdec_jax.experiment import gin_flags, results_io, runner
+from specdec_jax.experiment import gin_flags, results_io, runner, tree_point
 from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.experiment.targets import interface, llama_target, registry, t5_target
 from specdec_jax.models import layers
@@ -186,6 +186,33 @@ def test_runner_measures_a_decoder_only_target(tmp_path, tiny_gguf, shared_prefi
   terms = row.cost_model_terms  # The prefill is the target's once-per-sequence work.
   assert terms.encode_target_s > 0 and terms.encode_draft_s > 0
   assert row.example.pieces and len(row.example.pieces) == len(row.example.tokens)
+
+
+def test_runner_measures_a_tree_beside_the_chain(tmp_path, tiny_gguf):
+  """`Experiment.tree` on the tiny GGUF Llama: after the chain point, the layer-skip
+  draft's top-2 branches of depth 2 on the same examples, greedy tokens checked equal to
+  the baseline's, into trees.jsonl; the table puts the chain beside the tree, and a rerun
+  measures nothing again."""
+  exp = gin_flags.load_experiment([_gin(tmp_path, tiny_gguf[0], gammas="[4]",
+                                        tree="'2x2'")], [])
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
+  (chain,) = results_io.read_points(path)
+  (row,) = [tree_point.TreeRow.from_json(r) for r in results_io.read_rows(
+      str(tmp_path / "out" / tree_point.TREES_FILE))]
+  assert row.shape == "2x2" and row.parents == [-1, 0, 0, 1, 2]
+  assert row.greedy_identical is True and row.draft == chain.draft == "layer_skip_1"
+  assert row.chain_gamma == 4 and row.chain_speedup == chain.speedup_measured
+  assert row.chain_tokens_per_call == chain.tokens_per_iteration
+  assert row.tokens_per_call >= 1 and sum(row.accepted_histogram) > 0
+  assert np.asarray(row.rank_rates).shape == (2, 2)
+  assert min(row.speedup_measured, row.speedup_predicted,
+             row.speedup_predicted_steps_only) > 0
+  table = tree_point.tree_table([row])
+  assert (f"| ende | layer_skip_1 | 0 | 4 | {chain.tokens_per_iteration:.2f} | "
+          f"{chain.speedup_measured:.2f}X | 2x2 | {row.tokens_per_call:.2f} | "
+          f"**{row.speedup_measured:.2f}X** |") in table
+  assert runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck()) == path
+  assert len(results_io.read_rows(str(tmp_path / "out" / tree_point.TREES_FILE))) == 1
 
 
 def test_llama_target_builds_its_drafts_and_prompts(tmp_path, tiny_gguf, monkeypatch):

@@ -4,7 +4,7 @@
 its batch size did, gamma = 'auto''s calibration, both decoders interleaved over the
 same batches, the draft's cost per token, the loops' own work and the encoders); this
 module turns its record and the outputs into the row (`record.PointRow`): the measured
-speedup per generated token (at T > 0 every pass samples new texts, `_Draws`), alpha by
+speedup per generated token (at T > 0 every pass samples new texts, `Draws`), alpha by
 both estimators, tokens per call and c (`specdec_jax.stats`), the measured step costs,
 and the speedups predicted by Theorem 3.8, by `theory.CostModel` on the model calls
 alone (steps only) and with the loops' own work and the encoders.
@@ -82,7 +82,7 @@ def _same_greedy(point: Point, i: int, outputs: dict[str, Any], enforce: bool) -
   return False
 
 
-class _Draws:
+class Draws:
   """The PRNG key of every decoder call, and the tokens each call generated.
 
   Each call of a decoder on a batch samples with a key of its own (the seed, the
@@ -135,10 +135,10 @@ def _identity(exp: Experiment, point: Point) -> dict[str, Any]:
               max_decode_len=exp.max_decode_len, repetitions=exp.repetitions, seed=exp.seed)
 
 
-def _times(timings: dict[str, timing.DecoderTiming], tokens: dict[str, list[list[int]]]
-           ) -> dict[str, Any]:
+def decoder_times(timings: dict[str, timing.DecoderTiming],
+                  tokens: dict[str, list[list[int]]]) -> dict[str, Any]:
   """The decoders' times, tokens and the measured speedup, per generated token (at T > 0
-  the decoders sample texts of different lengths; each pass draws anew, `_Draws`)."""
+  the decoders sample texts of different lengths; each pass draws anew, `Draws`)."""
   fields: dict[str, Any] = {}
   per_batch = {}
   for name, decoder in timings.items():
@@ -237,14 +237,15 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
       auto_max_gamma=exp.auto_max_gamma, eos_id=target.eos_id, passes=exp.repetitions,
       timing_calls=exp.timing_calls, timing_repeats=exp.timing_repeats,
       timing_rounds=exp.timing_rounds, seed=exp.seed)
-  draws = _Draws(exp.seed, ("baseline", "speculative"), len(batches), point, greedy.enforce)
+  draws = Draws(exp.seed, ("baseline", "speculative"), len(batches), point, greedy.enforce)
   timed = timing.time_point(target.scorer, draft, batches, held_out, setup, shared,
                             guard=contention.quiet, key=draws.key, check=draws.record,
                             what=str(point))
   point = dataclasses.replace(point, gamma=timed.gamma)
   pooled = stats.Pooled.of(timed.outputs["speculative"])
   return PointRow(
-      **_identity(exp, point), **_times(timed.timings, draws.tokens), **_acceptance(pooled),
+      **_identity(exp, point), **decoder_times(timed.timings, draws.tokens),
+      **_acceptance(pooled),
       **_costs_and_predictions(point, timed.verify, timed.draft_cost, timed.loop_costs,
                                pooled.alpha_beta(), pooled.tokens_per_call()),
       cost_model_terms=timed.loop_costs, greedy_identical=draws.greedy_identical,

@@ -6,7 +6,9 @@
 appends its row (`record.PointRow`) to `<output_dir>/results.jsonl` atomically.
 A gamma of 'auto' is chosen first (`timing.calibrate`: the whole cost model,
 calibrated on held-out examples with the step costs the run measures anyway);
-its row holds the gamma chosen and why. Points already in that file are
+its row holds the gamma chosen and why. With `Experiment.tree`, a token tree is
+then measured beside the chain points it names, with the same draft, into
+`<output_dir>/trees.jsonl` (`tree_point`). Points already in those files are
 skipped, so an interrupted run resumes where it stopped. `summary_table` is
 the table the command prints.
 
@@ -32,7 +34,7 @@ from specdec_jax import contention, distributed, partitioning, timing, validatio
 from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft
-from specdec_jax.experiment import measure, results_io, settings
+from specdec_jax.experiment import measure, results_io, settings, tree_point
 from specdec_jax.experiment.record import PointRow
 from specdec_jax.experiment.targets import interface, registry
 
@@ -76,15 +78,19 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
     The path of results.jsonl.
   """
   path = os.path.join(output_dir, results_io.RESULTS_FILE)
+  trees_path = os.path.join(output_dir, tree_point.TREES_FILE)
   points = settings.plan(exp)
   done = {r.key for r in results_io.read_points(path)}
   pending = [p for p in points if p.key not in done]
+  trees_done = {tree_point.TreeRow.from_json(r).key for r in results_io.read_rows(trees_path)}
+  trees = [p for p in settings.tree_points(exp) if _tree_key(exp, p) not in trees_done]
   print(f"{exp.name}: {len(points)} points, {len(points) - len(pending)} already in {path}.",
         file=sys.stderr)
-  if not pending:
+  if not pending and not trees:
     return path
   mesh = partitioning.make_mesh()
-  bar = tqdm.tqdm(total=len(points), initial=len(points) - len(pending), unit="point",
+  bar = tqdm.tqdm(total=len(points) + len(settings.tree_points(exp)),
+                  initial=len(points) - len(pending) + len(trees_done), unit="point",
                   file=sys.stderr, dynamic_ncols=True)
   slowest = 0.0
   with jax.set_mesh(mesh):  # Decoders compile for the mesh's shardings.
@@ -92,8 +98,9 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
     for point in pending:
       start = time.monotonic()
       if deadline is not None and start + slowest > deadline:
-        bar.write(f"{exp.name}: {len(points) - bar.n} points left for a later run (deadline).")
-        break
+        bar.write(f"{exp.name}: {bar.total - bar.n} points left for a later run (deadline).")
+        bar.close()
+        return path
       bar.set_description(f"{point.task} b{point.batch_size} {settings.draft_name(point.draft)} "
                           f"T={point.temperature:g} g={point.gamma}")
       row = contention.when_quiet(lambda p=point: bench.measure(p, bar.write), bar.write)
@@ -110,8 +117,28 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
       # in one process ran out of memory maps (vm.max_map_count) at point 45. Drop them; a
       # program a later point needs again is recompiled (compilation is timed apart).
       jax.clear_caches()
+    chains = {r.key: r for r in results_io.read_points(path)}
+    for point in trees:  # Beside its chain, on the same examples with the same draft.
+      bar.set_description(f"{point.task} b{point.batch_size} {settings.draft_name(point.draft)} "
+                          f"T={point.temperature:g} tree {exp.tree}")
+      row = contention.when_quiet(
+          lambda p=point: bench.measure_tree(p, chains[p.key]), bar.write)
+      if distributed.is_primary():
+        results_io.append_row(trees_path, row.to_json())
+      bar.write(f"{row.task} {row.draft} T={row.temperature:g} tree {row.shape} "
+                f"batch={row.batch_size}: speedup {row.speedup_measured:.2f}X (predicted "
+                f"{row.speedup_predicted:.2f}X), {row.tokens_per_call:.2f} tokens/call "
+                f"(chain: {row.chain_speedup:.2f}X, {row.chain_tokens_per_call:.2f})")
+      bar.update(1)
+      jax.clear_caches()
   bar.close()
   return path
+
+
+def _tree_key(exp: settings.Experiment, point: settings.Point) -> tuple:
+  """The key of the tree point beside `point` (`tree_point.TreeRow.key`)."""
+  return tree_point.tree_key(point.task, settings.draft_name(point.draft), point.temperature,
+                             exp.tree, point.batch_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,15 +178,28 @@ class _Bench:
       self._made[key] = make()
     return self._made[key]
 
-  def measure(self, point: settings.Point, say: Callable[[str], Any]) -> PointRow:
-    """Measures `point`, choosing its gamma first if it is 'auto'."""
-    exp = self.exp
+  def _inputs(self, point: settings.Point) -> tuple[_Examples, Draft]:
+    """The examples and the draft of `point`, made on first use."""
     with self._watch("load"):
       examples = self._once(("examples", point.task, point.batch_size),
                             lambda: self._examples(point.task, point.batch_size))
       draft_kind = self.kind.draft_kind(point.draft)
       draft = self._once(("draft", *interface.draft_key(draft_kind, point.draft, point.task)),
                          lambda: self._draft(draft_kind, point, examples.measured[0]))
+    return examples, draft
+
+  def measure_tree(self, point: settings.Point, chain: PointRow) -> tree_point.TreeRow:
+    """Measures `Experiment.tree` beside `point`'s chain row `chain`, with its draft."""
+    examples, draft = self._inputs(point)
+    k, depth = settings.tree_shape(self.exp.tree)
+    return tree_point.measure_tree(self.exp, point, chain, self.target,
+                                   self.kind.tree_proposer(draft, k, depth), examples.measured,
+                                   self.greedy)
+
+  def measure(self, point: settings.Point, say: Callable[[str], Any]) -> PointRow:
+    """Measures `point`, choosing its gamma first if it is 'auto'."""
+    exp = self.exp
+    examples, draft = self._inputs(point)
     if not examples.held_out and point.gamma == settings.AUTO:
       raise ValueError(
           f"Experiment.auto_calibration_examples={exp.auto_calibration_examples}: gamma="

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 
 import gin
@@ -153,6 +154,14 @@ class Experiment(Settings):
       family's shapes instead, written once to `<data_dir>/random_models`; a
       warning says that their acceptance rates mean nothing (target kinds
       with stand-ins only: "t5").
+    tree: None, or a token tree's shape "<k>x<depth>": the draft's top-k tokens after
+      the root, each extended by its argmax to `depth` tokens (`trees.branches`),
+      measured beside the chain at the same draft, on the same examples, for the
+      points of `tree_tasks` and `tree_temperatures` (target kinds whose scorers
+      score trees only); k depth must not exceed the run's largest gamma, so that
+      T_verify(k depth + 1) is measured for its prediction.
+    tree_tasks: the tasks a tree is measured on (None: every task).
+    tree_temperatures: the temperatures a tree is measured at (None: every one).
   """
 
   name: str
@@ -171,10 +180,29 @@ class Experiment(Settings):
   timing_repeats: int = 3
   timing_rounds: int = 11
   stand_ins_when_missing: bool = False
+  tree: str | None = None
+  tree_tasks: Sequence[str] | None = None
+  tree_temperatures: Sequence[float] | None = None
 
   def __post_init__(self):
     if self.gammas is None:
       object.__setattr__(self, "gammas", (self.gamma,))
+
+
+_TREE = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)")
+
+
+def tree_shape(spec: str) -> tuple[int, int]:
+  """(k, depth) of an `Experiment.tree` shape "<k>x<depth>".
+
+  Raises:
+    ValueError: naming `Experiment.tree` and the form it takes.
+  """
+  match = _TREE.fullmatch(spec) if isinstance(spec, str) else None
+  _require(match is not None, f"Experiment.tree={spec!r} is not a tree's shape: write "
+                              "'<k>x<depth>' (the draft's top-k branches, each <depth> tokens "
+                              "long; '1x<depth>' is the chain), or None for no tree.")
+  return int(match.group(1)), int(match.group(2))
 
 
 def draft_name(spec: str) -> str:
@@ -253,6 +281,20 @@ def validate(exp: Experiment) -> None:
     _require(exp.num_examples % b == 0,
              f"Experiment.batch_sizes has {b}; each must divide Experiment.num_examples="
              f"{exp.num_examples} (equal batches never recompile).")
+  if exp.tree is not None:
+    k, depth = tree_shape(exp.tree)
+    largest = max(exp.auto_max_gamma if g == AUTO else int(g) for g in exp.gammas)
+    _require(k * depth <= largest,
+             f"Experiment.tree={exp.tree!r} has {k * depth} candidates, but the run's largest "
+             f"gamma is {largest}: T_verify(k) is timed up to k = {largest + 1}; choose a "
+             f"smaller tree or a larger gamma.")
+    for field, values, known in (("tree_tasks", exp.tree_tasks, exp.tasks),
+                                 ("tree_temperatures", exp.tree_temperatures,
+                                  exp.temperatures)):
+      _require(values is None or (isinstance(values, (list, tuple))
+                                  and set(values) <= set(known)),
+               f"Experiment.{field}={values!r} must be None or a list of the run's "
+               f"{field.removeprefix('tree_')} ({list(known)}).")
   _require(len(set(map(draft_name, exp.drafts))) == len(exp.drafts),
            f"Experiment.drafts {list(exp.drafts)} has two drafts of one name; results are "
            "keyed by the checkpoint's directory name.")
@@ -280,6 +322,20 @@ def plan(exp: Experiment) -> list[Point]:
             points.append(Point(task, batch_size, spec, float(t),
                                 gamma if gamma == AUTO else int(gamma)))
   return points
+
+
+def tree_points(exp: Experiment) -> list[Point]:
+  """The points beside which `Experiment.tree` is measured: of `tree_tasks` and
+  `tree_temperatures`, the first of each (task, batch size, draft, temperature) in
+  `plan` order (none without a tree)."""
+  if exp.tree is None:
+    return []
+  first = {}
+  for p in plan(exp):
+    if ((exp.tree_tasks is None or p.task in exp.tree_tasks)
+        and (exp.tree_temperatures is None or p.temperature in exp.tree_temperatures)):
+      first.setdefault((p.task, p.batch_size, p.draft, p.temperature), p)
+  return list(first.values())
 
 
 def largest_gamma(exp: Experiment, points: Sequence[Point]) -> int:

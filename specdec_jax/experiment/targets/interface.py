@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from specdec_jax.decoding.drafts import Draft, PromptLookupDraft
+from specdec_jax.decoding.proposers import Proposer
 from specdec_jax.decoding.scorer import Scorer
 
 if TYPE_CHECKING:
@@ -119,6 +120,9 @@ class TargetKind:
     stand_ins: experiment -> the experiment on random-init stand-ins when its
       target is missing (`Experiment.stand_ins_when_missing`); None: the kind
       has none.
+    tree_proposer: (draft, k, depth) -> the `proposers.Proposer` of the draft's top-k
+      branches of `depth` tokens (`Experiment.tree`); raises ValueError for a draft
+      that has no top-k. None: the kind's scorer scores no trees.
   """
 
   name: str
@@ -126,6 +130,7 @@ class TargetKind:
   load: Callable[[Settings, jax.sharding.Mesh], LoadedTarget]
   drafts: tuple[DraftKind, ...]
   stand_ins: Callable[[Experiment], Experiment] | None = None
+  tree_proposer: Callable[[Draft, int, int], Proposer] | None = None
 
   def draft_kind(self, spec: str) -> DraftKind:
     """The kind of draft `spec` names.

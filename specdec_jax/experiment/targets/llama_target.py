@@ -39,7 +39,8 @@ import numpy as np
 from specdec_jax import partitioning, validation
 from specdec_jax.data import chat_prompts, layout
 from specdec_jax.decoding import baseline
-from specdec_jax.decoding.drafts import NgramDraft
+from specdec_jax.decoding.drafts import Draft, NgramDraft, ScorerDraft
+from specdec_jax.decoding.proposers import DraftBranches, Proposer
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.distillation.teacher import teacher_sha256
@@ -60,6 +61,7 @@ from specdec_jax.models.llama import (
   pad_prompts,
   student_io,
 )
+from specdec_jax.models.llama.feature_branches import FeatureBranches
 from specdec_jax.models.llama.feature_draft import FeatureDraft
 from specdec_jax.models.llama.student import Student, StudentDraft
 from specdec_jax.models.options import DecodeOptions
@@ -314,5 +316,22 @@ NGRAM = DraftKind(
     matches=lambda spec: spec in ("unigram", "bigram"),
     build=lambda target, spec, task: target.ngram_drafts[spec], check=_check_ngram_fit)
 
+def tree_proposer(draft: Draft, k: int, depth: int) -> Proposer:
+  """The draft's top-`k` branches of `depth` tokens (`Experiment.tree`): a draft that reads
+  the target's features expands them reading its own predicted features
+  (`FeatureBranches`), a model draft scoring trees with its scorer (`DraftBranches`).
+
+  Raises:
+    ValueError: the draft is a table look-up (prompt lookup, n-grams): it has no top-k.
+  """
+  if isinstance(draft, FeatureDraft):
+    return FeatureBranches(draft, k=k, depth=depth)
+  if isinstance(draft, ScorerDraft):
+    return DraftBranches(draft, k=k, depth=depth)
+  raise ValueError(f"Experiment.tree: a {type(draft).__name__} has no top-k to branch on; "
+                   "measure trees with a model draft (layer_skip_<L>, draft_<name>), or set "
+                   "Experiment.tree = None.")
+
+
 KIND = TargetKind(name="llama_gguf", check=check, load=load,
-                  drafts=(PROMPT_LOOKUP, LAYER_SKIP, NGRAM, STUDENT))
+                  drafts=(PROMPT_LOOKUP, LAYER_SKIP, NGRAM, STUDENT), tree_proposer=tree_proposer)

@@ -33,7 +33,8 @@ def check(exp: settings.Experiment) -> TargetKind:
 
   Its fields (`settings.validate`), then through its kind: that the kind
   exists, that every draft spec names a draft kind of it, that the target
-  exists and is sound, and that every draft (and the tokenizer) shares the
+  exists and is sound, that it scores trees if the run measures one
+  (`Experiment.tree`), and that every draft (and the tokenizer) shares the
   target's vocabulary. Reads configs, file headers and n-gram statistics only,
   no weights.
 
@@ -43,6 +44,9 @@ def check(exp: settings.Experiment) -> TargetKind:
   settings.validate(exp)
   kind = target_kind(exp.target_kind, "Experiment.target_kind")
   draft_kinds = [kind.draft_kind(spec) for spec in exp.drafts]  # Unknown specs first.
+  if exp.tree is not None and kind.tree_proposer is None:
+    raise ValueError(f"Experiment.tree={exp.tree!r}: a {kind.name!r} target scores no token "
+                     "trees; set Experiment.tree = None.")
   target_vocab = kind.check(exp)
   for spec, draft_kind in zip(exp.drafts, draft_kinds, strict=True):
     draft_kind.check(exp, spec, target_vocab)

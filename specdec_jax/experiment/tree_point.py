@@ -1,0 +1,212 @@
+"""A token tree measured beside the chain at the same draft: one row per tree point.
+
+`Experiment.tree` names a shape "<k>x<depth>" (the draft's top-k branches, each
+`depth` tokens: `trees.branches`). For each point of `settings.tree_points`, once its
+chain row is measured (`measure.measure_point`), `measure_tree` times the baseline
+against the tree loop (`decoding.tree_speculative`, over the target kind's
+`tree_proposer` of the same draft) interleaved over the same batches
+(`timing.time_interleaved`, under the timing guard), greedy tokens checked equal to
+the baseline's. The row (`TreeRow`) holds the shape, tokens per target call, the
+acceptance per depth and sibling rank, the measured speedup per generated token, the
+chain's figures beside them, and two predictions from the tree's measured rank rates
+and the chain row's measured costs:
+
+  speedup_predicted             `tree_choice.predicted_speedup`: the chain row's whole
+                                cost model (T_step, T_verify(n + 1), the loops' own
+                                work), one draft call per level priced at the chain's
+                                T_draft per token;
+  speedup_predicted_steps_only  `theory_trees.walltime_improvement` with an iteration
+                                of T_verify(n + 1) / T_step + depth c target steps
+                                (Theorem 3.8's counterpart).
+
+Rows go to `<output_dir>/trees.jsonl` (`TREES_FILE`), apart from the chain's
+results.jsonl; `tree_table` prints them beside the chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from specdec_jax import contention, distributed, theory_trees, timing, tree_choice
+from specdec_jax.decoding import baseline, trees
+from specdec_jax.decoding.proposers import Proposer, tree_parents
+from specdec_jax.decoding.sampling import Warp
+from specdec_jax.decoding.tree_speculative import tree_speculative_decode
+from specdec_jax.experiment import measure
+from specdec_jax.experiment.record import PointRow
+from specdec_jax.experiment.settings import Experiment, Point, draft_name
+from specdec_jax.experiment.targets.interface import LoadedTarget
+
+Array = jax.Array
+
+TREES_FILE = "trees.jsonl"
+
+
+def tree_key(task: str, draft: str, temperature: float, shape: str, batch_size: int) -> tuple:
+  """The identity of a tree point: (task, draft name, temperature, shape, batch size)."""
+  return task, draft, float(temperature), shape, int(batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeRow:
+  """One tree point, beside its chain point (same task, draft, temperature, examples).
+
+  Attributes:
+    experiment, task, draft, target, temperature, batch_size, num_examples,
+      max_decode_len, repetitions, seed: what was measured (`PointRow`'s meaning).
+    shape: the tree's shape, "<k>x<depth>".
+    parents: the tree's parents, node 0 the root (`trees.branches(k, depth)`).
+    chain_gamma: the chain's gamma (chosen by gamma = 'auto' if `chain_gamma_auto`).
+    chain_gamma_auto: whether gamma = 'auto' chose it.
+    chain_tokens_per_call: the chain's tokens per target call.
+    chain_speedup: the chain's measured speedup.
+    tokens_per_call: the tree's tokens per target call.
+    accepted_histogram: `[depth + 1]`, iterations that emitted n accepted candidates.
+    rank_rates: `[depth][k]`, the probability that the sibling of rank r at depth d + 1
+      is the child accepted, given the walk reached its parent.
+    baseline_ms_per_token: the baseline's milliseconds per generated token.
+    tree_ms_per_token: the tree loop's.
+    speedup_measured: their ratio.
+    speedup_predicted: by the chain row's cost model (module docstring).
+    speedup_predicted_steps_only: by target steps alone (module docstring).
+    greedy_identical: at T = 0, whether the tree's tokens equaled the baseline's; None
+      at T > 0.
+    idle_check: the timing guard's record.
+    date: when measured (UTC, ISO 8601).
+  """
+
+  experiment: str
+  task: str
+  draft: str
+  target: str
+  temperature: float
+  batch_size: int
+  num_examples: int
+  max_decode_len: int
+  repetitions: int
+  seed: int
+  shape: str
+  parents: list[int]
+  chain_gamma: int
+  chain_gamma_auto: bool
+  chain_tokens_per_call: float
+  chain_speedup: float
+  tokens_per_call: float
+  accepted_histogram: list[int]
+  rank_rates: list[list[float]]
+  baseline_ms_per_token: float
+  tree_ms_per_token: float
+  speedup_measured: float
+  speedup_predicted: float
+  speedup_predicted_steps_only: float
+  greedy_identical: bool | None
+  idle_check: dict[str, Any]
+  date: str
+
+  @property
+  def key(self) -> tuple:
+    return tree_key(self.task, self.draft, self.temperature, self.shape, self.batch_size)
+
+  def to_json(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_json(cls, row: dict[str, Any]) -> TreeRow:
+    return cls(**row)
+
+
+def _rank_rates(outputs: Sequence[Any]) -> np.ndarray:
+  """float64 `[depth, k]` rank rates pooled over fetched `TreeOutput`s."""
+  accepted = np.sum([np.sum(o.stats.rank_accepted, axis=0) for o in outputs], axis=0)
+  offered = np.sum([np.sum(o.stats.rank_offered, axis=0) for o in outputs], axis=0)
+  return np.where(offered > 0, accepted / np.maximum(offered, 1), 0.0)
+
+
+def _predictions(chain: PointRow, parents: np.ndarray, rates: np.ndarray) -> dict[str, float]:
+  """The tree's two predicted speedups from its rates and the chain row's costs."""
+  costs = chain.cost_model_terms.cost_model(chain.t_verify_s, chain.t_draft_token_s)
+  depth = int(trees.ancestors(parents).sum(-1).max()) - 1
+  steps = chain.t_verify_s[parents.shape[0]] / chain.t_target_step_s + depth * chain.c
+  return dict(
+      speedup_predicted=tree_choice.predicted_speedup(parents, rates, costs),
+      speedup_predicted_steps_only=theory_trees.walltime_improvement(
+          parents, theory_trees.rank_accept(parents, rates), steps))
+
+
+def measure_tree(exp: Experiment, point: Point, chain: PointRow, target: LoadedTarget,
+                 proposer: Proposer, batches: Sequence[Array],
+                 greedy: measure.GreedyCheck) -> TreeRow:
+  """Times the baseline against the tree loop over `batches`, beside the chain's row.
+
+  Args:
+    exp: the experiment (`tree`, max_decode_len, repetitions, seed, ...).
+    point: the chain's point (task, draft, temperature, batch size).
+    chain: the chain's row of `point` (its costs price the predictions).
+    target: the loaded target.
+    proposer: the tree's proposer over the chain's draft (`TargetKind.tree_proposer`).
+    batches: the point's measured batches, as the chain's.
+    greedy: what a greedy point does when its tokens differ from the baseline's.
+
+  Returns:
+    The `TreeRow`.
+
+  Raises:
+    RuntimeError: at temperature 0, the tree's tokens differ from the baseline's (unless
+      `greedy.enforce` is False).
+    contention.ContentionError: another process was busy during the timing.
+  """
+  kwargs = dict(max_decode_len=exp.max_decode_len, warp=Warp(point.temperature),
+                eos_id=target.eos_id)
+  draws = measure.Draws(exp.seed, ("baseline", "speculative"), len(batches), point,
+                        greedy.enforce)
+  decoders = {
+      "baseline": lambda i: baseline.decode(target.scorer, batches[i], draws.key("baseline", i),
+                                            **kwargs),
+      "speculative": lambda i: tree_speculative_decode(
+          target.scorer, proposer, batches[i], draws.key("speculative", i), **kwargs)}
+  with contention.quiet(f"{point} tree {exp.tree}") as checked:
+    timings, outputs = timing.time_interleaved(
+        decoders, len(batches), exp.repetitions, fetch=distributed.fetch, check=draws.record,
+        warmup=timing.first_of_each_shape(batches))
+  times = measure.decoder_times(timings, draws.tokens)
+  tree = outputs["speculative"]
+  parents = tree_parents(proposer)
+  rates = _rank_rates(tree)
+  tokens = sum(int(np.sum(o.stats.tokens)) for o in tree)
+  calls = sum(int(np.sum(o.stats.iterations)) for o in tree)
+  return TreeRow(
+      experiment=exp.name, task=point.task, draft=draft_name(point.draft), target=exp.target,
+      temperature=point.temperature, batch_size=point.batch_size,
+      num_examples=exp.num_examples, max_decode_len=exp.max_decode_len,
+      repetitions=exp.repetitions, seed=exp.seed, shape=exp.tree,
+      parents=parents.tolist(), chain_gamma=chain.gamma, chain_gamma_auto=chain.gamma_auto,
+      chain_tokens_per_call=chain.tokens_per_iteration, chain_speedup=chain.speedup_measured,
+      tokens_per_call=tokens / max(calls, 1),
+      accepted_histogram=np.sum([np.sum(o.stats.accepted_histogram, axis=0) for o in tree],
+                                axis=0).astype(int).tolist(),
+      rank_rates=rates.tolist(), baseline_ms_per_token=times["baseline_ms_per_token"],
+      tree_ms_per_token=times["speculative_ms_per_token"],
+      speedup_measured=times["speedup_measured"], **_predictions(chain, parents, rates),
+      greedy_identical=draws.greedy_identical, idle_check=dict(checked.record()),
+      date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+def tree_table(rows: Sequence[TreeRow]) -> str:
+  """The trees beside their chains, one line per tree point."""
+  head = ("| task | draft | T | chain gamma | chain tokens/call | chain speedup | tree | "
+          "tree tokens/call | tree speedup | predicted (cost model) | predicted (steps) |")
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  for r in rows:
+    gamma = f"{r.chain_gamma} (auto)" if r.chain_gamma_auto else str(r.chain_gamma)
+    lines.append(
+        f"| {r.task} | {r.draft} | {r.temperature:g} | {gamma} | "
+        f"{r.chain_tokens_per_call:.2f} | {r.chain_speedup:.2f}X | {r.shape} | "
+        f"{r.tokens_per_call:.2f} | **{r.speedup_measured:.2f}X** | "
+        f"{r.speedup_predicted:.2f}X | {r.speedup_predicted_steps_only:.2f}X |")
+  return "\n".join(lines)
