@@ -78,7 +78,8 @@ def measure(exp: settings.Experiment, output_dir: str | None) -> None:
         f"{sorted({r.batch_size for r in rows})}; reference: {reference_path}\n")
   print(runner.summary_table(rows, reference))
   tree_rows = [tree_point.TreeRow.from_json(r) for r in results_io.read_rows(
-      os.path.join(output_dir, tree_point.TREES_FILE)) if r["shape"] == exp.tree]
+      os.path.join(output_dir, tree_point.TREES_FILE))
+      if (settings.AUTO if r["shape_auto"] else r["shape"]) == exp.tree]
   if tree_rows:
     print(f"\nThe tree {exp.tree} beside the chain, same draft and examples:\n")
     print(tree_point.tree_table(tree_rows))

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import partitioning
+from specdec_jax import partitioning, tree_choice
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
 from specdec_jax.experiment import gin_flags, results_io, runner, tree_point
 from specdec_jax.experiment.measure import GreedyCheck
@@ -213,6 +213,30 @@ def test_runner_measures_a_tree_beside_the_chain(tmp_path, tiny_gguf):
           f"**{row.speedup_measured:.2f}X** |") in table
   assert runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck()) == path
   assert len(results_io.read_rows(str(tmp_path / "out" / tree_point.TREES_FILE))) == 1
+
+
+@pytest.mark.parametrize("helps", [True, False])
+def test_a_tree_chosen_by_the_cost_model(tmp_path, tiny_gguf, monkeypatch, helps):
+  """`Experiment.tree = 'auto'`: the shape of highest predicted speedup among k x depth
+  within the run's budget, from acceptance measured on held-out examples and the chain's
+  costs, measured beside the chain; where none is predicted to pay (forced here either
+  way), the row records the target alone and says why."""
+  monkeypatch.setattr(tree_choice.TreeChoice, "helps", property(lambda self: helps))
+  exp = gin_flags.load_experiment([_gin(tmp_path, tiny_gguf[0], gammas="[2]", tree="'auto'",
+                                        auto_calibration_examples="1")], [])
+  runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
+  (row,) = [tree_point.TreeRow.from_json(r) for r in results_io.read_rows(
+      str(tmp_path / "out" / tree_point.TREES_FILE))]
+  choice = row.shape_choice
+  assert row.shape_auto and set(choice["speedups"]) == {"1x1", "1x2", "2x1"}  # Budget 2.
+  assert np.asarray(choice["rates"]).shape == (2, tree_point.AUTO_MAX_BRANCHES)
+  if helps:
+    assert row.shape == choice["name"] and row.greedy_identical is True
+    assert row.speedup_measured > 0 and row.speedup_predicted > 0  # On its own rates.
+  else:
+    assert row.shape == tree_point.TARGET_ALONE and row.speedup_measured == 1.0
+    assert "decode with the target alone" in choice["reason"]
+  assert f"| {row.shape} (auto) |" in tree_point.tree_table([row])
 
 
 def test_llama_target_builds_its_drafts_and_prompts(tmp_path, tiny_gguf, monkeypatch):

@@ -20,6 +20,7 @@ each draft from its spec; everything else here is the same for every kind.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -125,6 +126,8 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
           lambda p=point: bench.measure_tree(p, chains[p.key]), bar.write)
       if distributed.is_primary():
         results_io.append_row(trees_path, row.to_json())
+      if row.shape_choice is not None:
+        bar.write(f"tree='auto' chose {row.shape_choice['reason']}")
       bar.write(f"{row.task} {row.draft} T={row.temperature:g} tree {row.shape} "
                 f"batch={row.batch_size}: speedup {row.speedup_measured:.2f}X (predicted "
                 f"{row.speedup_predicted:.2f}X), {row.tokens_per_call:.2f} tokens/call "
@@ -191,10 +194,15 @@ class _Bench:
   def measure_tree(self, point: settings.Point, chain: PointRow) -> tree_point.TreeRow:
     """Measures `Experiment.tree` beside `point`'s chain row `chain`, with its draft."""
     examples, draft = self._inputs(point)
-    k, depth = settings.tree_shape(self.exp.tree)
-    return tree_point.measure_tree(self.exp, point, chain, self.target,
-                                   self.kind.tree_proposer(draft, k, depth), examples.measured,
-                                   self.greedy)
+    if not examples.held_out and self.exp.tree == settings.AUTO:
+      raise ValueError(
+          f"Experiment.auto_calibration_examples={self.exp.auto_calibration_examples}: tree="
+          f"'auto' measures acceptance on whole batches of {point.batch_size} of the examples "
+          f"after the {self.exp.num_examples} measured ones, and {point.task!r} has none; "
+          "raise auto_calibration_examples or lower num_examples.")
+    return tree_point.measure_tree(
+        self.exp, point, chain, self.target, functools.partial(self.kind.tree_proposer, draft),
+        examples.measured, examples.held_out[:HELD_OUT_BATCHES], self.greedy)
 
   def measure(self, point: settings.Point, say: Callable[[str], Any]) -> PointRow:
     """Measures `point`, choosing its gamma first if it is 'auto'."""

@@ -154,12 +154,16 @@ class Experiment(Settings):
       family's shapes instead, written once to `<data_dir>/random_models`; a
       warning says that their acceptance rates mean nothing (target kinds
       with stand-ins only: "t5").
-    tree: None, or a token tree's shape "<k>x<depth>": the draft's top-k tokens after
-      the root, each extended by its argmax to `depth` tokens (`trees.branches`),
+    tree: None, a token tree's shape "<k>x<depth>" or 'auto': the draft's top-k tokens
+      after the root, each extended by its argmax to `depth` tokens (`trees.branches`),
       measured beside the chain at the same draft, on the same examples, for the
       points of `tree_tasks` and `tree_temperatures` (target kinds whose scorers
       score trees only); k depth must not exceed the run's largest gamma, so that
-      T_verify(k depth + 1) is measured for its prediction.
+      T_verify(k depth + 1) is measured for its prediction. 'auto': the shape of
+      highest predicted speedup among those (`tree_choice.make_choice`), from
+      acceptance per depth and sibling rank measured on the held-out examples
+      (`auto_calibration_examples`) and the chain point's measured costs; where none
+      is predicted to beat the target alone, the target alone (`tree_point`).
     tree_tasks: the tasks a tree is measured on (None: every task).
     tree_temperatures: the temperatures a tree is measured at (None: every one).
   """
@@ -201,7 +205,8 @@ def tree_shape(spec: str) -> tuple[int, int]:
   match = _TREE.fullmatch(spec) if isinstance(spec, str) else None
   _require(match is not None, f"Experiment.tree={spec!r} is not a tree's shape: write "
                               "'<k>x<depth>' (the draft's top-k branches, each <depth> tokens "
-                              "long; '1x<depth>' is the chain), or None for no tree.")
+                              f"long; '1x<depth>' is the chain), {AUTO!r} (chosen by the "
+                              "cost model), or None for no tree.")
   return int(match.group(1)), int(match.group(2))
 
 
@@ -281,13 +286,14 @@ def validate(exp: Experiment) -> None:
     _require(exp.num_examples % b == 0,
              f"Experiment.batch_sizes has {b}; each must divide Experiment.num_examples="
              f"{exp.num_examples} (equal batches never recompile).")
-  if exp.tree is not None:
+  if exp.tree is not None and exp.tree != AUTO:
     k, depth = tree_shape(exp.tree)
-    largest = max(exp.auto_max_gamma if g == AUTO else int(g) for g in exp.gammas)
+    largest = tree_budget(exp)
     _require(k * depth <= largest,
              f"Experiment.tree={exp.tree!r} has {k * depth} candidates, but the run's largest "
              f"gamma is {largest}: T_verify(k) is timed up to k = {largest + 1}; choose a "
              f"smaller tree or a larger gamma.")
+  if exp.tree is not None:
     for field, values, known in (("tree_tasks", exp.tree_tasks, exp.tasks),
                                  ("tree_temperatures", exp.tree_temperatures,
                                   exp.temperatures)):
@@ -322,6 +328,12 @@ def plan(exp: Experiment) -> list[Point]:
             points.append(Point(task, batch_size, spec, float(t),
                                 gamma if gamma == AUTO else int(gamma)))
   return points
+
+
+def tree_budget(exp: Experiment) -> int:
+  """The most candidates a tree of the run may have: its largest gamma (T_verify(k) is
+  timed up to k = that + 1)."""
+  return max(exp.auto_max_gamma if g == AUTO else int(g) for g in exp.gammas)
 
 
 def tree_points(exp: Experiment) -> list[Point]:
