@@ -24,7 +24,7 @@ from test_llama import PROMPTS, _random_model
 
 from specdec_jax.decoding import baseline, speculative, tree_speculative, trees
 from specdec_jax.decoding import tree_acceptance as ta
-from specdec_jax.decoding.proposers import Proposer, tree_parents
+from specdec_jax.decoding.proposers import Datastore, Merged, Proposer, tree_parents
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.tree_speculative import tree_speculative_decode
 from specdec_jax.models.llama import LlamaScorer, pad_prompts
@@ -82,7 +82,7 @@ def test_the_chain_shaped_tree_accepts_what_the_chain_loop_accepts():
 class _Seen(Proposer):
   """A proposer whose every tree the loop proposes is kept in `SEEN`, by (row, length)."""
 
-  inner: FeatureBranches
+  inner: Proposer
 
   @property
   def parents(self) -> tuple[int, ...]:
@@ -90,7 +90,7 @@ class _Seen(Proposer):
 
   @property
   def reads_target_features(self) -> bool:
-    return True
+    return self.inner.reads_target_features
 
   def init_state(self, inputs, cache_len, target_encoded=None):
     return self.inner.init_state(inputs, cache_len, target_encoded)
@@ -109,51 +109,56 @@ SEEN: dict[tuple[int, int], list[int]] = {}
 
 
 def test_the_loop_proposes_what_a_fresh_start_proposes():
-  """k = 3, depth 3: at every length a row reaches, the loop's tree equals the tree
-  proposed from fresh states (the target's and the draft's, built from the prompt and
-  the text so far), and the same candidates are accepted: the draft's state in the
-  loop read the target's features along every accepted path."""
+  """A merged tree: a datastore's chain of 4 (holding row 1's output, so that its paths
+  run deeper than the branches) beside the draft's top-3 branches of depth 2. At every
+  length a row reaches, the loop's tree equals the tree proposed from fresh states (the
+  target's and the draft's, built from the prompt and the text so far), and the same
+  candidates are accepted: the draft's state in the loop read the target's features
+  along every accepted path, whichever subtree it ran through."""
   target, draft, prompts, want = _setup()
-  proposer = FeatureBranches(draft, k=3, depth=3)
+  store = Datastore.from_sequences([np.asarray(want.sequences[1])], split="train", depth=4)
+  proposer = Merged((store, FeatureBranches(draft, k=3, depth=2)))
   parents = tree_parents(proposer)
   width = max(map(len, PROMPTS)) + MAX_LEN
 
   @jax.jit
-  def step(grown):  # -> the tree, accepted candidates [batch], the path then the next token
+  def step(grown, text, m):  # -> the tree, accepted candidates, the path, the next token
     target_state, features = target.init_state_with_features(target.encode(grown), 16)
     state = proposer.init_state(grown, 16, features)
-    zeros = jnp.zeros((grown.shape[0],), jnp.int32)
-    _, proposal = proposer.propose(state, jnp.zeros((grown.shape[0], 1), jnp.int32), zeros,
-                                   Warp())
-    tokens = jnp.concatenate([zeros[:, None], proposal.tokens], axis=1)
+    _, proposal = proposer.propose(state, text, m, Warp())  # The branches read the state.
+    tokens = jnp.concatenate([jnp.zeros_like(m)[:, None], proposal.tokens], axis=1)
     logits, _ = target.score_tree(target_state, tokens, parents)
     verdict = ta.verify_tree_greedy(tokens, parents, logits)
-    path = jnp.take_along_axis(tokens, verdict.order, axis=1)[:, 1:proposer.depth + 1]
+    path = jnp.take_along_axis(tokens, verdict.order, axis=1)[:, 1:5]
     return (proposal.tokens, verdict.num_accepted,
             jnp.concatenate([path, verdict.next_token[:, None]], axis=1))
 
   texts = [[] for _ in PROMPTS]
   fresh = {}
-  histogram = np.zeros((len(PROMPTS), proposer.depth + 1), np.int32)
+  histogram = np.zeros((len(PROMPTS), 5), np.int32)
   while not all(len(t) >= MAX_LEN or EOS in t for t in texts):
     grown = [p + t for p, t in zip(PROMPTS, texts, strict=True)]
-    tree, n, new = step(jnp.asarray(pad_prompts(grown, width)))
-    for b, text in enumerate(texts):
-      if len(text) >= MAX_LEN or EOS in text:
+    text = np.zeros((len(PROMPTS), MAX_LEN + 1), np.int32)
+    for b, t in enumerate(texts):
+      text[b, 1:len(t) + 1] = t
+    tree, n, new = step(jnp.asarray(pad_prompts(grown, width)), jnp.asarray(text),
+                        jnp.asarray([len(t) for t in texts], jnp.int32))
+    for b, t in enumerate(texts):
+      if len(t) >= MAX_LEN or EOS in t:
         continue
-      fresh[b, len(text)] = np.asarray(tree[b]).tolist()
+      fresh[b, len(t)] = np.asarray(tree[b]).tolist()
       emitted = [int(x) for x in new[b, :int(n[b])]] + [int(new[b, -1])]
       emitted = emitted[:emitted.index(EOS) + 1] if EOS in emitted else emitted
-      emitted = emitted[:MAX_LEN - len(text)]
+      emitted = emitted[:MAX_LEN - len(t)]
       histogram[b, min(int(n[b]), len(emitted))] += 1
-      text += emitted
-  for b, text in enumerate(texts):
-    np.testing.assert_array_equal(text, np.asarray(want.sequences[b, :len(text)]))
+      t += emitted
+  for b, t in enumerate(texts):
+    np.testing.assert_array_equal(t, np.asarray(want.sequences[b, :len(t)]))
   SEEN.clear()
   out = tree_speculative_decode(target, _Seen(proposer), prompts, jax.random.PRNGKey(1),
                                 max_decode_len=MAX_LEN, warp=Warp(), eos_id=EOS)
   assert {key: SEEN.get(key) for key in fresh} == fresh
-  assert np.sum(histogram[:, 1:]) > 0
+  assert np.sum(histogram[:, 3:]) > 0 and np.sum(out.stats.rank_accepted[:, 0, 1:]) > 0
   np.testing.assert_array_equal(out.stats.accepted_histogram, histogram)
 
 

@@ -130,9 +130,10 @@ class Proposer(abc.ABC):
       lengths: int32 `[batch]`, m' = m + 1 + the accepted path's depth (m where a
         row is finished).
       tokens: int32 `[batch, buffer_len]`, the text with tokens m + 1 .. m' written.
-      features: float32 `[batch, n + 1, F]` if `reads_target_features` (else None):
-        the target's features along the accepted path, root first (entry d at
-        position m + d; entries past the path are arbitrary).
+      features: float32 `[batch, D + 1, F]` if `reads_target_features` (else None),
+        D the whole tree's depth (a merged tree's deepest subtree): the target's
+        features along the accepted path, root first (entry d at position m + d;
+        entries past the path are arbitrary).
     """
     del lengths, tokens, features
     return state

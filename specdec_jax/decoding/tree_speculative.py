@@ -280,8 +280,9 @@ def _tree_step(target: Scorer, proposer: Proposer, state: TreeLoopState, *, pare
 
   with jax.named_scope("keep"):
     target_state = target.keep_path(target_state, verdict.order, new_lengths)
-    if features is not None:  # Along the accepted path, root first: [batch, n + 1, F].
-      features = jnp.take_along_axis(features, verdict.order[..., None], axis=1)
+    if features is not None:  # Along the accepted path, root first: [batch, depth + 1, F].
+      depth = int(trees.ancestors(parents).sum(-1).max()) - 1
+      features = jnp.take_along_axis(features, verdict.order[:, :depth + 1, None], axis=1)
     proposer_state = proposer.commit(proposer_state, new_lengths, tokens_buffer, features)
   return TreeLoopState(
       iteration=state.iteration + 1, tokens=tokens_buffer, lengths=new_lengths, done=done,

