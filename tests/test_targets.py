@@ -13,16 +13,26 @@ import json
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_feature_draft import _feature_student
 
 from specdec_jax import partitioning, tree_choice
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
+from specdec_jax.decoding.proposers import DraftBranches
 from specdec_jax.experiment import gin_flags, results_io, runner, tree_point
 from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.experiment.targets import interface, llama_target, registry, t5_target
 from specdec_jax.models import layers
-from specdec_jax.models.llama import LayerSkipDraft, LlamaConfig, LlamaModel, gguf_loader
+from specdec_jax.models.llama import (
+  TEST_CONFIG,
+  LayerSkipDraft,
+  LlamaConfig,
+  LlamaModel,
+  gguf_loader,
+)
+from specdec_jax.models.llama.feature_branches import FeatureBranches
 
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
@@ -213,6 +223,22 @@ def test_runner_measures_a_tree_beside_the_chain(tmp_path, tiny_gguf):
           f"**{row.speedup_measured:.2f}X** |") in table
   assert runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck()) == path
   assert len(results_io.read_rows(str(tmp_path / "out" / tree_point.TREES_FILE))) == 1
+
+
+def test_the_llama_kind_branches_each_model_draft_its_own_way():
+  """A feature-reading draft expands the tree reading its own predicted features, a
+  layer-skip draft with its scorer; a table look-up has no top-k and is refused."""
+  model = LlamaModel(TEST_CONFIG)
+  params = model.init_params(jax.random.PRNGKey(0))
+  head = jnp.asarray([1, 2, 3], jnp.int32)
+  student, sparams = _feature_student(model.config, head)
+  feature = llama_target.tree_proposer(
+      student.draft(sparams, params["token_embedder"]["embedding"], head), 2, 3)
+  assert isinstance(feature, FeatureBranches) and feature.reads_target_features
+  skip = llama_target.tree_proposer(LayerSkipDraft(model, model.prepare(params), 1), 3, 1)
+  assert isinstance(skip, DraftBranches) and (skip.k, skip.depth) == (3, 1)
+  with pytest.raises(ValueError, match="a PromptLookupDraft has no top-k to branch on"):
+    llama_target.tree_proposer(PromptLookupDraft(model.config.vocab_size), 2, 2)
 
 
 @pytest.mark.parametrize("helps", [True, False])
