@@ -293,10 +293,9 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   batches = SignalsBatches(train, batch_size=config.batch_size, seed=config.seed)
   eval_batches = SignalsBatches(held_out, batch_size=config.batch_size, seed=0)
   total = int(round(config.passes * batches.steps_per_pass))
-  schedule = optimizers.learning_rate_schedule(total, peak_lr=config.peak_lr,
-                                               warmup_steps=config.warmup_steps)
-  optimizer = optimizers.make_optimizer(schedule, kind="adamw",
-                                        weight_decay=config.weight_decay)
+  schedule = optimizers.LearningRate(peak_lr=config.peak_lr,
+                                     warmup_steps=config.warmup_steps).schedule(total)
+  optimizer = optimizers.Optimizer(kind="adamw", weight_decay=config.weight_decay).build(schedule)
   loss_cfg = LossConfig(z_loss=0.0, distill_weight=1.0,
                         distill_divergence=config.divergence)
   step_fn = student_distill.make_train_step(student, optimizer, loss_cfg,
