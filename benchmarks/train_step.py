@@ -70,8 +70,8 @@ def measure() -> dict:
   target_cfg, target_params = load_hf_checkpoint(_TARGET.value, dropout_rate=0.0)
   target = T5Model(target_cfg)
   target_params = jax.device_put(target_params)
-  tx = optimizer.make_optimizer(optimizer.learning_rate_schedule(1000, peak_lr=1e-3),
-                                kind="adafactor", clip_norm=0.0)
+  tx = optimizer.Optimizer(kind="adafactor", clip_norm=0.0).build(
+      optimizer.LearningRate(peak_lr=1e-3).schedule(1000))
   old_step = trainer.make_train_step(draft, tx, LOSS, target)
   new_step = sparse_distill.make_signals_train_step(draft, tx, LOSS)
   policy_step = on_policy.make_on_policy_train_step(draft, target, tx, ON_POLICY_LOSS)

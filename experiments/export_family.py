@@ -22,6 +22,7 @@ from safetensors.numpy import load_file, save_file
 
 from specdec_jax.data import layout
 from specdec_jax.experiment.targets import family
+from specdec_jax.training.model_card import ModelCard
 
 _CHECKPOINTS_DIR = flags.DEFINE_string(
     "checkpoints_dir", os.path.join(layout.REPO_ROOT, "checkpoints"),
@@ -119,72 +120,88 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
             else "trained from scratch")
   encoder = ("none: it reads the target's encoder outputs" if shared
              else str(cfg["num_layers"]))
-  data_info = summary.get("data", {})
-  if data_info.get("source") == "signals":
-    data = (f"{DISTILL_DATA}, read with the target's stored signals (its encoder outputs "
-            "and top-k log-probabilities along every output, `python -m "
-            "experiments.teacher_signals`), so the target does not run in the training step")
-  elif "distill" in data_info.get("mixture", ""):
-    data = DISTILL_DATA
-  else:
-    data = DATA
-  lines = [
-      f"# specdec_jax `{name}`", "",
-      f"{'A T5 decoder' if shared else 'T5.1.1-style encoder-decoder'} {origin} for the "
-      f"speculative-decoding reproduction (Leviathan et al., 2023): {ROLES.get(name, name)}.",
-      "",
-      *([f"**{SUPERSEDED[name]}**", ""] if name in SUPERSEDED else []),
-      "| | |", "|---|---|",
-      f"| parameters | {summary['params'] / 1e6:.2f}M |",
-      f"| d_model / d_ff / d_kv / heads | {cfg['d_model']} / {cfg['d_ff']} / {cfg['d_kv']} / "
-      f"{cfg['num_heads']} |",
-      f"| encoder / decoder layers | {encoder} / {cfg['num_decoder_layers']} |",
-      f"| vocabulary | {cfg['vocab_size']} SentencePiece pieces (`spiece.model`) |",
-      f"| training steps | {_steps(summary)} |",
-      f"| tokens seen (inputs / targets, non-padding) | {summary['input_tokens_seen']:,} / "
-      f"{summary['target_tokens_seen']:,} |",
-      f"| training wall time | {hours:.2f} h in the training loop on a 2-core CPU (fp32; "
-      "parts of it shared the CPU with other jobs) |",
-      f"| validation loss (En-De / man-page / all) | {_fmt(val.get('specdec_ende'), 3)} / "
-      f"{_fmt(val.get('specdec_mansum'), 3)} / {_fmt(val.get('all'), 3)} |",
+  facts = [
+      ("parameters", f"{summary['params'] / 1e6:.2f}M"),
+      ("d_model / d_ff / d_kv / heads",
+       f"{cfg['d_model']} / {cfg['d_ff']} / {cfg['d_kv']} / {cfg['num_heads']}"),
+      ("encoder / decoder layers", f"{encoder} / {cfg['num_decoder_layers']}"),
+      ("vocabulary", f"{cfg['vocab_size']} SentencePiece pieces (`spiece.model`)"),
+      ("training steps", _steps(summary)),
+      ("tokens seen (inputs / targets, non-padding)",
+       f"{summary['input_tokens_seen']:,} / {summary['target_tokens_seen']:,}"),
+      ("training wall time", f"{hours:.2f} h in the training loop on a 2-core CPU (fp32; "
+       "parts of it shared the CPU with other jobs)"),
+      ("validation loss (En-De / man-page / all)", f"{_fmt(val.get('specdec_ende'), 3)} / "
+       f"{_fmt(val.get('specdec_mansum'), 3)} / {_fmt(val.get('all'), 3)}"),
   ]
   if shared:
-    lines += ["| test BLEU / ROUGE-L | none: it decodes only beside its target; α below is "
-              "what it is for |", ""]
+    facts.append(("test BLEU / ROUGE-L",
+                  "none: it decodes only beside its target; α below is what it is for"))
   else:
-    lines += [
-        f"| test BLEU, En-De (sacrebleu) | {_fmt(summary['test_bleu_ende'])} |",
-        f"| test ROUGE-L, man-page summaries | {_fmt(summary['test_rougeL_mansum'])} |",
-        f"| test decoding | {summary['test_decode']} |", ""]
-  lines += [f"Data: {data}", ""]
+    facts += [("test BLEU, En-De (sacrebleu)", _fmt(summary["test_bleu_ende"])),
+              ("test ROUGE-L, man-page summaries", _fmt(summary["test_rougeL_mansum"])),
+              ("test decoding", summary["test_decode"])]
+  sections = [f"Data: {_data(summary)}"]
   if summary.get("teacher_dir"):
     loss = summary["loss"]
     divergence = loss.get("distill_divergence", "forward_kl").replace("_", " ")
-    lines += [f"Distilled from the target: loss = {1 - loss['distill_weight']:.2f} x label "
-              f"cross-entropy + {loss['distill_weight']:.2f} x {divergence} to the target's "
-              f"token distributions (temperature {loss['distill_temperature']}).", ""]
+    sections.append(
+        f"Distilled from the target: loss = {1 - loss['distill_weight']:.2f} x label "
+        f"cross-entropy + {loss['distill_weight']:.2f} x {divergence} to the target's "
+        f"token distributions (temperature {loss['distill_temperature']}).")
   if name != "target":
-    lines += ["## Acceptance rate α vs the target", ""]
-    if alphas and name in alphas["alpha"]:
-      lines += ["| task | α (T=0) | α (T=1) |", "|---|---|---|"]
-      for task, by_t in sorted(alphas["alpha"][name].items()):
-        beta = {key: by_t[key]["alpha_beta"] if key in by_t else None for key in ("T=0", "T=1")}
-        lines.append(f"| {task} | {_fmt(beta['T=0'], 3)} | {_fmt(beta['T=1'], 3)} |")
-      how = alphas["_details"]
-      total, run = how["split_examples"], how["settings"]
-      examples = "; ".join(
-          f"{t}: {n} of {total[t]} examples, evenly spaced" if total.get(t, n) != n
-          else f"{t}: all {n} examples" for t, n in sorted(how["examples"].items())
-          if t in alphas["alpha"][name])
-      lines += ["", f"α = {how['estimators']['alpha_beta']}; speculative sampling with γ = "
-                f"{run['gamma']} on the {run['split']} splits ({examples}), up to "
-                f"{run['max_decode_len']} tokens each (`python -m experiments.measure_alpha`)."]
-    else:
-      lines.append("Not measured yet: needs the trained target (`python -m "
-                   "experiments.measure_alpha`, then export with `--alpha_json`).")
-    lines.append("")
+    sections.append(_alpha_section(name, alphas))
+  sections += [_use_section(name, shared), "\n".join([
+      "## Training configuration", "",
+      f"`python -m experiments.train --gin_file=gin_configs/train/{name}.gin` resolved to:", "",
+      "```", summary["gin_config"].strip(), "```"])]
+  intro = [f"{'A T5 decoder' if shared else 'T5.1.1-style encoder-decoder'} {origin} for the "
+           f"speculative-decoding reproduction (Leviathan et al., 2023): "
+           f"{ROLES.get(name, name)}."]
+  if name in SUPERSEDED:
+    intro.append(f"**{SUPERSEDED[name]}**")
+  return ModelCard(f"specdec_jax `{name}`", intro, facts, sections).markdown()
+
+
+def _data(summary: dict) -> str:
+  """What the model was trained on."""
+  data_info = summary.get("data", {})
+  if data_info.get("source") == "signals":
+    return (f"{DISTILL_DATA}, read with the target's stored signals (its encoder outputs "
+            "and top-k log-probabilities along every output, `python -m "
+            "experiments.teacher_signals`), so the target does not run in the training step")
+  if "distill" in data_info.get("mixture", ""):
+    return DISTILL_DATA
+  return DATA
+
+
+def _alpha_section(name: str, alphas: dict | None) -> str:
+  """The card's α against the target, as `experiments.measure_alpha` measured it."""
+  lines = ["## Acceptance rate α vs the target", ""]
+  if alphas and name in alphas["alpha"]:
+    lines += ["| task | α (T=0) | α (T=1) |", "|---|---|---|"]
+    for task, by_t in sorted(alphas["alpha"][name].items()):
+      beta = {key: by_t[key]["alpha_beta"] if key in by_t else None for key in ("T=0", "T=1")}
+      lines.append(f"| {task} | {_fmt(beta['T=0'], 3)} | {_fmt(beta['T=1'], 3)} |")
+    how = alphas["_details"]
+    total, run = how["split_examples"], how["settings"]
+    examples = "; ".join(
+        f"{t}: {n} of {total[t]} examples, evenly spaced" if total.get(t, n) != n
+        else f"{t}: all {n} examples" for t, n in sorted(how["examples"].items())
+        if t in alphas["alpha"][name])
+    lines += ["", f"α = {how['estimators']['alpha_beta']}; speculative sampling with γ = "
+              f"{run['gamma']} on the {run['split']} splits ({examples}), up to "
+              f"{run['max_decode_len']} tokens each (`python -m experiments.measure_alpha`)."]
+  else:
+    lines.append("Not measured yet: needs the trained target (`python -m "
+                 "experiments.measure_alpha`, then export with `--alpha_json`).")
+  return "\n".join(lines)
+
+
+def _use_section(name: str, shared: bool) -> str:
+  """How to load it, and what its files are."""
   if shared:
-    lines += [
+    return "\n".join([
         "## Use", "", "```python",
         "from specdec_jax.models.t5.checkpoints import load_model",
         "from specdec_jax.models.t5 import make_draft",
@@ -194,22 +211,15 @@ def model_card(name: str, summary: dict, alphas: dict | None) -> str:
         "It works only with the target it was trained on (config.json names it by the sha256 "
         "of its weights). Files: our format (`checkpoints.save_shared_encoder_checkpoint`): "
         "config.json (the decoder's T5 settings under \"decoder\", `encoder_d_model`, the "
-        "target) and model.safetensors with T5X parameter paths, stored in float16.", ""]
-  else:
-    lines += [
-        "## Use", "", "```python",
-        "from specdec_jax.models.t5.checkpoints import load_hf_checkpoint",
-        "from specdec_jax.models.t5 import T5Model",
-        f'cfg, params = load_hf_checkpoint("assets/models/{name}")  # float16 on disk, '
-        "float32 in memory", "model = T5Model(cfg)", "```", "",
-        "Weights are stored in float16 (trained in float32); the files are HuggingFace T5 "
-        "(`T5ForConditionalGeneration`) format.", ""]
-  lines += [
-      "## Training configuration", "",
-      f"`python -m experiments.train --gin_file=gin_configs/train/{name}.gin` resolved to:", "",
-      "```", summary["gin_config"].strip(), "```", "",
-  ]
-  return "\n".join(lines)
+        "target) and model.safetensors with T5X parameter paths, stored in float16."])
+  return "\n".join([
+      "## Use", "", "```python",
+      "from specdec_jax.models.t5.checkpoints import load_hf_checkpoint",
+      "from specdec_jax.models.t5 import T5Model",
+      f'cfg, params = load_hf_checkpoint("assets/models/{name}")  # float16 on disk, '
+      "float32 in memory", "model = T5Model(cfg)", "```", "",
+      "Weights are stored in float16 (trained in float32); the files are HuggingFace T5 "
+      "(`T5ForConditionalGeneration`) format."])
 
 
 def export_model(name: str, src_dir: str, out_dir: str, alphas: dict | None) -> int:

@@ -24,6 +24,8 @@ from absl import app, flags, logging
 
 from specdec_jax import compilation_cache, contention
 from specdec_jax.experiment import gin_flags
+from specdec_jax.training import optimizer, trainer
+from specdec_jax.training.model_config import model_config
 from specdec_jax.training.train_student import train_student
 from specdec_jax.training.train_t5 import train
 
@@ -62,7 +64,10 @@ def main(argv: list[str]) -> None:
     if _trains_a_student():
       print(train_student(model_dir), flush=True)
     else:
-      train(model_dir, eval_only=_EVAL_ONLY.value)
+      # The run's parts, built here from the gin bindings and passed down.
+      train(model_dir, model_cfg=model_config(), loss_cfg=trainer.LossConfig(),
+            learning_rate=optimizer.LearningRate(), optimizer_cfg=optimizer.Optimizer(),
+            eval_only=_EVAL_ONLY.value)
 
 
 def _trains_a_student() -> bool:

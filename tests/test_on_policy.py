@@ -112,8 +112,8 @@ def test_samples_follow_the_students_distribution_and_a_wrong_one_fails(setup):
 
 def test_the_step_moves_the_student_towards_the_target_along_its_samples(setup):
   target, target_params, student, params = setup
-  tx = optimizer.make_optimizer(optimizer.learning_rate_schedule(
-      40, peak_lr=1e-2, warmup_steps=2, kind="constant"))
+  tx = optimizer.Optimizer().build(optimizer.LearningRate(
+      peak_lr=1e-2, warmup_steps=2, kind="constant").schedule(40))
   cfg = trainer.LossConfig(distill_weight=0.5, distill_divergence="total_variation")
   with pytest.raises(ValueError, match="distill_temperature"):
     on_policy.make_on_policy_train_step(student, target, tx,

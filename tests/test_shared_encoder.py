@@ -155,8 +155,8 @@ def test_training_with_the_target_frozen_resumes_exactly(setup, tmp_path):
   """The teacher term pulls the draft towards the frozen target, and a restored checkpoint
   continues bit for bit (forward KL; total variation trains in test_sparse_distill)."""
   target, target_params, model, params, _ = setup
-  tx = optimizer.make_optimizer(optimizer.learning_rate_schedule(
-      20, peak_lr=1e-2, warmup_steps=2, kind="constant"))
+  tx = optimizer.Optimizer().build(optimizer.LearningRate(
+      peak_lr=1e-2, warmup_steps=2, kind="constant").schedule(20))
   # The teacher term alone (random labels would pull the other way).
   cfg = trainer.LossConfig(distill_weight=1.0, z_loss=0.0)
   step = trainer.make_train_step(model, tx, cfg, teacher_model=target)
@@ -189,7 +189,7 @@ def test_training_with_the_target_frozen_resumes_exactly(setup, tmp_path):
 
 def test_shared_student_needs_its_teacher(setup):
   target, _, model, _, _ = setup
-  tx = optimizer.make_optimizer(optimizer.learning_rate_schedule(10, warmup_steps=1))
+  tx = optimizer.Optimizer().build(optimizer.LearningRate(warmup_steps=1).schedule(10))
   with pytest.raises(ValueError, match="teacher"):
     trainer.make_train_step(model, tx, trainer.LossConfig())
   other = SharedEncoderModel(model.config, 48)

@@ -144,8 +144,8 @@ def test_loss_on_full_signals_is_the_loss_with_the_target_in_the_step(shared_set
 
 def test_signals_step_trains_the_student_alone(shared_setup):
   target, target_params, student, params = shared_setup
-  tx = optimizer.make_optimizer(optimizer.learning_rate_schedule(
-      30, peak_lr=1e-2, warmup_steps=2, kind="constant"))
+  tx = optimizer.Optimizer().build(optimizer.LearningRate(
+      peak_lr=1e-2, warmup_steps=2, kind="constant").schedule(30))
   cfg = trainer.LossConfig(distill_weight=1.0, distill_divergence="total_variation")
   with pytest.raises(ValueError, match="distill_temperature"):
     sparse_distill.make_signals_train_step(student, tx, dataclasses.replace(

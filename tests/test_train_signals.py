@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 
-import gin
 import jax
 import numpy as np
 import pytest
@@ -24,7 +23,10 @@ from specdec_jax.models.layers import ParamInfo
 from specdec_jax.models.t5 import T5Model, get_config
 from specdec_jax.models.t5.checkpoints import load_model, save_hf_checkpoint
 from specdec_jax.training import alpha_tracking, trainer
+from specdec_jax.training.model_config import model_config
+from specdec_jax.training.optimizer import LearningRate, Optimizer
 from specdec_jax.training.train_t5 import TrainConfig, train
+from specdec_jax.training.trainer import LossConfig
 
 # The module-scoped fixtures run once: every test of this file on one worker.
 pytestmark = pytest.mark.xdist_group("train_signals")
@@ -110,26 +112,24 @@ def data(tmp_path_factory):
 
 @pytest.fixture
 def run(data, monkeypatch):
-  """`run(model_dir, **config_fields)`: the driver on the tiny data with a tiny draft."""
+  """`run(model_dir, loss=None, **config_fields)`: the driver on the tiny data with a tiny
+  draft; `loss` overrides LossConfig's fields."""
   teacher, data_dir = data
   monkeypatch.setenv(layout.DATA_DIR_ENV, data_dir)
-  gin.clear_config()
-  for name, value in STUDENT.items():
-    gin.bind_parameter(f"model_config.{name}", value)
-  gin.bind_parameter("LossConfig.distill_weight", 0.5)
-  gin.bind_parameter("learning_rate_schedule.warmup_steps", 1)
 
-  def call(model_dir: str, **kwargs):
+  def call(model_dir: str, loss: dict | None = None, **kwargs):
     settings = dict(source="signals", student="shared_encoder", teacher_dir=teacher,
                     batch_size=4, bucket_window=2, inputs_length=INPUTS_LENGTH,
                     targets_length=MAX_DECODE_LEN, log_every=2, val_tasks=(),
                     alpha_every_steps=3, alpha_examples=4, alpha_batch_size=4,
                     alpha_tasks=("ende",), alpha_temperatures=(1.0,))
-    return train(model_dir, TrainConfig(**{**settings, **kwargs}))
+    return train(model_dir, TrainConfig(**{**settings, **kwargs}),
+                 model_cfg=model_config(**STUDENT),
+                 loss_cfg=LossConfig(**{"distill_weight": 0.5, **(loss or {})}),
+                 learning_rate=LearningRate(warmup_steps=1), optimizer_cfg=Optimizer())
 
   call.teacher = teacher
-  yield call
-  gin.clear_config()
+  return call
 
 
 def test_training_from_signals_tracks_alpha_and_exports_the_best(run, tmp_path):
@@ -178,8 +178,8 @@ def test_training_from_signals_tracks_alpha_and_exports_the_best(run, tmp_path):
 
 def test_on_policy_training_runs_from_the_stored_inputs(run, tmp_path):
   model_dir = str(tmp_path / "on_policy")
-  gin.bind_parameter("LossConfig.distill_divergence", "total_variation")
-  summary = run(model_dir, source="on_policy", total_steps=3)
+  summary = run(model_dir, source="on_policy", total_steps=3,
+                loss={"distill_divergence": "total_variation"})
   assert summary["steps"] == 3
   curve = alpha_tracking.read_curve(model_dir)
   assert [e["step"] for e in curve["entries"]] == [0, 3]
@@ -240,5 +240,4 @@ def test_bad_settings_fail_before_any_work(run, tmp_path):
   with pytest.raises(ValueError, match="signals of another target"):
     run(model_dir, total_steps=2, teacher_dir=other)
   with pytest.raises(ValueError, match="distill_temperature"):
-    gin.bind_parameter("LossConfig.distill_temperature", 2.0)
-    run(model_dir, total_steps=2, alpha_every_steps=0)
+    run(model_dir, total_steps=2, alpha_every_steps=0, loss={"distill_temperature": 2.0})

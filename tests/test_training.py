@@ -15,6 +15,9 @@ import pytest
 from specdec_jax.models.t5 import T5Model, get_config
 from specdec_jax.training import batching, optimizer, trainer
 from specdec_jax.training.checkpointing import Checkpointer, StopFlag
+from specdec_jax.training.model_config import model_config
+from specdec_jax.training.train_student import StudentTrainConfig
+from specdec_jax.training.train_t5 import TrainConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 97
@@ -47,8 +50,8 @@ def tiny():
 def sgd_setup(tiny):
   """The optimizer and jitted train step (compiled once for the tests below)."""
   model, _ = tiny
-  tx = optimizer.make_optimizer(optimizer.learning_rate_schedule(
-      20, peak_lr=1e-2, warmup_steps=2, kind="constant"))
+  tx = optimizer.Optimizer().build(optimizer.LearningRate(
+      peak_lr=1e-2, warmup_steps=2, kind="constant").schedule(20))
   return tx, trainer.make_train_step(model, tx, trainer.LossConfig())
 
 
@@ -95,7 +98,7 @@ def test_distillation_to_a_one_hot_teacher_is_the_label_loss(tiny):
 
 def test_distillation_step_runs_the_teacher_in_the_step(tiny):
   model, params = tiny
-  tx = optimizer.make_optimizer(optimizer.learning_rate_schedule(10, warmup_steps=1))
+  tx = optimizer.Optimizer().build(optimizer.LearningRate(warmup_steps=1).schedule(10))
   cfg = trainer.LossConfig(distill_weight=0.5)
   with pytest.raises(ValueError, match="teacher_model"):
     trainer.make_train_step(model, tx, cfg)
@@ -106,40 +109,39 @@ def test_distillation_step_runs_the_teacher_in_the_step(tiny):
 
 
 def test_schedules():
-  rsqrt = optimizer.learning_rate_schedule(1000, peak_lr=1.0, warmup_steps=100, kind="rsqrt")
+  rsqrt = optimizer.LearningRate(peak_lr=1.0, warmup_steps=100, kind="rsqrt").schedule(1000)
   np.testing.assert_allclose([float(rsqrt(s)) for s in (0, 99, 399)], [0.01, 1.0, 0.5],
                              rtol=1e-5)
-  cos = optimizer.learning_rate_schedule(1000, peak_lr=1.0, warmup_steps=100,
-                                         final_fraction=0.1)
+  cos = optimizer.LearningRate(peak_lr=1.0, warmup_steps=100, final_fraction=0.1).schedule(1000)
   np.testing.assert_allclose([float(cos(100)), float(cos(1000))], [1.0, 0.1], rtol=1e-4)
   with pytest.raises(ValueError, match="kind"):
-    optimizer.learning_rate_schedule(10, kind="linear")
+    optimizer.LearningRate(kind="linear")
 
 
 def test_adafactor_steps_are_relative_to_each_parameters_scale():
   """T5's init mixes scales (embeddings ~1, query kernels ~0.006); updates must follow them."""
-  tx = optimizer.make_optimizer(lambda step: 1e-2, kind="adafactor", clip_norm=0.0)
+  tx = optimizer.Optimizer(kind="adafactor", clip_norm=0.0).build(lambda step: 1e-2)
   params = {"big": jnp.ones((256, 256)), "small": jnp.full((256, 256), 0.01)}
   grads = jax.tree.map(lambda p: jnp.full(p.shape, 0.5), params)
   updates, _ = tx.update(grads, tx.init(params), params)
   ratio = float(jnp.abs(updates["big"]).mean() / jnp.abs(updates["small"]).mean())
   np.testing.assert_allclose(ratio, 100.0, rtol=1e-3)
-  adam = optimizer.make_optimizer(lambda step: 1e-2, kind="adamw", weight_decay=0.0)
+  adam = optimizer.Optimizer(kind="adamw", weight_decay=0.0).build(lambda step: 1e-2)
   updates, _ = adam.update(grads, adam.init(params), params)
   np.testing.assert_allclose(float(jnp.abs(updates["big"]).mean() /
                                    jnp.abs(updates["small"]).mean()), 1.0, rtol=1e-3)
 
 
 def test_schedule_drops_multiply_from_their_step():
-  dropped = optimizer.learning_rate_schedule(1000, peak_lr=1.0, warmup_steps=100, kind="rsqrt",
-                                             drop_steps=(500, 700), drop_factor=0.5)
-  plain = optimizer.learning_rate_schedule(1000, peak_lr=1.0, warmup_steps=100, kind="rsqrt")
+  dropped = optimizer.LearningRate(peak_lr=1.0, warmup_steps=100, kind="rsqrt",
+                                   drop_steps=(500, 700), drop_factor=0.5).schedule(1000)
+  plain = optimizer.LearningRate(peak_lr=1.0, warmup_steps=100, kind="rsqrt").schedule(1000)
   got = [float(dropped(s)) / float(plain(s)) for s in (499, 500, 699, 700, 999)]
   np.testing.assert_allclose(got, [1.0, 0.5, 0.5, 0.25, 0.25], rtol=1e-6)
   with pytest.raises(ValueError, match="drop_steps"):
-    optimizer.learning_rate_schedule(10, drop_steps=(5, 3))
+    optimizer.LearningRate(drop_steps=(5, 3))
   with pytest.raises(ValueError, match="drop_factor"):
-    optimizer.learning_rate_schedule(10, drop_steps=(5,), drop_factor=0.0)
+    optimizer.LearningRate(drop_steps=(5,), drop_factor=0.0)
 
 
 def _source(n: int, seed: int = 0):
@@ -202,8 +204,6 @@ def test_stop_flag_catches_sigterm():
 
 
 def test_gin_configs_parse():
-  train_mod = pytest.importorskip("specdec_jax.training.train_t5")
-  train_student = pytest.importorskip("specdec_jax.training.train_student")
   files = sorted(glob.glob(os.path.join(REPO, "gin_configs", "train", "*.gin")))
   assert {"target", "draft_small", "draft_base", "draft_large", "draft_distilled"} <= {
       os.path.basename(f)[:-4] for f in files}
@@ -216,12 +216,14 @@ def test_gin_configs_parse():
       gin.clear_config()
       gin.parse_config_file(path)
       if os.path.basename(path).startswith("draft_smollm2"):  # A decoder-only student.
-        student = train_student.StudentTrainConfig()
+        student = StudentTrainConfig()
         assert student.target == "smollm2" and student.passes > 0, path
         continue
-      cfg = train_mod.model_config()
+      # What experiments.train builds from the file.
+      cfg = model_config()
       assert cfg.vocab_size == 8192 and cfg.gated and not cfg.tie_word_embeddings, path
-      assert gin.query_parameter("TrainConfig.total_steps") > 0, path
+      assert TrainConfig().total_steps > 0, path
+      trainer.LossConfig(), optimizer.LearningRate(), optimizer.Optimizer()
   finally:
     gin.clear_config()
     os.chdir(cwd)

@@ -1,8 +1,13 @@
-"""Optimizers and learning-rate schedules for training (optax)."""
+"""The learning-rate schedule and the optimizer (optax), each a config the command builds.
+
+The command binds them in gin (`LearningRate.peak_lr = 1e-3`, `Optimizer.kind =
+"adafactor"`), builds them where it assembles the run and passes them down; the
+training driver turns them into optax objects once it knows the run's length.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
 
 import gin
 import jax
@@ -14,60 +19,71 @@ _OPTIMIZERS = ("adamw", "adafactor")
 
 
 @gin.configurable
-def learning_rate_schedule(total_steps: int, *, peak_lr: float = 1e-3, warmup_steps: int = 1000,
-                           kind: str = "cosine", final_fraction: float = 0.1,
-                           drop_steps: Sequence[int] = (), drop_factor: float = 0.3
-                           ) -> optax.Schedule:
+@dataclasses.dataclass(frozen=True)
+class LearningRate:
   """Linear warmup to `peak_lr`, then decay, times a step drop at each of `drop_steps`.
 
-  Args:
-    total_steps: the run's number of steps (the cosine decays over it).
+  Attributes:
     peak_lr: learning rate at the end of warmup.
     warmup_steps: linear warmup steps from 0.
-    kind: "cosine" (to `final_fraction * peak_lr` at `total_steps`), "rsqrt"
+    kind: "cosine" (to `final_fraction * peak_lr` at the run's last step), "rsqrt"
       (`peak_lr * sqrt(warmup_steps / step)`, T5's schedule) or "constant".
     final_fraction: the cosine's final learning rate as a fraction of the peak.
     drop_steps: steps from which the learning rate is multiplied by `drop_factor`
       (once per step passed): a manual drop, e.g. when the loss plateaus mid-run.
     drop_factor: the factor of each drop, in (0, 1].
 
-  Returns:
-    step -> learning rate.
+  Raises:
+    ValueError: a setting out of range, named.
   """
-  if kind not in _SCHEDULES:
-    raise ValueError(f"kind={kind!r}: use one of {_SCHEDULES}.")
-  if warmup_steps < 0 or total_steps < 1:
-    raise ValueError(f"need warmup_steps >= 0 and total_steps >= 1, got {warmup_steps}, "
-                     f"{total_steps}.")
-  drop_steps = tuple(int(s) for s in drop_steps)
-  if any(s < 1 for s in drop_steps) or list(drop_steps) != sorted(set(drop_steps)):
-    raise ValueError(f"drop_steps={drop_steps}: use increasing steps >= 1.")
-  if not 0 < drop_factor <= 1:
-    raise ValueError(f"drop_factor={drop_factor}: use a factor in (0, 1].")
-  warmup = max(warmup_steps, 1)
 
-  def schedule(step: jax.Array) -> jax.Array:
-    step = jnp.asarray(step, jnp.float32)
-    ramp = jnp.minimum(1.0, (step + 1) / warmup)
-    if kind == "constant":
-      decay = 1.0
-    elif kind == "rsqrt":
-      decay = jnp.sqrt(warmup / jnp.maximum(step + 1, warmup))
-    else:
-      frac = jnp.clip((step - warmup_steps) / max(total_steps - warmup_steps, 1), 0.0, 1.0)
-      decay = final_fraction + (1 - final_fraction) * 0.5 * (1 + jnp.cos(jnp.pi * frac))
-    drops = sum((step >= s).astype(jnp.float32) for s in drop_steps) if drop_steps else 0.0
-    return peak_lr * ramp * decay * drop_factor**drops
+  peak_lr: float = 1e-3
+  warmup_steps: int = 1000
+  kind: str = "cosine"
+  final_fraction: float = 0.1
+  drop_steps: tuple[int, ...] = ()
+  drop_factor: float = 0.3
 
-  return schedule
+  def __post_init__(self):
+    if self.kind not in _SCHEDULES:
+      raise ValueError(f"LearningRate.kind={self.kind!r}: use one of {_SCHEDULES}.")
+    if self.warmup_steps < 0:
+      raise ValueError(f"LearningRate.warmup_steps={self.warmup_steps}: use steps >= 0.")
+    drops = tuple(int(s) for s in self.drop_steps)
+    if any(s < 1 for s in drops) or list(drops) != sorted(set(drops)):
+      raise ValueError(f"LearningRate.drop_steps={drops}: use increasing steps >= 1.")
+    object.__setattr__(self, "drop_steps", drops)
+    if not 0 < self.drop_factor <= 1:
+      raise ValueError(f"LearningRate.drop_factor={self.drop_factor}: use a factor in (0, 1].")
+
+  def schedule(self, total_steps: int) -> optax.Schedule:
+    """step -> learning rate, for a run of `total_steps` (the cosine decays over it)."""
+    if total_steps < 1:
+      raise ValueError(f"total_steps={total_steps}: a run needs at least 1 step.")
+    warmup, drop_steps = max(self.warmup_steps, 1), self.drop_steps
+
+    def schedule(step: jax.Array) -> jax.Array:
+      step = jnp.asarray(step, jnp.float32)
+      ramp = jnp.minimum(1.0, (step + 1) / warmup)
+      if self.kind == "constant":
+        decay = 1.0
+      elif self.kind == "rsqrt":
+        decay = jnp.sqrt(warmup / jnp.maximum(step + 1, warmup))
+      else:
+        frac = jnp.clip((step - self.warmup_steps) / max(total_steps - self.warmup_steps, 1),
+                        0.0, 1.0)
+        decay = self.final_fraction + (1 - self.final_fraction) * 0.5 * (
+            1 + jnp.cos(jnp.pi * frac))
+      drops = sum((step >= s).astype(jnp.float32) for s in drop_steps) if drop_steps else 0.0
+      return self.peak_lr * ramp * decay * self.drop_factor**drops
+
+    return schedule
 
 
 @gin.configurable
-def make_optimizer(schedule: optax.Schedule, *, kind: str = "adamw", weight_decay: float = 0.01,
-                   b1: float = 0.9, b2: float = 0.98, clip_norm: float = 1.0,
-                   decay_rate: float = 0.8, multiply_by_parameter_scale: bool = True
-                   ) -> optax.GradientTransformation:
-  """The optimizer: global-norm gradient clipping, then AdamW or Adafactor.
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+  """Global-norm gradient clipping, then AdamW or Adafactor.
 
   T5's initialisation gives matrices very different scales (embeddings std 1,
   query kernels std (d_model * d_kv)^-0.5), and AdamW moves every weight by about
@@ -75,8 +91,7 @@ def make_optimizer(schedule: optax.Schedule, *, kind: str = "adamw", weight_deca
   update by the parameter's RMS (`multiply_by_parameter_scale`), so the learning
   rate is relative (1e-2 is T5's).
 
-  Args:
-    schedule: the learning-rate schedule.
+  Attributes:
     kind: "adamw" or "adafactor" (factored second moments, T5X's default).
     weight_decay: decoupled weight decay (AdamW; applied to matrices only).
     b1: first-moment decay (AdamW).
@@ -86,12 +101,27 @@ def make_optimizer(schedule: optax.Schedule, *, kind: str = "adamw", weight_deca
     decay_rate: Adafactor's second-moment decay exponent (T5X: 0.8).
     multiply_by_parameter_scale: Adafactor's relative step size (T5X: True).
   """
-  if kind not in _OPTIMIZERS:
-    raise ValueError(f"kind={kind!r}: use one of {_OPTIMIZERS}.")
-  if kind == "adamw":
-    opt = optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay,
-                      mask=lambda params: jax.tree.map(lambda x: x.ndim > 1, params))
-  else:
-    opt = optax.adafactor(schedule, decay_rate=decay_rate, clipping_threshold=1.0,
-                          multiply_by_parameter_scale=multiply_by_parameter_scale)
-  return optax.chain(optax.clip_by_global_norm(clip_norm), opt) if clip_norm > 0 else opt
+
+  kind: str = "adamw"
+  weight_decay: float = 0.01
+  b1: float = 0.9
+  b2: float = 0.98
+  clip_norm: float = 1.0
+  decay_rate: float = 0.8
+  multiply_by_parameter_scale: bool = True
+
+  def __post_init__(self):
+    if self.kind not in _OPTIMIZERS:
+      raise ValueError(f"Optimizer.kind={self.kind!r}: use one of {_OPTIMIZERS}.")
+
+  def build(self, schedule: optax.Schedule) -> optax.GradientTransformation:
+    """The optax transformation stepping at `schedule`'s learning rate."""
+    if self.kind == "adamw":
+      opt = optax.adamw(schedule, b1=self.b1, b2=self.b2, weight_decay=self.weight_decay,
+                        mask=lambda params: jax.tree.map(lambda x: x.ndim > 1, params))
+    else:
+      opt = optax.adafactor(schedule, decay_rate=self.decay_rate, clipping_threshold=1.0,
+                            multiply_by_parameter_scale=self.multiply_by_parameter_scale)
+    if self.clip_norm > 0:
+      return optax.chain(optax.clip_by_global_norm(self.clip_norm), opt)
+    return opt

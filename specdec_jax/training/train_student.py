@@ -59,6 +59,7 @@ from specdec_jax.models.llama.student_io import TargetId, check_target, load_stu
 from specdec_jax.training import alpha_tracking, loop, shortlist, student_distill
 from specdec_jax.training import optimizer as optimizers
 from specdec_jax.training.checkpointing import Checkpointer
+from specdec_jax.training.model_card import ModelCard
 from specdec_jax.training.signals_source import PackedSignals, SignalsBatches, read_packed
 from specdec_jax.training.trainer import LossConfig, TrainState
 
@@ -293,10 +294,9 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   batches = SignalsBatches(train, batch_size=config.batch_size, seed=config.seed)
   eval_batches = SignalsBatches(held_out, batch_size=config.batch_size, seed=0)
   total = int(round(config.passes * batches.steps_per_pass))
-  schedule = optimizers.learning_rate_schedule(total, peak_lr=config.peak_lr,
-                                               warmup_steps=config.warmup_steps)
-  optimizer = optimizers.make_optimizer(schedule, kind="adamw",
-                                        weight_decay=config.weight_decay)
+  schedule = optimizers.LearningRate(peak_lr=config.peak_lr,
+                                     warmup_steps=config.warmup_steps).schedule(total)
+  optimizer = optimizers.Optimizer(kind="adamw", weight_decay=config.weight_decay).build(schedule)
   loss_cfg = LossConfig(z_loss=0.0, distill_weight=1.0,
                         distill_divergence=config.divergence)
   step_fn = student_distill.make_train_step(student, optimizer, loss_cfg,
@@ -405,8 +405,7 @@ def model_card(config: StudentTrainConfig, student: Student, summary: dict) -> s
   """The README.md of an exported draft: its shape, data, training and held-out alpha."""
   blocks = student.config.blocks
   last = summary["last"] or {}
-  return "\n".join([
-      f"# A decoder-only draft for `{summary['target_file']}`", "",
+  intro = (
       "A small Llama-architecture draft for speculative decoding (Leviathan et al., 2023), "
       "trained on its target's own outputs and top-k log-probabilities "
       "(`specdec_jax/models/llama/student.py`). It owns no vocabulary-wide matrix: "
@@ -423,28 +422,33 @@ def model_card(config: StudentTrainConfig, student: Student, summary: dict) -> s
          f"{config.feature_weight}), which it reads while it proposes beyond the verified "
          "text (`specdec_jax/models/llama/feature_draft.py`). Its held-out alpha below is "
          "teacher-forced with the target's own features: that of each iteration's first "
-         "proposal." if config.reads_features else ""), "",
-      "| | |", "|---|---|",
-      f"| parameters (own) | {summary['parameters'] / 1e6:.2f}M |",
-      f"| layers / d_model / heads / kv heads / d_ff | {blocks.num_layers} / {blocks.d_model} / "
-      f"{blocks.num_heads} / {blocks.num_kv_heads} / {blocks.d_ff} |",
-      f"| shortlist | {student.config.head_size} tokens, "
-      f"{summary['head_coverage']:.1%} of the target's training outputs |",
-      f"| data | {summary['train_pairs']:,} (prompt, output) pairs of "
-      f"{', '.join(config.tasks)}, {summary['train_tokens']:,} output tokens, with the "
-      "target's signals along them (`python -m experiments.distill_data` or "
-      "`experiments.text_corpus`, then `experiments.teacher_signals`) |",
-      f"| training | {summary['steps']} steps ({summary['passes']} passes), batch "
-      f"{config.batch_size}, AdamW peak lr {config.peak_lr}, {config.divergence} to the "
-      "target's top-k"
-      + (f", from the draft in {config.init_from}" if config.init_from else "")
-      + (f", training-time test over {config.test_steps} passes" if config.test_steps > 1
-         else "") + " |",
-      f"| held-out alpha (validation outputs) | T=0: {last.get('alpha_t0', float('nan')):.3f}, "
-      f"T=1: >= {last.get('alpha_t1_lower', float('nan')):.3f} |", "",
+         "proposal." if config.reads_features else ""))
+  facts = [
+      ("parameters (own)", f"{summary['parameters'] / 1e6:.2f}M"),
+      ("layers / d_model / heads / kv heads / d_ff", f"{blocks.num_layers} / {blocks.d_model} / "
+       f"{blocks.num_heads} / {blocks.num_kv_heads} / {blocks.d_ff}"),
+      ("shortlist", f"{student.config.head_size} tokens, "
+       f"{summary['head_coverage']:.1%} of the target's training outputs"),
+      ("data", f"{summary['train_pairs']:,} (prompt, output) pairs of "
+       f"{', '.join(config.tasks)}, {summary['train_tokens']:,} output tokens, with the "
+       "target's signals along them (`python -m experiments.distill_data` or "
+       "`experiments.text_corpus`, then `experiments.teacher_signals`)"),
+      ("training", f"{summary['steps']} steps ({summary['passes']} passes), batch "
+       f"{config.batch_size}, AdamW peak lr {config.peak_lr}, {config.divergence} to the "
+       "target's top-k"
+       + (f", from the draft in {config.init_from}" if config.init_from else "")
+       + (f", training-time test over {config.test_steps} passes" if config.test_steps > 1
+          else "")),
+      ("held-out alpha (validation outputs)",
+       f"T=0: {last.get('alpha_t0', float('nan')):.3f}, "
+       f"T=1: >= {last.get('alpha_t1_lower', float('nan')):.3f}"),
+  ]
+  sections = [
       "Held-out alpha is estimated along the target's own validation outputs "
       "(`training/student_distill.py`); the speedup and alpha measured by decoding are in "
-      "results/README.md.", "",
+      "results/README.md.",
       "It works only with the target it was trained for: config.json names that file by "
       "its sha256, and the run refuses another (`student_io.check_target`). Use it by name "
-      "in a `llama_gguf` experiment (`Experiment.drafts = ['<this directory>']`).", ""])
+      "in a `llama_gguf` experiment (`Experiment.drafts = ['<this directory>']`)."]
+  return ModelCard(f"A decoder-only draft for `{summary['target_file']}`", [intro], facts,
+                   sections).markdown()

@@ -37,7 +37,7 @@ import numpy as np
 from specdec_jax import atomic_io
 from specdec_jax.data import corpora, layout, pipeline, teacher_signals, vocab
 from specdec_jax.distillation.teacher import teacher_sha256
-from specdec_jax.models.t5 import SharedEncoderModel, T5Model
+from specdec_jax.models.t5 import SharedEncoderModel, T5Config, T5Model
 from specdec_jax.models.t5.checkpoints import (
   load_hf_checkpoint,
   load_hf_config,
@@ -61,7 +61,6 @@ from specdec_jax.training.alpha_tracking import (
   held_out_inputs,
 )
 from specdec_jax.training.checkpointing import Checkpointer
-from specdec_jax.training.model_config import model_config
 
 SUMMARY = "train_summary.json"
 STUDENTS = ("t5", "shared_encoder")
@@ -103,9 +102,9 @@ def _run_validation(eval_step, params: dict, val: dict[str, list[dict]]) -> dict
 class TrainConfig:
   """What a T5 run trains, on what, and how long (gin: `TrainConfig.X`).
 
-  The model's shape is `model_config` and the loss `trainer.LossConfig`, each its own
-  configurable. Checked when made: a bad value raises ValueError naming the field and
-  the fix, before anything loads.
+  The model's shape, the loss, the learning rate and the optimizer are `train`'s
+  arguments, each its own configurable that the command builds. Checked when made: a
+  bad value raises ValueError naming the field and the fix, before anything loads.
 
   Attributes:
     total_steps: optimizer steps (one batch each).
@@ -137,8 +136,8 @@ class TrainConfig:
     teacher_dir: HF-format teacher (the target): for distillation in the step
       (`LossConfig.distill_weight > 0`, source "pipeline"), the encoder a shared-encoder
       student reads, and the target alpha is measured against.
-    student: "t5" (a T5 of `model_config()`), or "shared_encoder": a decoder of
-      `model_config()`'s decoder settings that reads the teacher's encoder outputs
+    student: "t5" (a T5 of `train`'s `model_cfg`), or "shared_encoder": a decoder of
+      `model_cfg`'s decoder settings that reads the teacher's encoder outputs
       (`models.shared_encoder`; needs `teacher_dir`).
     init_from: a model directory (`checkpoints.load_model`) of the same architecture to
       start from instead of a random init (e.g. a draft to fine-tune on distillation data).
@@ -190,20 +189,24 @@ class TrainConfig:
     _check_config(self)
 
 
-@gin.configurable(denylist=["model_dir", "eval_only"])
-def train(model_dir: str, config: TrainConfig = gin.REQUIRED, eval_only: bool = False) -> dict:
+@gin.configurable(allowlist=["config"])
+def train(model_dir: str, config: TrainConfig = gin.REQUIRED, *, model_cfg: T5Config,
+          loss_cfg: trainer.LossConfig, learning_rate: optimizer.LearningRate,
+          optimizer_cfg: optimizer.Optimizer, eval_only: bool = False) -> dict:
   """Trains (resuming), then evaluates and exports; returns the summary.
 
   Args:
     model_dir: run directory.
     config: what to train and how (gin: `train.config = @TrainConfig()`).
+    model_cfg: the student's architecture (`model_config()`, built by the command).
+    loss_cfg: the loss (`trainer.LossConfig()`).
+    learning_rate: the schedule's settings (`optimizer.LearningRate()`).
+    optimizer_cfg: the optimizer (`optimizer.Optimizer()`).
     eval_only: skip training; evaluate and export the latest checkpoint (the best one by
       alpha, if alpha was measured).
   """
   os.makedirs(model_dir, exist_ok=True)
   total_steps = config.total_steps
-  cfg = model_config()
-  loss_cfg = trainer.LossConfig()
   if config.source == "signals":
     sparse_distill.check_loss_config(loss_cfg)
   teacher_model, teacher_params = None, None
@@ -212,7 +215,8 @@ def train(model_dir: str, config: TrainConfig = gin.REQUIRED, eval_only: bool = 
     teacher_model = T5Model(teacher_cfg)
     teacher_params = jax.device_put(teacher_params)
   shared = config.student == "shared_encoder"
-  model = SharedEncoderModel(cfg, teacher_model.config.d_model) if shared else T5Model(cfg)
+  model = (SharedEncoderModel(model_cfg, teacher_model.config.d_model) if shared
+           else T5Model(model_cfg))
   signals = None
   if config.source in ("signals", "on_policy"):
     signals = _signals_batches(model, config.signals_tasks, config.teacher_dir,
@@ -222,8 +226,8 @@ def train(model_dir: str, config: TrainConfig = gin.REQUIRED, eval_only: bool = 
       total_steps = math.ceil(config.passes * signals.steps_per_pass)
       print(f"{config.passes:g} passes of {signals.steps_per_pass} steps: {total_steps} steps.",
             flush=True)
-  schedule = optimizer.learning_rate_schedule(total_steps)
-  tx = optimizer.make_optimizer(schedule)
+  schedule = learning_rate.schedule(total_steps)
+  tx = optimizer_cfg.build(schedule)
   init_params = _initial_params(model, config.init_from, config.seed)
 
   state = trainer.TrainState.create(init_params, tx)
@@ -237,7 +241,7 @@ def train(model_dir: str, config: TrainConfig = gin.REQUIRED, eval_only: bool = 
   elif eval_only:
     raise FileNotFoundError(f"--eval_only: no checkpoint in {ckpt.directory}; train first.")
   n_params = sum(int(x.size) for x in jax.tree.leaves(state.params))
-  print(f"Model {cfg}\n{n_params / 1e6:.2f}M parameters.", flush=True)
+  print(f"Model {model_cfg}\n{n_params / 1e6:.2f}M parameters.", flush=True)
 
   eval_step = trainer.make_eval_step(
       model, teacher_model if shared else None)
