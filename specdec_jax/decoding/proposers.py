@@ -86,6 +86,11 @@ def chain_parents(depth: int) -> tuple[int, ...]:
   return tuple(range(-1, depth - 1))
 
 
+def branch_parents(k: int, depth: int) -> tuple[int, ...]:
+  """`trees.branches(k, depth)` under the root: its nodes' parents without node 0."""
+  return tuple(int(p) - 1 for p in trees.branches(k, depth)[1:])
+
+
 class Proposer(abc.ABC):
   """What the tree loop needs from a source of candidates."""
 
@@ -272,7 +277,7 @@ class DraftBranches(Proposer):
 
   @property
   def parents(self) -> tuple[int, ...]:
-    return tuple(int(p) - 1 for p in trees.branches(self.k, self.depth)[1:])
+    return branch_parents(self.k, self.depth)
 
   @property
   def forward_passes(self) -> int:

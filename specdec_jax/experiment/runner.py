@@ -84,13 +84,14 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
   done = {r.key for r in results_io.read_points(path)}
   pending = [p for p in points if p.key not in done]
   trees_done = {tree_point.TreeRow.from_json(r).key for r in results_io.read_rows(trees_path)}
-  trees = [p for p in settings.tree_points(exp) if _tree_key(exp, p) not in trees_done]
+  tree_points = settings.tree_points(exp)
+  trees = [p for p in tree_points if _tree_key(exp, p) not in trees_done]
   print(f"{exp.name}: {len(points)} points, {len(points) - len(pending)} already in {path}.",
         file=sys.stderr)
   if not pending and not trees:
     return path
   mesh = partitioning.make_mesh()
-  bar = tqdm.tqdm(total=len(points) + len(settings.tree_points(exp)),
+  bar = tqdm.tqdm(total=len(points) + len(tree_points),
                   initial=len(points) - len(pending) + len(trees_done), unit="point",
                   file=sys.stderr, dynamic_ncols=True)
   slowest = 0.0

@@ -34,7 +34,7 @@ import numpy as np
 from flax import struct
 
 from specdec_jax.decoding import trees
-from specdec_jax.decoding.proposers import Proposer, TreeProposal
+from specdec_jax.decoding.proposers import Proposer, TreeProposal, branch_parents
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models.llama.feature_draft import FeatureDraft, FeatureDraftState
 
@@ -57,7 +57,7 @@ class FeatureBranches(Proposer):
 
   @property
   def parents(self) -> tuple[int, ...]:
-    return tuple(int(p) - 1 for p in trees.branches(self.k, self.depth)[1:])
+    return branch_parents(self.k, self.depth)
 
   @property
   def forward_passes(self) -> int:
