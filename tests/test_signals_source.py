@@ -95,6 +95,25 @@ def test_a_fraction_keeps_whole_examples_drawn_once_from_the_seed(shards, monkey
     read_packed(["t"], root="r", fraction=0.0)
 
 
+def test_the_first_shards_are_read_while_the_rest_compute(shards, monkeypatch):
+  asked = []
+
+  def iter_joined(task, data_dir, root, require_complete=True):
+    asked.append(require_complete)
+    return iter(shards)
+
+  monkeypatch.setattr(teacher_signals, "iter_joined", iter_joined)
+  first = read_packed(["t"], root="r", shards=2)
+  assert asked == [False]
+  assert first.num_examples == sum(len(s["index"]) for s in shards[:2]) < 21
+  np.testing.assert_array_equal(first.output_tokens,
+                                PackedSignals.from_shards(shards[:2]).output_tokens)
+  with pytest.raises(ValueError, match=f"signals for {len(shards)} shards.*train_shards"):
+    read_packed(["t"], root="r", shards=len(shards) + 1)
+  with pytest.raises(ValueError, match="shards must be at least 1"):
+    read_packed(["t"], root="r", shards=0)
+
+
 def test_mixed_settings_and_empty_outputs_are_refused(shards):
   other = dict(shards[0], topk_ids=shards[0]["topk_ids"][..., :2])
   with pytest.raises(ValueError, match="top-k sizes"):

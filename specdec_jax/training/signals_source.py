@@ -19,6 +19,7 @@ number of rows.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterable, Iterator
 
@@ -164,8 +165,8 @@ class PackedSignals:
 
 
 def read_packed(tasks: Iterable[str], *, data_dir: str | None = None, root: str | None = None,
-                with_hidden: bool = True, fraction: float = 1.0, seed: int = 0
-                ) -> PackedSignals:
+                with_hidden: bool = True, fraction: float = 1.0, seed: int = 0,
+                shards: int | None = None) -> PackedSignals:
   """The distillation data and signals of `tasks`, packed.
 
   Args:
@@ -177,19 +178,41 @@ def read_packed(tasks: Iterable[str], *, data_dir: str | None = None, root: str 
     fraction: each example (with all its decodings) is kept with this probability,
       drawn once from `seed` (a data-scaling curve); 1 keeps every one.
     seed: seeds that draw.
+    shards: read only each task's first `shards` shards, while its signals may still be
+      computing (None: every shard, and the task's signals must be complete).
 
   Raises:
-    ValueError: `fraction` outside (0, 1].
+    ValueError: `fraction` outside (0, 1]; `shards` < 1, or more than a task has
+      signals for.
     As `teacher_signals.iter_joined` (missing, unfinished or bad data) and
     `PackedSignals.from_shards`.
   """
   if not 0.0 < fraction <= 1.0:
     raise ValueError(f"fraction must lie in (0, 1], got {fraction}.")
-  shards = (shard for task in tasks
-            for shard in teacher_signals.iter_joined(task, data_dir, root=root))
+  if shards is not None and shards < 1:
+    raise ValueError(f"shards must be at least 1 (or None for every shard), got {shards}.")
+  joined = itertools.chain.from_iterable(_first_shards(task, data_dir, root, shards)
+                                         for task in tasks)
   if fraction < 1.0:
-    shards = _kept(shards, fraction, np.random.default_rng(seed))
-  return PackedSignals.from_shards(shards, with_hidden=with_hidden)
+    joined = _kept(joined, fraction, np.random.default_rng(seed))
+  return PackedSignals.from_shards(joined, with_hidden=with_hidden)
+
+
+def _first_shards(task: str, data_dir: str | None, root: str | None, count: int | None
+                  ) -> Iterator[dict[str, np.ndarray]]:
+  """`task`'s joined shards: all of a complete corpus, or its first `count` with signals."""
+  if count is None:
+    yield from teacher_signals.iter_joined(task, data_dir, root=root)
+    return
+  seen = 0
+  for shard in itertools.islice(
+      teacher_signals.iter_joined(task, data_dir, root=root, require_complete=False), count):
+    seen += 1
+    yield shard
+  if seen < count:
+    raise ValueError(f"{task} has signals for {seen} shards, fewer than the {count} asked "
+                     "for: lower the shard count (StudentTrainConfig.train_shards) or let "
+                     "`python -m experiments.teacher_signals` compute more (it resumes).")
 
 
 def _kept(shards: Iterable[dict[str, np.ndarray]], fraction: float, rng: np.random.Generator

@@ -103,6 +103,8 @@ class StudentTrainConfig:
     train_fraction: the share of the training examples it trains on (each kept with
       this probability, drawn from `seed`; for a data-scaling curve); validation is
       always whole.
+    train_shards: train on each training task's first this many signals shards, which
+      may be read while the rest still compute (None: every shard of finished signals).
     peak_lr: the learning rate after warmup (cosine decay to a tenth).
     warmup_steps: linear warmup.
     weight_decay: AdamW's.
@@ -133,6 +135,7 @@ class StudentTrainConfig:
   batch_size: int = 32
   passes: float = 5.0
   train_fraction: float = 1.0
+  train_shards: int | None = None
   peak_lr: float = 2e-3
   warmup_steps: int = 200
   weight_decay: float = 0.01
@@ -268,7 +271,8 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   t0 = time.time()
   target = _load_target(config.target)
   train = read_packed(config.tasks, root=config.train_root, with_hidden=config.reads_features,
-                      fraction=config.train_fraction, seed=config.seed)
+                      fraction=config.train_fraction, seed=config.seed,
+                      shards=config.train_shards)
   held_out = read_packed(config.held_out_tasks, root=config.held_out_root,
                          with_hidden=config.reads_features)
   if config.reads_features and train.output_hidden is None:
