@@ -93,7 +93,8 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   cleared = []
   real_clear = jax.clear_caches
   monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(1) or real_clear())
-  path = runner.run(exp, str(out), greedy=GreedyCheck())
+  path = runner.run(exp, str(out), greedy=GreedyCheck(),
+                    placement=gin_flags.placement())
   rows = results_io.read_rows(path)
   assert len(rows) == 2 and rows[0] == earlier  # Appending kept the earlier row.
   assert len(cleared) == 1  # Compiled programs dropped after the one measured point.
@@ -121,7 +122,8 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
 
   # A restart measures nothing that is already in the file.
   monkeypatch.setattr(measure, "measure_point", lambda *a: pytest.fail("measured again"))
-  runner.run(exp, str(out), greedy=GreedyCheck())
+  runner.run(exp, str(out), greedy=GreedyCheck(),
+             placement=gin_flags.placement())
   assert results_io.read_rows(path) == rows
 
 
@@ -131,7 +133,8 @@ def test_run_times_verification_to_a_larger_gamma_and_stops_at_its_deadline(
   # The first point is started whatever its pace; the second would end past the deadline.
   clock = iter([100.0, 105.0, 105.0])
   monkeypatch.setattr(runner, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
-  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(), max_gamma=4,
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
+                    placement=gin_flags.placement(), max_gamma=4,
                     deadline=109.0)
   (row,) = results_io.read_points(path)
   assert row.temperature == 0.0 and row.gamma == 2 and set(row.t_verify_s) == {1, 2, 3, 4, 5}

@@ -87,3 +87,24 @@ def test_no_library_module_writes_the_environment_at_import():
   offenders = {str(path.relative_to(PACKAGE)): found for path, tree in _trees().items()
                if (found := environment_writes_at_import(tree))}
   assert not offenders, f"Set these in the command that needs them: {offenders}"
+
+
+def test_the_command_builds_the_mesh_and_rules_from_its_gin():
+  """`gin_flags.placement` reads `make_mesh`, `axis_rules` and `draft_axis_rules`; the draft
+  rules follow the target's (a rule bound for both reaches both)."""
+  from specdec_jax import partitioning
+  from specdec_jax.experiment import gin_flags
+
+  try:
+    gin_flags.parse_gin([], [])
+    assert gin_flags.placement() == partitioning.Placement.data_parallel()
+    gin_flags.parse_gin([], ["axis_rules.batch = None", "draft_axis_rules.vocab = 'model'",
+                             "make_mesh.model = 1"])
+    placement = gin_flags.placement()
+    assert dict(placement.rules)["batch"] is None and dict(placement.rules)["heads"] == "model"
+    assert dict(placement.draft_rules) == {**dict(partitioning.DEFAULT_DRAFT_RULES),
+                                           "batch": None, "vocab": "model"}
+  finally:
+    import gin
+
+    gin.clear_config()

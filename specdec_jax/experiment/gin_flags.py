@@ -3,10 +3,10 @@
 T5X binds gin where the program is assembled and passes objects down; so do we. A
 command parses its files and bindings here (`parse_gin`), builds its `Settings` or
 `Experiment` here (`load_settings`, `load_experiment`, `build_experiment`), with the
-gin-configurable fields they hold (`PromptCache`, `NgramFit`), and reads its
-`suite.Suite` here (`listed_experiments`); the library below takes those objects as
-arguments and reads no gin. `--gin.NAME=VALUE` arguments (T5X style) are
-read as `--gin_bindings`.
+gin-configurable fields they hold (`PromptCache`, `NgramFit`), its device mesh and axis
+rules (`placement`), and reads its `suite.Suite` here (`listed_experiments`); the
+library below takes those objects as arguments and reads no gin. `--gin.NAME=VALUE`
+arguments (T5X style) are read as `--gin_bindings`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import gin
 from absl import app, flags
 
+from specdec_jax import partitioning
 from specdec_jax.data import layout
 from specdec_jax.experiment import runner, settings, suite
 
@@ -110,6 +111,19 @@ def load_experiment(gin_files: Sequence[str], bindings: Sequence[str]) -> settin
   (`runner.prepare`)."""
   parse_gin(gin_files, bindings)
   return runner.prepare(build_experiment())
+
+
+def placement() -> partitioning.Placement:
+  """The device mesh and axis rules of the parsed gin config (`make_mesh.X`,
+  `axis_rules.X`, `draft_axis_rules.X`), built once; call it after parsing the command's
+  gin (`load_settings`, `load_experiment`) and pass it down.
+
+  Raises:
+    ValueError: a mesh the devices cannot make, or a rule naming no mesh axis.
+  """
+  rules = partitioning.axis_rules()
+  return partitioning.Placement(partitioning.make_mesh(), rules,
+                                partitioning.draft_axis_rules(rules))
 
 
 def listed_experiments(gin_files: Sequence[str], bindings: Sequence[str]

@@ -62,7 +62,8 @@ def prepare(exp: settings.Experiment) -> settings.Experiment:
 
 
 def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyCheck,
-        max_gamma: int | None = None, deadline: float | None = None) -> str:
+        placement: partitioning.Placement, max_gamma: int | None = None,
+        deadline: float | None = None) -> str:
   """Measures every point of `exp` missing from `<output_dir>/results.jsonl`.
 
   Args:
@@ -70,6 +71,8 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
     output_dir: where results.jsonl is.
     greedy: what a greedy point does when its tokens differ from the baseline's (the
       command builds it from gin: `GreedyCheck()`).
+    placement: the device mesh the models and inputs live on, and the rules they are
+      sharded by (the command builds it from gin: `gin_flags.placement()`).
     max_gamma: the caches are sized for gamma up to it and every row's T_verify(k) covers
       k = 1..max_gamma + 1 (at least the largest gamma of the run's points, the default).
     deadline: a `time.monotonic()` time: no point is started that would end after it at
@@ -90,13 +93,13 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
         file=sys.stderr)
   if not pending and not trees:
     return path
-  mesh = partitioning.make_mesh()
   bar = tqdm.tqdm(total=len(points) + len(tree_points),
                   initial=len(points) - len(pending) + len(trees_done), unit="point",
                   file=sys.stderr, dynamic_ncols=True)
   slowest = 0.0
-  with jax.set_mesh(mesh):  # Decoders compile for the mesh's shardings.
-    bench = _Bench(exp, max(max_gamma or 1, settings.largest_gamma(exp, points)), mesh, greedy)
+  with jax.set_mesh(placement.mesh):  # Decoders compile for the mesh's shardings.
+    bench = _Bench(exp, max(max_gamma or 1, settings.largest_gamma(exp, points)), placement,
+                   greedy)
     for point in pending:
       start = time.monotonic()
       if deadline is not None and start + slowest > deadline:
@@ -168,13 +171,13 @@ class _Bench:
   row of the first point measured after it (`PointRow.time_split_s["load"]`).
   """
 
-  def __init__(self, exp: settings.Experiment, max_gamma: int, mesh: jax.sharding.Mesh,
-               greedy: measure.GreedyCheck):
-    self.exp, self.max_gamma, self.mesh, self.greedy = exp, max_gamma, mesh, greedy
+  def __init__(self, exp: settings.Experiment, max_gamma: int,
+               placement: partitioning.Placement, greedy: measure.GreedyCheck):
+    self.exp, self.max_gamma, self.placement, self.greedy = exp, max_gamma, placement, greedy
     self.kind = registry.target_kind(exp.target_kind, "Experiment.target_kind")
     self._watch = timing.Stopwatch()
     with self._watch("load"):
-      self.target = self.kind.load(exp, mesh)
+      self.target = self.kind.load(exp, placement)
     self._made: dict[tuple, Any] = {}
 
   def _once(self, key: tuple, make: Callable[[], Any]) -> Any:
@@ -257,7 +260,8 @@ class _Bench:
       return []
     tokens = self.target.tokenize(task, inputs, self.exp.input_len)
     validation.check_token_ids("inputs", tokens, self.target.scorer.vocab_size)
-    return [partitioning.shard_batch(buckets.to_bucket(b), self.mesh)
+    return [partitioning.shard_batch(buckets.to_bucket(b), self.placement.mesh,
+                                     self.placement.rules)
             for b in np.split(tokens, len(tokens) // batch_size)]
 
 

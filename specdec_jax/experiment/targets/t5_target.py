@@ -16,7 +16,6 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 from absl import logging
 
@@ -64,19 +63,21 @@ class T5Target(LoadedTarget):
             f"({os.path.basename(self.settings.vocab_path)}), EOS-terminated")
 
 
-def load(settings: Settings, mesh: jax.sharding.Mesh) -> T5Target:
-  """The target checkpoint, sharded on `mesh` by the target rules, prepared once."""
+def load(settings: Settings, placement: partitioning.Placement) -> T5Target:
+  """The target checkpoint, sharded on `placement.mesh` by `placement.rules`, prepared
+  once."""
   import sentencepiece as spm  # noqa: PLC0415  (no TensorFlow on this path)
 
   cfg, params = load_hf_checkpoint(settings.checkpoint_dir(settings.target),
                                    dtype=settings.dtype, param_dtype=settings.param_dtype)
-  partitioning.check_model_fits(cfg, mesh)
-  model = T5Model(cfg, axis_rules=partitioning.axis_rules(),
+  mesh = placement.mesh
+  partitioning.check_model_fits(cfg, mesh, placement.rules)
+  model = T5Model(cfg, axis_rules=placement.rules,
                   options=DecodeOptions.for_backend(devices=mesh.size))
   check_t5_model(model, "Settings.target")
   params = partitioning.shard_params(model, params, mesh)
   return T5Target(scorer=T5Scorer(model, model.prepare(params)), eos_id=cfg.eos_token_id,
-                  encoder_width=cfg.d_model, settings=settings, mesh=mesh,
+                  encoder_width=cfg.d_model, settings=settings, placement=placement,
                   processor=spm.SentencePieceProcessor(model_file=settings.vocab_path))
 
 
@@ -150,7 +151,7 @@ def _build_checkpoint_draft(target: LoadedTarget, spec: str, task: str) -> Draft
   model, params = load_model(settings.checkpoint_dir(spec), dtype=settings.dtype,
                              param_dtype=settings.param_dtype)
   # Sharded, and its caches constrained, by the draft rules; decoding as the target's.
-  model = dataclasses.replace(model, axis_rules=partitioning.draft_axis_rules(),
+  model = dataclasses.replace(model, axis_rules=target.placement.draft_rules,
                               options=target.scorer.decode_options)
   return make_draft(model, partitioning.shard_params(model, params, target.mesh))
 
