@@ -24,7 +24,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -44,9 +44,15 @@ RUNS_ROOT = "runs"  # A user's own runs (not committed).
 HELD_OUT_BATCHES = 4  # Most held-out batches a row's loop costs are timed on.
 
 
-def prepare(exp: settings.Experiment) -> settings.Experiment:
+def prepare(exp: settings.Experiment,
+            architectures: Mapping[str, Any] | None = None) -> settings.Experiment:
   """The run checked before any work (`registry.check`), its target swapped for random-init
   stand-ins first when `Experiment.stand_ins_when_missing` asks for them.
+
+  Args:
+    exp: the run.
+    architectures: the stand-ins' shapes, member -> model config (the command reads them:
+      `gin_flags.family_architectures`); needed when `exp.stand_ins_when_missing`.
 
   Raises:
     ValueError / FileNotFoundError: naming the field and the fix.
@@ -56,7 +62,11 @@ def prepare(exp: settings.Experiment) -> settings.Experiment:
     if kind.stand_ins is None:
       raise ValueError(f"Experiment.stand_ins_when_missing: a {kind.name!r} target has no "
                        "random-init stand-ins; set it to False.")
-    exp = kind.stand_ins(exp)
+    if architectures is None:
+      raise ValueError("Experiment.stand_ins_when_missing: the stand-ins' architectures are "
+                       "not given; load the run with gin_flags.load_experiment, which reads "
+                       "them (family_architectures).")
+    exp = kind.stand_ins(exp, architectures)
   registry.check(exp)
   return exp
 

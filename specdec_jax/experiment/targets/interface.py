@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -126,9 +126,10 @@ class TargetKind:
     load: (settings, placement) -> the `LoadedTarget`, on `placement.mesh`, sharded by
       `placement.rules`.
     drafts: the draft kinds, the first whose `matches` accepts a spec builds it.
-    stand_ins: experiment -> the experiment on random-init stand-ins when its
-      target is missing (`Experiment.stand_ins_when_missing`); None: the kind
-      has none.
+    stand_ins: (experiment, architectures) -> the experiment on random-init stand-ins
+      when its target is missing (`Experiment.stand_ins_when_missing`);
+      `architectures` maps each member of the family to its model config, read by the
+      command (`gin_flags.family_architectures`). None: the kind has none.
     tree_proposer: (draft, k, depth) -> the `proposers.Proposer` of the draft's top-k
       branches of `depth` tokens (`Experiment.tree`); raises ValueError for a draft
       that has no top-k. None: the kind's scorer scores no trees.
@@ -138,7 +139,7 @@ class TargetKind:
   check: Callable[[Experiment], int]
   load: Callable[[Settings, Placement], LoadedTarget]
   drafts: tuple[DraftKind, ...]
-  stand_ins: Callable[[Experiment], Experiment] | None = None
+  stand_ins: Callable[[Experiment, Mapping[str, Any]], Experiment] | None = None
   tree_proposer: Callable[[Draft, int, int], Proposer] | None = None
 
   def draft_kind(self, spec: str) -> DraftKind:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,7 +32,7 @@ from specdec_jax.experiment.targets.interface import (
   require,
 )
 from specdec_jax.models.options import DecodeOptions
-from specdec_jax.models.t5 import T5Model, T5Scorer, check_t5_model, make_draft
+from specdec_jax.models.t5 import T5Config, T5Model, T5Scorer, check_t5_model, make_draft
 from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model, load_model_config
 
 if TYPE_CHECKING:
@@ -164,8 +164,14 @@ CHECKPOINT = DraftKind(name="a T5 draft's checkpoint directory (in Settings.mode
                        check=_check_draft_checkpoint)
 
 
-def with_stand_ins(exp: Experiment) -> Experiment:
-  """`exp` on random-init stand-ins of the family's shapes if its target is missing."""
+def with_stand_ins(exp: Experiment, architectures: Mapping[str, T5Config]) -> Experiment:
+  """`exp` on random-init stand-ins of the family's shapes if its target is missing.
+
+  Args:
+    exp: the run.
+    architectures: each family member's `T5Config` (the command reads them from their
+      training configs: `gin_flags.family_architectures`).
+  """
   if os.path.isdir(exp.checkpoint_dir(exp.target)):
     return exp
   stand_ins_dir = os.path.join(layout.default_data_dir(), "random_models")
@@ -175,7 +181,7 @@ def with_stand_ins(exp: Experiment) -> Experiment:
       exp.models_dir, stand_ins_dir)
   kind = KIND.draft_kind
   names = [exp.target] + [d for d in exp.drafts if kind(d) is CHECKPOINT]
-  stand_ins.write_stand_ins(stand_ins_dir, names)
+  stand_ins.write_stand_ins(stand_ins_dir, names, architectures)
   # Its own results directory: stand-in rows must never stand for the family's.
   return dataclasses.replace(exp, models_dir=stand_ins_dir, name=f"{exp.name}_random_stand_ins")
 
