@@ -3,7 +3,7 @@
   python -m benchmarks draft_speedups --model_dirs=checkpoints/shapes/d128_l1,... \
       [--examples=8] [--output=results/alpha/draft_speedups.json]
 
-`specdec_jax.draft_pricing.draft_ranking.rank_drafts` over the drafts (training runs' held-out
+`specdec_jax.draft_pricing.t5_runs.rank_runs` over the drafts (training runs' held-out
 alpha from their curves, an exported draft's such as assets/models/draft_shared_enc_signals
 measured alike; their c timed in turn; the cost model; the guard on). Writes one JSON
 (atomically; runs already in it and not named now are kept) and prints the ranking, by the
@@ -19,7 +19,7 @@ import os
 from absl import app, flags
 
 from specdec_jax import atomic_io
-from specdec_jax.draft_pricing import draft_ranking
+from specdec_jax.draft_pricing import t5_runs
 from specdec_jax.experiment import figures
 
 _MODEL_DIRS = flags.DEFINE_list("model_dirs", None, "Training runs or exported drafts, "
@@ -36,8 +36,8 @@ def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}.")
   try:
-    record = draft_ranking.rank_drafts(_MODEL_DIRS.value, target_dir=_TARGET.value,
-                                       examples=_EXAMPLES.value)
+    record = t5_runs.rank_runs(_MODEL_DIRS.value, target_dir=_TARGET.value,
+                               examples=_EXAMPLES.value)
   except FileNotFoundError as e:
     raise app.UsageError(str(e)) from e
   if os.path.exists(_OUTPUT.value):

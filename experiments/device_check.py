@@ -214,8 +214,9 @@ class Report:
 
 
 def measure(check: DeviceCheck, exps: Sequence[settings.Experiment], output_dir: str,
-            command: str) -> Report:
-  """Every section in order, each written as soon as it is measured; returns the report."""
+            command: str, placement: partitioning.Placement) -> Report:
+  """Every section in order, each written as soon as it is measured, every run on
+  `placement`; returns the report."""
   deadline = time.monotonic() + check.budget_s
   report = Report(environment(command))
   checks_path = os.path.join(output_dir, CHECKS_FILE)
@@ -226,9 +227,8 @@ def measure(check: DeviceCheck, exps: Sequence[settings.Experiment], output_dir:
                                        key=lambda d: jnp.dtype(d).itemsize),
       check.write_bytes, check.write_calls, exps[0].timing_repeats, _log)
   atomic_io.write_json(checks_path, report.checks_json())
-  mesh = partitioning.make_mesh()
-  with jax.set_mesh(mesh):
-    target = registry.target_kind(exps[0].target_kind).load(exps[0], mesh)
+  with jax.set_mesh(placement.mesh):
+    target = registry.target_kind(exps[0].target_kind).load(exps[0], placement)
     report.cache = accelerator_checks.check_cache_length(
         exps[0], target, accelerator_checks.first_batch(exps[0], target), check.max_k,
         check.long_cache_len, _log)
@@ -238,8 +238,8 @@ def measure(check: DeviceCheck, exps: Sequence[settings.Experiment], output_dir:
     directory = os.path.join(output_dir, exp.name)
     report.planned[exp.name] = len(settings.plan(exp))
     try:
-      path = runner.run(exp, directory, greedy=GreedyCheck(), max_gamma=check.max_k - 1,
-                        deadline=deadline)
+      path = runner.run(exp, directory, greedy=GreedyCheck(), placement=placement,
+                        max_gamma=check.max_k - 1, deadline=deadline)
     except Exception as e:  # One failing run must not cost the others theirs.
       report.failed[exp.name] = f"{type(e).__name__}: {e}"
       _log(f"FAILED {exp.name}: {report.failed[exp.name]}")
@@ -337,10 +337,11 @@ def main(argv: Sequence[str]) -> None:
                            dataclasses.replace(REGIME_MAP, models_dir=exps[0].models_dir)))
       return
     check_models(exps)
+    placement = gin_flags.placement()
   except (ValueError, FileNotFoundError) as e:
     sys.exit(f"python -m experiments.device_check: {e}")
   report = measure(check, exps, args.output_dir, " ".join(["python -m experiments.device_check",
-                                                           *argv]))
+                                                           *argv]), placement)
   text = tables(report)
   atomic_io.atomic_write_text(os.path.join(args.output_dir, TABLES_FILE), text)
   print(text)

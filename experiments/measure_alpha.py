@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import atomic_io, distributed, partitioning, stats, timing, validation
+from specdec_jax import atomic_io, distributed, stats, timing, validation
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding import buckets, speculative
 from specdec_jax.decoding.drafts import Draft
@@ -231,9 +231,9 @@ def main(argv: list[str]) -> None:
   output = _OUTPUT.value
   previous = previous_rows(output, exp)
   kind = registry.target_kind(exp.target_kind)
-  mesh = partitioning.make_mesh()
-  with jax.set_mesh(mesh):
-    target = kind.load(exp, mesh)
+  placement = gin_flags.placement()
+  with jax.set_mesh(placement.mesh):
+    target = kind.load(exp, placement)
     inputs, examples = {}, {}
     for task in exp.tasks:
       pairs = prompts.load_examples(task, exp.split, None)[0]

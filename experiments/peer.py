@@ -78,10 +78,10 @@ def _trim(tokens: np.ndarray, eos_id: int) -> list[int]:
   return tokens[:tokens.index(eos_id) + 1] if eos_id in tokens else tokens
 
 
-def _t5_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
+def _t5_peer(shared: settings.Settings, task: str, placement: partitioning.Placement
              ) -> tuple[dict[str, Decoder], list[np.ndarray], str, str]:
   """The T5 target's four decoders, the prompts they decode, the target and the draft."""
-  del mesh  # Its parameters are placed on the default device.
+  del placement  # Its parameters are placed on the default device.
   target_dir, draft_dir = shared.checkpoint_dir(shared.target), shared.checkpoint_dir(_DRAFT.value)
   # Both configs are checked before any weights load.
   target_vocab, draft_vocab = (load_hf_config(d).vocab_size for d in (target_dir, draft_dir))
@@ -136,7 +136,7 @@ def _t5_decoders(target_dir: str, draft_dir: str, gamma: int, max_len: int
           "hf_greedy": hf, "hf_assisted": lambda x: hf(x, assistant_model=hf_draft)}
 
 
-def _llama_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
+def _llama_peer(shared: settings.Settings, task: str, placement: partitioning.Placement
                 ) -> tuple[dict[str, Decoder], list[np.ndarray], str, str]:
   """The GGUF Llama's four decoders on its chat prompts, the target and the draft."""
   spec, gamma, max_len = _DRAFT.value, shared.gamma, shared.max_decode_len
@@ -157,7 +157,7 @@ def _llama_peer(shared: settings.Settings, task: str, mesh: jax.sharding.Mesh
     raise app.UsageError(f"--draft={spec}: transformers has no {kind.name} draft; use "
                          "layer_skip_<L>, prompt_lookup or a trained draft_<name>.")
   path = llama_target.gguf_path(shared)
-  target = llama_target.load(shared, mesh)
+  target = llama_target.load(shared, placement)
   draft, eos = kind.build(target, spec, task), target.eos_id
   if kind is llama_target.STUDENT:  # The same weights as a transformers Llama model.
     assistant = to_transformers(saved.config, saved.params, np.asarray(target.weights.embedding),
@@ -207,10 +207,10 @@ def main(argv: list[str]) -> None:
   if shared.target_kind not in PEERS:
     raise app.UsageError(f"Settings.target_kind={shared.target_kind!r} has no peer here; use "
                          f"one of {sorted(PEERS)}.")
-  mesh = partitioning.make_mesh()
-  with jax.set_mesh(mesh):  # As experiments.run decodes.
+  placement = gin_flags.placement()
+  with jax.set_mesh(placement.mesh):  # As experiments.run decodes.
     decoders, inputs, target_desc, draft_desc = PEERS[shared.target_kind](shared, _TASK.value,
-                                                                          mesh)
+                                                                          placement)
     names = list(decoders)
     with contention.quiet("experiments.peer") as guard:
       timings, outputs = timing.time_interleaved(

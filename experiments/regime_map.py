@@ -75,7 +75,8 @@ def family_rows(gin_files: list[str], output_dir: str, measure: bool) -> list[st
   for gin_file in gin_files:
     exp = gin_flags.load_experiment([gin_file], [])
     directory = os.path.join(output_dir, "family", exp.name)
-    paths.append(runner.run(exp, directory, greedy=GreedyCheck()) if measure
+    paths.append(runner.run(exp, directory, greedy=GreedyCheck(),
+                            placement=gin_flags.placement()) if measure
                  else os.path.join(directory, results_io.RESULTS_FILE))
   return paths
 

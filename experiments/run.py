@@ -20,7 +20,7 @@ import os
 
 from absl import app, flags
 
-from specdec_jax import compilation_cache, distributed
+from specdec_jax import compilation_cache, distributed, partitioning
 from specdec_jax.experiment import gin_flags, results_io, runner, settings, suite, tree_point
 from specdec_jax.experiment import measure as measure_lib
 from specdec_jax.experiment.record import PointRow
@@ -48,7 +48,8 @@ def main(argv: list[str]) -> None:
   bindings = gin_flags.GIN_BINDINGS.value
   files = gin_flags.listed_experiments(gin_flags.GIN_FILE.value, bindings)
   if files is None:  # One experiment.
-    measure(gin_flags.load_experiment(gin_flags.GIN_FILE.value, bindings), _OUTPUT_DIR.value)
+    exp = gin_flags.load_experiment(gin_flags.GIN_FILE.value, bindings)
+    measure(exp, gin_flags.placement(), _OUTPUT_DIR.value)
     return
   if _OUTPUT_DIR.value:
     raise app.UsageError("--output_dir is for one experiment; a suite writes each one's rows "
@@ -59,13 +60,14 @@ def main(argv: list[str]) -> None:
     except suite.MISSING_MODEL as e:
       print(f"\n{gin_file}: not measured, its model is missing: {e}\n", flush=True)
       continue
-    measure(exp, None)
+    measure(exp, gin_flags.placement(), None)  # Its own gin file's mesh and rules.
 
 
-def measure(exp: settings.Experiment, output_dir: str | None) -> None:
-  """Measures one experiment's missing points and prints its table."""
+def measure(exp: settings.Experiment, placement: partitioning.Placement,
+            output_dir: str | None) -> None:
+  """Measures one experiment's missing points on `placement` and prints its table."""
   output_dir = output_dir or os.path.join(runner.RUNS_ROOT, exp.name)
-  path = runner.run(exp, output_dir, greedy=measure_lib.GreedyCheck())
+  path = runner.run(exp, output_dir, greedy=measure_lib.GreedyCheck(), placement=placement)
   planned = {p.key for p in settings.plan(exp)}
   rows = [PointRow.from_json(r) for r in results_io.read_rows(path)
           if results_io.row_key(r) in planned]

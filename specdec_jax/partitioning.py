@@ -14,7 +14,7 @@ declared axes cannot be sharded, and none is matched by its name.
 Decoding runs under `jax.jit` with the parameters placed by `shard_params`,
 inside `jax.set_mesh(mesh)` (JAX's successor of `with mesh:`): GSPMD partitions
 the whole generation loop. A model built with rules (`T5Model(cfg,
-axis_rules=axis_rules())`) constrains the KV caches and cross-attention
+axis_rules=DEFAULT_RULES)`) constrains the KV caches and cross-attention
 keys/values where it creates them (`kernels.KEY_AXES` / `VALUE_AXES`);
 without, propagation from the sharded kernels splits them the same way (the
 tests check the compiled per-device shapes). A model for a mesh takes
@@ -23,6 +23,11 @@ apart (`[batch, heads, d_kv, max_len]`, `DecodeOptions.split_heads`), so both
 can be split, and its weights stay `[K, N]` for XLA's dots; on one device they
 are merged (`[batch * heads, d_kv, max_len]`, the layout XLA:CPU's dots read
 without copies).
+
+`make_mesh`, `axis_rules` and `draft_axis_rules` are gin-configurable: a command
+calls them once, where it assembles its objects (`experiment.gin_flags.placement`), and
+passes the `Placement` down; nothing below calls them, and a function here that is given
+no rules uses `DEFAULT_RULES` (what `axis_rules()` gives when gin binds none of it).
 
 Example:
 
@@ -53,6 +58,14 @@ Array = jax.Array
 Model = T5Model | SharedEncoderModel
 
 MESH_AXES = ("data", "model")
+# `axis_rules()` with none of its arguments bound: batch over "data"; heads, MLP units and
+# vocabulary over "model"; the rest replicated.
+DEFAULT_RULES: LogicalRules = (
+    ("batch", "data"), ("heads", "model"), ("mlp", "model"), ("vocab", "model"),
+    ("embed", None), ("length", None), ("kv", None), ("relpos_buckets", None))
+# `draft_axis_rules()` unbound: the batch over "data", the rest replicated.
+DEFAULT_DRAFT_RULES: LogicalRules = tuple(
+    (name, "data" if name == "batch" else None) for name, _ in DEFAULT_RULES)
 
 
 @gin.configurable
@@ -84,15 +97,20 @@ def axis_rules(*, batch: str | None = "data", heads: str | None = "model",
 
 
 @gin.configurable
-def draft_axis_rules(*, heads: str | None = None, mlp: str | None = None,
-                     vocab: str | None = None) -> LogicalRules:
-  """Rules for draft models: `axis_rules()` but replicating heads, MLP and vocab by default.
+def draft_axis_rules(rules: LogicalRules = DEFAULT_RULES, *, heads: str | None = None,
+                     mlp: str | None = None, vocab: str | None = None) -> LogicalRules:
+  """Rules for draft models: the target's `rules` but replicating heads, MLP and vocab by
+  default.
 
   Drafts are small (Flan-T5-small has 6 heads, which no model axis of 4 or 8
   divides) and fast; splitting them would add collectives to every draft step.
+
+  Args:
+    rules: the target's rules (a command passes its `axis_rules()`).
+    heads, mlp, vocab: the mesh axis of each for drafts (None: replicated).
   """
   return tuple((name, {"heads": heads, "mlp": mlp, "vocab": vocab}.get(name, axis))
-               for name, axis in axis_rules())
+               for name, axis in rules)
 
 
 @gin.configurable
@@ -108,7 +126,11 @@ def make_mesh(data: int | None = None, model: int = 1,
     model: size of the model-parallel axis (heads, MLP units, vocab).
     devices: the devices to use; their number must be `data * model`.
   """
-  devices = jax.devices() if devices is None else list(devices)
+  return _mesh(jax.devices() if devices is None else list(devices), data, model)
+
+
+def _mesh(devices: list[jax.Device], data: int | None, model: int) -> Mesh:
+  """`make_mesh` of its arguments, `devices` given."""
   data = len(devices) // max(model, 1) if data is None else data
   if data < 1 or model < 1:
     raise ValueError(f"make_mesh: data={data} and model={model} must both be >= 1 (model may "
@@ -122,9 +144,35 @@ def make_mesh(data: int | None = None, model: int = 1,
                        devices=devices)
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where a run's arrays live: the device mesh, and the rules its target and drafts are
+  sharded by.
+
+  A command builds it once from gin (`experiment.gin_flags.placement`: `make_mesh()`,
+  `axis_rules()`, `draft_axis_rules(rules)`) and passes it down; the library reads these
+  fields and calls none of those.
+
+  Attributes:
+    mesh: the `(data, model)` device mesh.
+    rules: the target's logical axis rules (its parameters, caches and the input batches).
+    draft_rules: the drafts' rules (by default heads, MLP and vocab replicated).
+  """
+
+  mesh: Mesh
+  rules: LogicalRules = DEFAULT_RULES
+  draft_rules: LogicalRules = DEFAULT_DRAFT_RULES
+
+  @classmethod
+  def data_parallel(cls, devices: Sequence[jax.Device] | None = None) -> Placement:
+    """Every device (default: all, of every process) on the data axis, the default rules:
+    what `gin_flags.placement` builds when gin binds none of its configurables."""
+    return cls(_mesh(jax.devices() if devices is None else list(devices), None, 1))
+
+
 def logical_to_spec(axes: LogicalAxes, rules: LogicalRules | None = None) -> PartitionSpec:
   """Logical axis names (None: replicated) -> a `PartitionSpec` of mesh axes."""
-  table = dict(rules or axis_rules())
+  table = dict(rules or DEFAULT_RULES)
   unknown = [a for a in axes if a is not None and a not in table]
   if unknown:
     raise ValueError(f"Logical axes {unknown} have no rule; known: {sorted(table)}.")
@@ -146,8 +194,9 @@ def _sharding(shape: tuple[int, ...], axes: LogicalAxes, mesh: Mesh | AbstractMe
 
 def check_model_fits(config: T5Config, mesh: Mesh | AbstractMesh,
                      rules: LogicalRules | None = None) -> None:
-  """Raises ValueError if the heads (or another split dimension) don't divide the mesh."""
-  table = dict(rules or axis_rules())
+  """Raises ValueError if the heads (or another split dimension) don't divide the mesh
+  (`rules`: default `DEFAULT_RULES`)."""
+  table = dict(rules or DEFAULT_RULES)
   for name, size in (("heads", config.num_heads), ("mlp", config.d_ff),
                      ("vocab", config.vocab_size)):
     axis = table.get(name)
@@ -166,7 +215,7 @@ def param_shardings(model: Model, mesh: Mesh | AbstractMesh,
   Args:
     model: the model (`param_info()` gives each parameter's shape and axes).
     mesh: the mesh (an `AbstractMesh` suffices).
-    rules: logical axis rules; default `model.axis_rules`, else `axis_rules()`.
+    rules: logical axis rules; default `model.axis_rules`, else `DEFAULT_RULES`.
 
   Returns:
     The parameter tree with a `NamedSharding` per leaf.
@@ -175,7 +224,7 @@ def param_shardings(model: Model, mesh: Mesh | AbstractMesh,
     ValueError: a split dimension does not divide by its mesh axis; the heads are
       checked through the relative-position tables `[heads, buckets]`.
   """
-  rules = rules or model.axis_rules or axis_rules()
+  rules = rules or model.axis_rules or DEFAULT_RULES
   return jax.tree_util.tree_map_with_path(
       lambda path, p: _sharding(p.shape, p.axes, mesh, rules, jax.tree_util.keystr(path)),
       model.param_info())
@@ -206,7 +255,7 @@ def shard_params(model: Model, params: dict, mesh: Mesh,
     model: the model whose parameters these are.
     params: its parameter tree (each process passes the full tree).
     mesh: the device mesh.
-    rules: default `model.axis_rules`, else `axis_rules()`; give the model the
+    rules: default `model.axis_rules`, else `DEFAULT_RULES`; give the model the
       rules its parameters are sharded by, so that its caches follow them.
 
   Returns:
@@ -227,9 +276,10 @@ def shard_params(model: Model, params: dict, mesh: Mesh,
 
 def shard_batch(tokens: Array | np.ndarray, mesh: Mesh,
                 rules: LogicalRules | None = None) -> Array:
-  """Places `[batch, length]` tokens on `mesh`, rows split over "data"."""
+  """Places `[batch, length]` tokens on `mesh`, rows split as `rules` (default
+  `DEFAULT_RULES`: over "data") say."""
   sharding = batch_sharding(mesh, rules)
-  _sharding(tokens.shape, ("batch", "length"), mesh, rules or axis_rules(), "inputs")
+  _sharding(tokens.shape, ("batch", "length"), mesh, rules or DEFAULT_RULES, "inputs")
   return _put(tokens, sharding)
 
 
@@ -268,10 +318,10 @@ def estimate_memory(config: T5Config, mesh: Mesh | tuple[int, int], batch: int, 
     batch: global batch size.
     max_len: cache positions (for speculative decoding: max_decode_len + gamma + 1).
     input_len: encoder input length (default `max_len`).
-    rules: logical axis rules (default `axis_rules()`).
+    rules: logical axis rules (default `DEFAULT_RULES`).
   """
   shape = dict(mesh.shape) if isinstance(mesh, Mesh) else dict(zip(MESH_AXES, mesh, strict=True))
-  table = dict(rules or axis_rules())
+  table = dict(rules or DEFAULT_RULES)
 
   def split(axes: LogicalAxes) -> int:
     return math.prod(shape[table[a]] for a in axes if a is not None and table.get(a))

@@ -73,7 +73,8 @@ def main(coordinator: str, num_processes: int, process_id: int, out_json: str,
   if gin_file:
     from specdec_jax.experiment import gin_flags, runner
     from specdec_jax.experiment.measure import GreedyCheck
-    runner.run(gin_flags.load_experiment([gin_file], []), out_dir, greedy=GreedyCheck())
+    exp = gin_flags.load_experiment([gin_file], [])
+    runner.run(exp, out_dir, greedy=GreedyCheck(), placement=gin_flags.placement())
 
 
 if __name__ == "__main__":

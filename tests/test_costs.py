@@ -198,7 +198,8 @@ def test_run_with_gamma_auto_records_the_choice(tmp_path, pair_dir, monkeypatch)
   real_measure_loop_costs = timing.measure_loop_costs
   monkeypatch.setattr(timing, "measure_loop_costs",
                       lambda *a, **k: timed.append(1) or real_measure_loop_costs(*a, **k))
-  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
+                    placement=gin_flags.placement())
   (row,) = results_io.read_rows(path)
   choice = row["gamma_choice"]
   # The loops' own work is timed once, by the calibration, and the row prices with it.
@@ -221,5 +222,6 @@ def test_run_with_gamma_auto_records_the_choice(tmp_path, pair_dir, monkeypatch)
   # A restart finds the 'auto' point done without calibrating again.
   monkeypatch.setattr(measure, "measure_point", lambda *a: pytest.fail("measured again"))
   monkeypatch.setattr(timing, "calibrate", lambda *a, **k: pytest.fail("calibrated again"))
-  runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
+  runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
+             placement=gin_flags.placement())
   assert results_io.read_rows(path) == [row]

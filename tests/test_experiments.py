@@ -33,7 +33,7 @@ from specdec_jax.experiment import (
 )
 from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.experiment.record import PointRow
-from specdec_jax.experiment.targets import t5_target
+from specdec_jax.experiment.targets import stand_ins, t5_target
 from specdec_jax.models import t5
 from specdec_jax.models.t5 import T5Draft
 from specdec_jax.models.t5.checkpoints import save_hf_checkpoint
@@ -93,7 +93,8 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
   cleared = []
   real_clear = jax.clear_caches
   monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(1) or real_clear())
-  path = runner.run(exp, str(out), greedy=GreedyCheck())
+  path = runner.run(exp, str(out), greedy=GreedyCheck(),
+                    placement=gin_flags.placement())
   rows = results_io.read_rows(path)
   assert len(rows) == 2 and rows[0] == earlier  # Appending kept the earlier row.
   assert len(cleared) == 1  # Compiled programs dropped after the one measured point.
@@ -121,7 +122,8 @@ def test_run_writes_row_and_restart_skips(tmp_path, models_dir, monkeypatch):
 
   # A restart measures nothing that is already in the file.
   monkeypatch.setattr(measure, "measure_point", lambda *a: pytest.fail("measured again"))
-  runner.run(exp, str(out), greedy=GreedyCheck())
+  runner.run(exp, str(out), greedy=GreedyCheck(),
+             placement=gin_flags.placement())
   assert results_io.read_rows(path) == rows
 
 
@@ -131,7 +133,8 @@ def test_run_times_verification_to_a_larger_gamma_and_stops_at_its_deadline(
   # The first point is started whatever its pace; the second would end past the deadline.
   clock = iter([100.0, 105.0, 105.0])
   monkeypatch.setattr(runner, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
-  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(), max_gamma=4,
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
+                    placement=gin_flags.placement(), max_gamma=4,
                     deadline=109.0)
   (row,) = results_io.read_points(path)
   assert row.temperature == 0.0 and row.gamma == 2 and set(row.t_verify_s) == {1, 2, 3, 4, 5}
@@ -165,6 +168,39 @@ def test_bad_config_fails_before_work(tmp_path, models_dir, monkeypatch, binding
   monkeypatch.setattr(t5_target, "load_hf_checkpoint", lambda *a, **k: pytest.fail("work started"))
   with pytest.raises(error, match=match):
     gin_flags.load_experiment([_gin(tmp_path, models_dir)], [binding])
+
+
+def test_stand_ins_take_the_architectures_the_command_read(tmp_path, monkeypatch):
+  """A missing target is swapped for stand-ins of the architectures `gin_flags` read from
+  the family's training configs; the command's own gin stays parsed after."""
+  monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path / "data"))
+  tiny = t5.get_config("test-v1_1", vocab_size=VOCAB)
+  given = []
+  real_write = stand_ins.write_stand_ins
+
+  def write(output_dir, names, architectures):  # The shapes read, written tiny.
+    given.append((list(names), dict(architectures)))
+    real_write(output_dir, names, {n: tiny for n in architectures})
+
+  monkeypatch.setattr(stand_ins, "write_stand_ins", write)
+  exp = gin_flags.load_experiment(
+      [_gin(tmp_path, str(tmp_path / "no_models"), drafts="['draft_shared_enc']",
+            stand_ins_when_missing="True")], [])
+  assert exp.name == "tiny_random_stand_ins"
+  assert exp.models_dir == str(tmp_path / "data" / "random_models")
+  (names, architectures), = given
+  assert names == ["target", "draft_shared_enc"]
+  assert architectures == gin_flags.family_architectures()
+  assert architectures["draft_shared_enc"].d_model == 128
+  assert architectures["target"].d_model == 384
+  gin_flags.load_experiment([_gin(tmp_path, str(tmp_path / "no_models"),
+                                  drafts="['draft_shared_enc']", stand_ins_when_missing="True")],
+                            ["make_mesh.model = 1"])
+  assert gin.query_parameter("Experiment.name") == "tiny"  # Still the command's config.
+  assert gin.query_parameter("make_mesh.model") == 1
+  gin.clear_config()
+  with pytest.raises(ValueError, match=r"no architecture for \['target'\]"):
+    real_write(str(tmp_path / "x"), ["draft_shared_enc"], {"draft_shared_enc": tiny})
 
 
 def test_plan_uses_best_gamma(tmp_path, models_dir):

@@ -126,6 +126,21 @@ def test_cache_constraint_costs_nothing_on_one_device(family):
     assert "sharding_constraint" not in texts[1][0] + texts[1][1]
 
 
+def test_default_rules_are_the_unbound_configurables():
+  """What a library function given no rules uses is what the commands build unbound."""
+  import gin
+
+  gin.clear_config()
+  assert partitioning.axis_rules() == partitioning.DEFAULT_RULES
+  assert partitioning.draft_axis_rules() == partitioning.DEFAULT_DRAFT_RULES
+  assert partitioning.draft_axis_rules(partitioning.DEFAULT_RULES) == (
+      partitioning.DEFAULT_DRAFT_RULES)
+  placement = partitioning.Placement.data_parallel()
+  assert placement.mesh.shape == {"data": len(jax.devices()), "model": 1}
+  assert (placement.rules, placement.draft_rules) == (partitioning.DEFAULT_RULES,
+                                                      partitioning.DEFAULT_DRAFT_RULES)
+
+
 def test_mesh_needs_the_device_count():
   assert partitioning.make_mesh(1, 1).shape == {"data": 1, "model": 1}
   with pytest.raises(ValueError, match=r"data \* model = 2 \* 4 = 8, but there are 1 devices"):
@@ -188,7 +203,8 @@ def test_hardware_gin_files_parse():
       gin.clear_config()
       gin.parse_config_file(path)
       assert gin_flags.build_experiment().target == "flan-t5-xxl"
-      assert partitioning.draft_axis_rules() == partitioning.axis_rules(heads=None, mlp=None,
-                                                                        vocab=None)
+      rules = partitioning.axis_rules()
+      assert partitioning.draft_axis_rules(rules) == partitioning.axis_rules(
+          heads=None, mlp=None, vocab=None)
   finally:
     gin.clear_config()

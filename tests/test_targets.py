@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_feature_draft import _feature_student
 
-from specdec_jax import partitioning, tree_choice
+from specdec_jax import tree_choice
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
 from specdec_jax.decoding.proposers import DraftBranches
 from specdec_jax.experiment import gin_flags, results_io, runner, tree_point
@@ -188,7 +188,8 @@ def test_runner_measures_a_decoder_only_target(tmp_path, tiny_gguf, shared_prefi
   with the chat template's system turn prefilled once or per prompt."""
   exp = gin_flags.load_experiment([_gin(tmp_path, tiny_gguf[0])],
                                [f"PromptCache.shared_prefix = {shared_prefix}"])
-  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
+                    placement=gin_flags.placement())
   (row,) = results_io.read_points(path)
   assert row.draft == "layer_skip_1" and row.target == tiny_gguf[0]
   assert row.greedy_identical is True and row.speedup_measured > 0
@@ -205,7 +206,8 @@ def test_runner_measures_a_tree_beside_the_chain(tmp_path, tiny_gguf):
   measures nothing again."""
   exp = gin_flags.load_experiment([_gin(tmp_path, tiny_gguf[0], gammas="[4]",
                                         tree="'2x2'")], [])
-  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
+                    placement=gin_flags.placement())
   (chain,) = results_io.read_points(path)
   (row,) = [tree_point.TreeRow.from_json(r) for r in results_io.read_rows(
       str(tmp_path / "out" / tree_point.TREES_FILE))]
@@ -221,7 +223,8 @@ def test_runner_measures_a_tree_beside_the_chain(tmp_path, tiny_gguf):
   assert (f"| ende | layer_skip_1 | 0 | 4 | {chain.tokens_per_iteration:.2f} | "
           f"{chain.speedup_measured:.2f}X | 2x2 | {row.tokens_per_call:.2f} | "
           f"**{row.speedup_measured:.2f}X** |") in table
-  assert runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck()) == path
+  assert runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
+                    placement=gin_flags.placement()) == path
   assert len(results_io.read_rows(str(tmp_path / "out" / tree_point.TREES_FILE))) == 1
 
 
@@ -250,7 +253,8 @@ def test_a_tree_chosen_by_the_cost_model(tmp_path, tiny_gguf, monkeypatch, helps
   monkeypatch.setattr(tree_choice.TreeChoice, "helps", property(lambda self: helps))
   exp = gin_flags.load_experiment([_gin(tmp_path, tiny_gguf[0], gammas="[2]", tree="'auto'",
                                         auto_calibration_examples="1")], [])
-  runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck())
+  runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
+             placement=gin_flags.placement())
   (row,) = [tree_point.TreeRow.from_json(r) for r in results_io.read_rows(
       str(tmp_path / "out" / tree_point.TREES_FILE))]
   choice = row.shape_choice
@@ -276,7 +280,7 @@ def test_llama_target_builds_its_drafts_and_prompts(tmp_path, tiny_gguf, monkeyp
   gin_flags.parse_gin([_gin(tmp_path, tiny_gguf[0])], ["NgramFit.batch_size = 2"])
   try:
     exp = gin_flags.build_experiment()
-    loaded = llama_target.load(exp, partitioning.make_mesh())
+    loaded = llama_target.load(exp, gin_flags.placement())
     inputs = loaded.tokenize("ende", ["translate English to German: the house"], 64)
     text = loaded.vocabulary.tokenizer().decode(inputs[0][inputs[0] != 0].tolist(),
                                                 skip_special_tokens=False)

@@ -17,7 +17,7 @@ from specdec_jax import atomic_io
 from specdec_jax.data import corpora, distill, layout
 from specdec_jax.distillation import signals
 from specdec_jax.distillation.teacher import teacher_sha256
-from specdec_jax.draft_pricing import draft_ranking
+from specdec_jax.draft_pricing import t5_runs
 from specdec_jax.experiment import alpha_curves, figures
 from specdec_jax.models.layers import ParamInfo
 from specdec_jax.models.t5 import T5Model, get_config
@@ -195,8 +195,8 @@ def test_on_policy_training_runs_from_the_stored_inputs(run, tmp_path):
   # The run, ranked by the cost model from its best alpha and its measured c, beside its
   # best parameters as an exported draft, whose alpha the ranking measures the curve's way.
   best_dir = os.path.join(model_dir, alpha_tracking.BEST_DIR)
-  record = draft_ranking.rank_drafts([model_dir, best_dir], target_dir=run.teacher,
-                                     examples=2, max_decode_len=MAX_DECODE_LEN, max_gamma=2)
+  record = t5_runs.rank_runs([model_dir, best_dir], target_dir=run.teacher,
+                             examples=2, max_decode_len=MAX_DECODE_LEN, max_gamma=2)
   ranked = record["runs"]["on_policy"]
   best = next(e for e in curve["entries"] if e["step"] == curve["best"]["step"])
   exported = record["runs"][alpha_tracking.BEST_DIR]
@@ -206,8 +206,8 @@ def test_on_policy_training_runs_from_the_stored_inputs(run, tmp_path):
   assert exported["recipe"]["alpha_settings"] == measured_alike
   assert exported["by_temperature"]["T=1"]["alpha"] == best["alpha"]["ende"]["T=1"]
   with pytest.raises(FileNotFoundError, match="neither a training run"):
-    draft_ranking.rank_drafts([str(tmp_path)], target_dir=run.teacher, examples=2,
-                              max_decode_len=MAX_DECODE_LEN, max_gamma=2)
+    t5_runs.rank_runs([str(tmp_path)], target_dir=run.teacher, examples=2,
+                      max_decode_len=MAX_DECODE_LEN, max_gamma=2)
   assert ranked["recipe"]["step"] == best["step"]
   assert set(ranked["by_temperature"]) == {"T=1"}
   by_t = ranked["by_temperature"]["T=1"]

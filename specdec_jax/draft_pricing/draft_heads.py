@@ -26,7 +26,7 @@ from specdec_jax.data.distill import read_distilled
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.distillation import head_tokens
-from specdec_jax.draft_pricing.draft_ranking import INPUT_LEN, TASK
+from specdec_jax.draft_pricing.t5_runs import INPUT_LEN, TASK
 from specdec_jax.models.t5 import T5Model, T5Scorer, make_draft
 from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
 from specdec_jax.training import alpha_tracking

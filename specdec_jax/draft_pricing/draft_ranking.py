@@ -1,220 +1,259 @@
-"""Trained drafts ranked by the speedup the whole cost model predicts from their alpha and c.
+"""Drafts ranked by the speedup the whole cost model predicts from their alpha and c.
 
 Alpha alone does not choose a draft: a wider or deeper one agrees more and costs more per
-proposed token. For each training run (`training.train_t5` with `TrainConfig.alpha_every_steps`)
-`rank_drafts` takes the held-out En-De alpha of its best entry (`alpha_curve.json`:
-validation inputs, gamma 3, at the curve's temperatures) and that entry's parameters
-(`<run>/best`, kept beside the curve, so a run still training can be ranked); for an
-exported draft (a model directory with no curve, such as a shipped one) it measures that
-alpha now, the way the runs' curves did. It then prices each draft under the whole cost
-model on other validation inputs, batch 1 (the draft's seconds per token, so its c, timed
-in turn with the other drafts' and, like theirs, with its weights rounded to float16 as
-the shipped family stores them; both loops' own work and both encoders; the target's
-T_verify(k) timed once for all), and records gamma* and the predicted speedup. Timings
+proposed token. `rank_drafts` takes a target (any `Scorer`) and the drafts to rank (any
+`Draft`, each a `DraftToRank`: the draft, its held-out alpha per temperature, where it
+came from), and prices each under the whole cost model on the calibration batches: the
+draft's seconds per token, so its c, timed in turn with the other drafts'; both loops'
+own work and the target's (and a draft's) work once per sequence; the target's
+T_verify(k) timed once for all. It records gamma* and the predicted speedups
+(`DraftPrice`), and ranks the drafts by the model calls' speedup (`Ranking`). Timings
 run inside the guard (`contention.quiet`: our registered jobs paused).
-`python -m benchmarks draft_speedups` is its command.
+
+Which drafts, and their alpha, is the caller's: `draft_pricing.t5_runs` reads the T5
+training runs and exported drafts (`python -m benchmarks draft_speedups`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
-import sentencepiece as spm
 
 from specdec_jax import contention, gamma_choice, timing
-from specdec_jax.data import prompts
-from specdec_jax.decoding import buckets
+from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.models.t5 import T5Model, T5Scorer, make_draft
-from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model, rounded_to_half
-from specdec_jax.training import alpha_tracking
+from specdec_jax.decoding.scorer import Scorer
 
-TASK = "ende"
-INPUT_LEN = 128
+Array = jax.Array
 
 
-# How an exported draft's alpha is measured when no training run is ranked beside it:
-# training.train_t5's alpha settings under the drafts' gin files.
-DEFAULT_ALPHA_SETTINGS = {"examples": {TASK: 128}, "input_len": INPUT_LEN,
-                          "temperatures": [0.0, 1.0], "gamma": 3, "max_decode_len": 64,
-                          "batch_size": 32, "seed": 0}
+@dataclasses.dataclass(frozen=True)
+class DraftToRank:
+  """One draft to price, and what its record keeps beside the prices.
 
-
-def is_run(model_dir: str) -> bool:
-  """Whether `model_dir` is a training run with an alpha curve (else an exported draft)."""
-  return os.path.exists(os.path.join(model_dir, alpha_tracking.CURVE_FILE))
-
-
-def alpha_settings(model_dirs: list[str]) -> dict:
-  """How alpha is measured for exported drafts: the first run's curve's settings, or
-  `DEFAULT_ALPHA_SETTINGS` when no run is among `model_dirs`."""
-  runs = [d for d in model_dirs if is_run(d)]
-  return alpha_tracking.read_curve(runs[0])["settings"] if runs else DEFAULT_ALPHA_SETTINGS
-
-
-def exported_alpha(draft_dir: str, probe: alpha_tracking.AlphaProbe
-                   ) -> tuple[dict, dict[float, float]]:
-  """(its recipe: name, directory and how alpha was measured, {temperature: En-De alpha}
-  measured now by `probe`, rounded as a curve rounds it) of an exported draft.
-
-  Raises:
-    FileNotFoundError: `draft_dir` is neither a training run nor a model directory.
+  Attributes:
+    name: its name in the ranking (unique).
+    draft: the draft, its parameters placed as it will be timed.
+    alphas: {temperature: held-out alpha (beta) against the target}; it is priced at
+      each of these temperatures.
+    params: its parameter count (recorded).
+    model_dir: where it was read from (recorded; "" for none).
+    recipe: how it was made, as JSON (recorded as it is: a training run's recipe and
+      best step, an exported draft's directory and how its alpha was measured, ...).
   """
-  if not os.path.exists(os.path.join(draft_dir, "config.json")):
-    raise FileNotFoundError(f"{draft_dir} is neither a training run (no "
-                            f"{alpha_tracking.CURVE_FILE}) nor an exported draft (no "
-                            "config.json): pass a run's directory or a draft's.")
-  model, params = load_model(draft_dir, dropout_rate=0.0)
-  measured = probe.measure(model, jax.device_put(params))[TASK]
-  return ({"name": os.path.basename(os.path.normpath(draft_dir)), "draft_dir": draft_dir,
-           "alpha_settings": probe.settings()},
-          {t: round(measured[alpha_tracking.temperature_key(t)].beta, 4)
-           for t in probe.temperatures})
+
+  name: str
+  draft: Draft
+  alphas: Mapping[float, float]
+  params: int
+  model_dir: str = ""
+  recipe: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def best_alpha(model_dir: str) -> tuple[dict, dict[float, float]]:
-  """(the run's recipe with its best entry's step, wall time and passes,
-  {temperature: En-De alpha} of that entry)."""
-  curve = alpha_tracking.read_curve(model_dir)
-  best = next(e for e in curve["entries"] if e["step"] == curve["best"]["step"])
-  return ({**curve["recipe"], "step": best["step"], "wall_time_s": best["wall_time_s"],
-           "passes": best.get("passes")},
-          {t: best["alpha"][TASK][f"T={t:g}"] for t in curve["settings"]["temperatures"]})
+@dataclasses.dataclass(frozen=True)
+class DraftPrice:
+  """A draft priced at one temperature.
+
+  Attributes:
+    alpha: the held-out alpha it was priced with.
+    c: its seconds per proposed token over the target's T_step.
+    gamma: gamma* under the whole cost model.
+    speedup_cost_model: the whole cost model's speedup at `gamma`.
+    speedup_thm38: Theorem 3.8's at `gamma` (verification free, no loop work).
+    gamma_steps_only: the gamma of the best speedup of the model calls alone.
+    speedup_steps_only: that speedup (alpha, c and T_verify(k)): what drafts are ranked by.
+    choice: the whole decision (`gamma_choice.make_choice`).
+  """
+
+  alpha: float
+  c: float
+  gamma: int
+  speedup_cost_model: float
+  speedup_thm38: float
+  gamma_steps_only: int
+  speedup_steps_only: float
+  choice: gamma_choice.GammaChoice
+
+  @classmethod
+  def of(cls, alpha: float, choice: gamma_choice.GammaChoice) -> DraftPrice:
+    """The price `choice` makes with `alpha`."""
+    steps_gamma = max(choice.speedup_steps_only, key=choice.speedup_steps_only.get)
+    return cls(alpha=alpha, c=choice.c, gamma=choice.gamma,
+               speedup_cost_model=choice.speedup_cost_model[choice.gamma],
+               speedup_thm38=choice.speedup_thm38[choice.gamma],
+               gamma_steps_only=steps_gamma,
+               speedup_steps_only=choice.speedup_steps_only[steps_gamma], choice=choice)
+
+  def to_json(self) -> dict[str, Any]:
+    return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "choice"}, "choice": self.choice.to_json()}
 
 
-def calibration_inputs(model_dirs: list[str], examples: int) -> np.ndarray:
-  """`examples` validation inputs evenly spaced through those the drafts' alpha was not
-  measured on, int32 `[examples, INPUT_LEN]`."""
-  exported = alpha_settings(model_dirs)["examples"][TASK]
-  measured = {alpha_tracking.read_curve(d)["settings"]["examples"][TASK] if is_run(d)
-              else exported for d in model_dirs}
-  pairs = prompts.load_examples(TASK, alpha_tracking.SPLIT, None)[0]
-  used = set().union(*(alpha_tracking.evenly_spaced(n, len(pairs)).tolist() for n in measured))
-  rest = [i for i in range(len(pairs)) if i not in used]
-  picked = [pairs[rest[i]][0] for i in alpha_tracking.evenly_spaced(examples, len(rest))]
-  return prompts.tokenize(spm.SentencePieceProcessor(model_file=prompts.VOCAB_PATH), picked,
-                          INPUT_LEN)
+@dataclasses.dataclass(frozen=True)
+class RankedDraft:
+  """A draft's prices, one per temperature of its alpha.
+
+  Attributes:
+    name, model_dir, recipe, params: as its `DraftToRank`.
+    by_temperature: {temperature: its price there}.
+  """
+
+  name: str
+  model_dir: str
+  recipe: Mapping[str, Any]
+  params: int
+  by_temperature: Mapping[float, DraftPrice]
+
+  @property
+  def mean_speedup_steps_only(self) -> float:
+    """The model calls' best speedup, the mean over temperatures (what ranks it)."""
+    return float(np.mean([p.speedup_steps_only for p in self.by_temperature.values()]))
+
+  @property
+  def mean_speedup_cost_model(self) -> float:
+    return float(np.mean([p.speedup_cost_model for p in self.by_temperature.values()]))
+
+  def to_json(self) -> dict[str, Any]:
+    return {"model_dir": self.model_dir, "recipe": dict(self.recipe), "params": self.params,
+            "by_temperature": {f"T={t:g}": p.to_json() for t, p in self.by_temperature.items()},
+            "mean_speedup_steps_only": self.mean_speedup_steps_only,
+            "mean_speedup_cost_model": self.mean_speedup_cost_model}
 
 
-def rank_drafts(model_dirs: list[str], *, target_dir: str, examples: int = 8,
-                max_decode_len: int = 64, max_gamma: int = 8, timing_calls: int = 32,
-                timing_repeats: int = 5) -> dict:
-  """Prices every run's draft at each temperature of its curve.
+@dataclasses.dataclass(frozen=True)
+class Ranking:
+  """Drafts priced against one target, and how they were timed.
+
+  Attributes:
+    drafts: the priced drafts, in the order given (`ranked()`: best first).
+    calibration_examples: rows the loop costs were measured over (all batches).
+    batch_size: rows per calibration batch.
+    timing_calls: calls per timed loop.
+    timing_repeats: timed runs per loop.
+    draft_gamma: the gamma the drafts' seconds per token were timed at.
+    verify: the target's T_verify(k) (`timing.verify_times`).
+    idle_check: the guard's record of the machine (`contention.Guard.record`).
+    environment: `timing.environment()`.
+    date: when it was priced (UTC, ISO 8601).
+  """
+
+  drafts: tuple[RankedDraft, ...]
+  calibration_examples: int
+  batch_size: int
+  timing_calls: int
+  timing_repeats: int
+  draft_gamma: int
+  verify: timing.VerifyTimes
+  idle_check: Mapping[str, Any]
+  environment: Mapping[str, Any]
+  date: str
+
+  def ranked(self) -> list[RankedDraft]:
+    """The drafts, highest `mean_speedup_steps_only` first."""
+    return sorted(self.drafts, key=lambda d: -d.mean_speedup_steps_only)
+
+  def to_json(self) -> dict[str, Any]:
+    """The JSON record (`figures.fig_draft_tradeoff` draws it): how the drafts were timed,
+    the target's T_verify(k) / T_step, and per draft (`runs`, by name) its record."""
+    verify = self.verify
+    return {"calibration_examples": self.calibration_examples, "batch_size": self.batch_size,
+            "timing_calls": self.timing_calls, "timing_repeats": self.timing_repeats,
+            "draft_gamma": self.draft_gamma,
+            "verify_ratio": {str(k): t / verify.t_step for k, t in verify.t_chunk.items()},
+            "t_step_s": verify.t_step, "idle_check": dict(self.idle_check),
+            "runs": {d.name: d.to_json() for d in self.drafts},
+            "environment": dict(self.environment), "date": self.date}
+
+
+def rank_drafts(target: Scorer, drafts: Sequence[DraftToRank], batches: Sequence[Array], *,
+                eos_id: int, max_decode_len: int = 64, max_gamma: int = 8,
+                timing_calls: int = 32, timing_repeats: int = 5) -> Ranking:
+  """Prices every draft at each temperature of its alpha.
 
   Inside the guard: the target's T_verify(k) once; per temperature, every draft's
   seconds per proposed token at gamma 3, the drafts timed in turn
   (`timing.draft_token_times_rotated`: their c are compared with each other,
   so neither the machine's drift nor their order may decide); then, per draft, both
   loops' own work and the encoders (`timing.measure_loop_costs` over the
-  calibration inputs, the speculative loop at gamma 3 and at
-  `gamma_choice.second_gamma`'s); the choice of gamma under the whole cost model with the run's
-  held-out alpha (`gamma_choice.make_choice`).
+  calibration batches, the speculative loop at gamma 3 and at
+  `gamma_choice.second_gamma`'s); the choice of gamma under the whole cost model with the
+  draft's held-out alpha (`gamma_choice.make_choice`).
+
+  The loops' own work is the same for drafts of one kind; measured per draft it differs
+  by its noise alone, so it prices the drafts but does not rank them: they are ranked by
+  the model calls' speedup (`DraftPrice.speedup_steps_only`).
 
   Args:
-    model_dirs: training runs with an alpha curve, or exported drafts (their alpha is
-      measured first, with `alpha_settings(model_dirs)`, outside the guard).
-    target_dir: the target (HF T5) the runs measured alpha against.
-    examples: validation inputs the cost model is calibrated on (batch 1).
+    target: the target's scorer (any family), its parameters placed.
+    drafts: the drafts to price (any `Draft`: one that reads the target's encoder outputs
+      or features is given them, `timing.target_encoded_for`).
+    batches: int32 `[batch, input_len]` calibration inputs of the target, checked and cut
+      to their length bucket, held out from the drafts' alpha; the first is what the
+      steps are timed on.
+    eos_id: the end-of-sequence id the loops stop at.
     max_decode_len: the most tokens per output.
     max_gamma: gamma candidates are 1..max_gamma.
     timing_calls: calls per timed loop (T_verify(k), T_draft).
     timing_repeats: timed runs per loop (the median is used).
 
   Returns:
-    The JSON record: per run, its recipe and, per temperature, alpha, c, gamma* and
-    the whole cost model's and Theorem 3.8's speedups there, the best speedup of the
-    model calls alone (alpha, c and T_verify(k): `speedup_steps_only`, what drafts are
-    ranked by, `mean_speedup_steps_only` over temperatures) and the `GammaChoice`. The
-    loops' own work is the same for drafts of one kind; measured per draft it differs
-    by its noise alone, so it prices the drafts but does not rank them.
+    The `Ranking`.
 
   Raises:
-    FileNotFoundError: a directory is neither a run nor a draft, or the corpora are not
-      prepared.
+    ValueError: no drafts or batches, two drafts of one name, or a draft without alpha.
   """
-  target_cfg, target_params = load_hf_checkpoint(target_dir, dropout_rate=0.0)
-  target_model = T5Model(target_cfg)
-  target = T5Scorer(target_model, target_model.prepare(jax.device_put(target_params)))
-  batches = [buckets.to_bucket(x[None]) for x in calibration_inputs(model_dirs, examples)]
+  names = [d.name for d in drafts]
+  if not drafts or not batches:
+    raise ValueError(f"rank_drafts: {len(drafts)} drafts and {len(batches)} batches; give "
+                     "at least one of each.")
+  if len(set(names)) != len(names):
+    raise ValueError(f"rank_drafts: draft names {names} repeat; name each draft once.")
+  if without := [d.name for d in drafts if not d.alphas]:
+    raise ValueError(f"rank_drafts: {without} have no alpha; give each draft its held-out "
+                     "alpha at one temperature at least.")
   gamma = min(gamma_choice.DEFAULT_CALIBRATION_GAMMA, max_gamma)
   cache_len, position = timing.timing_geometry(max_decode_len, max_gamma)
-  probe = None
-  runs = {}
-  for model_dir in model_dirs:
-    if is_run(model_dir):
-      recipe, alphas = best_alpha(model_dir)
-      params_dir = os.path.join(model_dir, alpha_tracking.BEST_DIR)
-    else:
-      probe = probe or _probe(target_model, target_params, alpha_settings(model_dirs))
-      recipe, alphas = exported_alpha(model_dir, probe)
-      params_dir = model_dir
-    model, params = load_model(params_dir, dropout_rate=0.0)
-    runs[recipe["name"]] = {"model_dir": model_dir, "recipe": recipe, "alphas": alphas,
-                            "draft": make_draft(model, jax.device_put(rounded_to_half(params))),
-                            "params": int(sum(np.size(x) for x in jax.tree.leaves(params)))}
-  temperatures = sorted({t for run in runs.values() for t in run["alphas"]})
-  encoded = target.encoder_outputs(target.encode(batches[0]))  # For drafts that read it.
+  first = batches[0]
+  # What each draft reads of the target (its encoder outputs, its features), made once.
+  encoded = {d.name: timing.target_encoded_for(d.draft, target, first) for d in drafts}
+  temperatures = sorted({t for d in drafts for t in d.alphas})
+  prices: dict[str, dict[float, DraftPrice]] = {name: {} for name in names}
   with contention.quiet("draft ranking") as guard:
-    verify = timing.verify_times(target, batches[0], max_gamma=max_gamma,
-                                max_decode_len=max_decode_len, calls=timing_calls,
-                                repeats=timing_repeats)
+    verify = timing.verify_times(target, first, max_gamma=max_gamma,
+                                 max_decode_len=max_decode_len, calls=timing_calls,
+                                 repeats=timing_repeats)
     t_chunk = verify.fitted(max_gamma)
     for t in temperatures:
       warp = Warp(temperature=t)
-      names = [name for name, run in runs.items() if t in run["alphas"]]
+      priced = [d for d in drafts if t in d.alphas]
       t_draft = timing.draft_token_times_rotated(
-          {name: (runs[name]["draft"], batches[0],
-                  encoded if runs[name]["draft"].reads_target_encoder else None)
-           for name in names},
+          {d.name: (d.draft, first, encoded[d.name]) for d in priced},
           gamma=gamma, warp=warp, cache_len=cache_len, position=position, calls=timing_calls,
           repetitions=timing_repeats)
-      for name in names:
-        run = runs[name]
+      for d in priced:
         loop_costs, _ = timing.measure_loop_costs(
-            target, run["draft"], batches, gamma=gamma, warp=warp,
-            max_decode_len=max_decode_len, eos_id=target_cfg.eos_token_id, t_chunk=t_chunk,
-            t_draft=t_draft[name], rng=jax.random.PRNGKey(0), repeats=timing_repeats,
-            held_out=True, slope_gamma=gamma_choice.second_gamma(gamma, max_gamma))
-        choice = gamma_choice.make_choice(run["alphas"][t], verify.t_chunk, t_draft[name],
+            target, d.draft, batches, gamma=gamma, warp=warp, max_decode_len=max_decode_len,
+            eos_id=eos_id, t_chunk=t_chunk, t_draft=t_draft[d.name],
+            rng=jax.random.PRNGKey(0), repeats=timing_repeats, held_out=True,
+            slope_gamma=gamma_choice.second_gamma(gamma, max_gamma))
+        choice = gamma_choice.make_choice(d.alphas[t], verify.t_chunk, t_draft[d.name],
                                           loop_costs=loop_costs, spread=verify.spread,
                                           max_gamma=max_gamma)
         # Each draft compiles its loops per length bucket and gamma, and XLA:CPU maps every
         # program's kernels apart: seven drafts' programs passed the kernel's 65,530 maps
         # per process (vm.max_map_count) and compilation failed. They are not run again.
         jax.clear_caches()
-        steps_gamma = max(choice.speedup_steps_only, key=choice.speedup_steps_only.get)
-        run.setdefault("by_temperature", {})[f"T={t:g}"] = {
-            "alpha": run["alphas"][t], "c": choice.c, "gamma": choice.gamma,
-            "speedup_cost_model": choice.speedup_cost_model[choice.gamma],
-            "speedup_thm38": choice.speedup_thm38[choice.gamma],
-            "gamma_steps_only": steps_gamma,
-            "speedup_steps_only": choice.speedup_steps_only[steps_gamma],
-            "choice": choice.to_json()}
-  for run in runs.values():
-    del run["draft"], run["alphas"]
-    for key in ("speedup_steps_only", "speedup_cost_model"):
-      run[f"mean_{key}"] = float(np.mean([v[key] for v in run["by_temperature"].values()]))
-  return {
-      "what": "trained drafts ranked by the model calls' predicted speedup (alpha, c, "
-              "T_verify(k)), the whole cost model's beside it, from held-out alpha (a run's "
-              "best curve entry, an exported draft's measured alike) and c timed in turn",
-      "command": "python -m benchmarks draft_speedups", "target": target_dir,
-      "task": TASK, "calibration_examples": examples, "batch_size": 1,
-      "timing_calls": timing_calls, "timing_repeats": timing_repeats, "draft_gamma": gamma,
-      "verify_ratio": {str(k): t / verify.t_step for k, t in verify.t_chunk.items()},
-      "t_step_s": verify.t_step, "idle_check": guard.record(),
-      "runs": runs, "environment": timing.environment(),
-      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
-def _probe(target_model: T5Model, target_params: dict, settings: dict
-           ) -> alpha_tracking.AlphaProbe:
-  """The En-De alpha probe that `settings` (a curve's, or the defaults) describe."""
-  inputs = alpha_tracking.held_out_inputs([TASK], settings["examples"][TASK],
-                                          settings["input_len"])
-  return alpha_tracking.AlphaProbe(
-      target_model, jax.device_put(target_params), inputs, tuple(settings["temperatures"]),
-      settings["gamma"], settings["max_decode_len"], settings["batch_size"], settings["seed"])
+        prices[d.name][t] = DraftPrice.of(d.alphas[t], choice)
+  return Ranking(
+      drafts=tuple(RankedDraft(d.name, d.model_dir, d.recipe, d.params, prices[d.name])
+                   for d in drafts),
+      calibration_examples=sum(int(b.shape[0]) for b in batches),
+      batch_size=int(first.shape[0]), timing_calls=timing_calls,
+      timing_repeats=timing_repeats, draft_gamma=gamma, verify=verify,
+      idle_check=guard.record(), environment=timing.environment(),
+      date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))

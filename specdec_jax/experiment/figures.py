@@ -205,7 +205,8 @@ def fig_draft_tradeoff(record: dict, path: str) -> str:
   the model calls' predicted speedup at this run's T_verify(k) (`model_calls_speedup`).
 
   Args:
-    record: `draft_ranking.rank_drafts`'s JSON record.
+    record: a ranking's JSON record (`draft_ranking.Ranking.to_json`, as
+      `t5_runs.rank_runs` writes it).
     path: the PNG written.
   """
   runs = record["runs"]

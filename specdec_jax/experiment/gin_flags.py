@@ -3,29 +3,37 @@
 T5X binds gin where the program is assembled and passes objects down; so do we. A
 command parses its files and bindings here (`parse_gin`), builds its `Settings` or
 `Experiment` here (`load_settings`, `load_experiment`, `build_experiment`), with the
-gin-configurable fields they hold (`PromptCache`, `NgramFit`), and reads its
-`suite.Suite` here (`listed_experiments`); the library below takes those objects as
-arguments and reads no gin. `--gin.NAME=VALUE` arguments (T5X style) are
-read as `--gin_bindings`.
+gin-configurable fields they hold (`PromptCache`, `NgramFit`), its device mesh and axis
+rules (`placement`), the family's architectures that stand-ins are built with
+(`family_architectures`), and reads its `suite.Suite` here (`listed_experiments`); the
+library below takes those objects as arguments and reads no gin. `--gin.NAME=VALUE`
+arguments (T5X style) are read as `--gin_bindings`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import gin
 from absl import app, flags
 
+from specdec_jax import partitioning
 from specdec_jax.data import layout
 from specdec_jax.experiment import runner, settings, suite
+from specdec_jax.experiment.targets import family
+from specdec_jax.models.t5 import T5Config
+from specdec_jax.training.model_config import model_config
 
 GIN_FILE = flags.DEFINE_multi_string("gin_file", [], "Gin files, applied in order.")
 GIN_BINDINGS = flags.DEFINE_multi_string(
     "gin_bindings", [], "Gin bindings, e.g. 'Experiment.gammas = [1, 2]'; also --gin.NAME=VALUE.")
 
 GIN_PREFIX = "--gin."
+# The family's training configs: each member's architecture (`family_architectures`).
+TRAIN_CONFIGS = os.path.join(layout.REPO_ROOT, "gin_configs", "train")
 
 
 def split_gin_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -107,9 +115,53 @@ def build_experiment(**fields: Any) -> settings.Experiment:
 
 def load_experiment(gin_files: Sequence[str], bindings: Sequence[str]) -> settings.Experiment:
   """Parses the gin files and bindings afresh; the `Experiment` checked before any work
-  (`runner.prepare`)."""
+  (`runner.prepare`), on random-init stand-ins of the family's architectures
+  (`family_architectures`) where it asks for them and its target is missing. The
+  command's gin stays parsed (for `placement`)."""
   parse_gin(gin_files, bindings)
-  return runner.prepare(build_experiment())
+  exp = build_experiment()
+  if not exp.stand_ins_when_missing:
+    return runner.prepare(exp)
+  architectures = family_architectures()
+  parse_gin(gin_files, bindings)  # Reading the architectures cleared the command's config.
+  return runner.prepare(exp, architectures)
+
+
+def family_architectures(names: Sequence[str] = family.FAMILY) -> dict[str, T5Config]:
+  """Each member's `T5Config`: `model_config()` of its training config
+  (`gin_configs/train/<name>.gin`; only the architecture, the training settings'
+  configurables are skipped). Leaves no gin config parsed: parse the command's after.
+
+  Raises:
+    ValueError: a member without a training config, or a bad one.
+  """
+  out = {}
+  try:
+    for name in names:
+      path = os.path.join(TRAIN_CONFIGS, f"{name}.gin")
+      if not os.path.isfile(path):
+        raise ValueError(f"{name!r} has no training config ({path}); the stand-ins' shapes "
+                         "come from gin_configs/train/<name>.gin.")
+      gin.clear_config()
+      gin.add_config_file_search_path(layout.REPO_ROOT)
+      gin.parse_config_file(path, skip_unknown=True)
+      out[name] = model_config()
+  finally:
+    gin.clear_config()
+  return out
+
+
+def placement() -> partitioning.Placement:
+  """The device mesh and axis rules of the parsed gin config (`make_mesh.X`,
+  `axis_rules.X`, `draft_axis_rules.X`), built once; call it after parsing the command's
+  gin (`load_settings`, `load_experiment`) and pass it down.
+
+  Raises:
+    ValueError: a mesh the devices cannot make, or a rule naming no mesh axis.
+  """
+  rules = partitioning.axis_rules()
+  return partitioning.Placement(partitioning.make_mesh(), rules,
+                                partitioning.draft_axis_rules(rules))
 
 
 def listed_experiments(gin_files: Sequence[str], bindings: Sequence[str]

@@ -24,7 +24,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -44,9 +44,15 @@ RUNS_ROOT = "runs"  # A user's own runs (not committed).
 HELD_OUT_BATCHES = 4  # Most held-out batches a row's loop costs are timed on.
 
 
-def prepare(exp: settings.Experiment) -> settings.Experiment:
+def prepare(exp: settings.Experiment,
+            architectures: Mapping[str, Any] | None = None) -> settings.Experiment:
   """The run checked before any work (`registry.check`), its target swapped for random-init
   stand-ins first when `Experiment.stand_ins_when_missing` asks for them.
+
+  Args:
+    exp: the run.
+    architectures: the stand-ins' shapes, member -> model config (the command reads them:
+      `gin_flags.family_architectures`); needed when `exp.stand_ins_when_missing`.
 
   Raises:
     ValueError / FileNotFoundError: naming the field and the fix.
@@ -56,13 +62,18 @@ def prepare(exp: settings.Experiment) -> settings.Experiment:
     if kind.stand_ins is None:
       raise ValueError(f"Experiment.stand_ins_when_missing: a {kind.name!r} target has no "
                        "random-init stand-ins; set it to False.")
-    exp = kind.stand_ins(exp)
+    if architectures is None:
+      raise ValueError("Experiment.stand_ins_when_missing: the stand-ins' architectures are "
+                       "not given; load the run with gin_flags.load_experiment, which reads "
+                       "them (family_architectures).")
+    exp = kind.stand_ins(exp, architectures)
   registry.check(exp)
   return exp
 
 
 def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyCheck,
-        max_gamma: int | None = None, deadline: float | None = None) -> str:
+        placement: partitioning.Placement, max_gamma: int | None = None,
+        deadline: float | None = None) -> str:
   """Measures every point of `exp` missing from `<output_dir>/results.jsonl`.
 
   Args:
@@ -70,6 +81,8 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
     output_dir: where results.jsonl is.
     greedy: what a greedy point does when its tokens differ from the baseline's (the
       command builds it from gin: `GreedyCheck()`).
+    placement: the device mesh the models and inputs live on, and the rules they are
+      sharded by (the command builds it from gin: `gin_flags.placement()`).
     max_gamma: the caches are sized for gamma up to it and every row's T_verify(k) covers
       k = 1..max_gamma + 1 (at least the largest gamma of the run's points, the default).
     deadline: a `time.monotonic()` time: no point is started that would end after it at
@@ -90,13 +103,13 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
         file=sys.stderr)
   if not pending and not trees:
     return path
-  mesh = partitioning.make_mesh()
   bar = tqdm.tqdm(total=len(points) + len(tree_points),
                   initial=len(points) - len(pending) + len(trees_done), unit="point",
                   file=sys.stderr, dynamic_ncols=True)
   slowest = 0.0
-  with jax.set_mesh(mesh):  # Decoders compile for the mesh's shardings.
-    bench = _Bench(exp, max(max_gamma or 1, settings.largest_gamma(exp, points)), mesh, greedy)
+  with jax.set_mesh(placement.mesh):  # Decoders compile for the mesh's shardings.
+    bench = _Bench(exp, max(max_gamma or 1, settings.largest_gamma(exp, points)), placement,
+                   greedy)
     for point in pending:
       start = time.monotonic()
       if deadline is not None and start + slowest > deadline:
@@ -168,13 +181,13 @@ class _Bench:
   row of the first point measured after it (`PointRow.time_split_s["load"]`).
   """
 
-  def __init__(self, exp: settings.Experiment, max_gamma: int, mesh: jax.sharding.Mesh,
-               greedy: measure.GreedyCheck):
-    self.exp, self.max_gamma, self.mesh, self.greedy = exp, max_gamma, mesh, greedy
+  def __init__(self, exp: settings.Experiment, max_gamma: int,
+               placement: partitioning.Placement, greedy: measure.GreedyCheck):
+    self.exp, self.max_gamma, self.placement, self.greedy = exp, max_gamma, placement, greedy
     self.kind = registry.target_kind(exp.target_kind, "Experiment.target_kind")
     self._watch = timing.Stopwatch()
     with self._watch("load"):
-      self.target = self.kind.load(exp, mesh)
+      self.target = self.kind.load(exp, placement)
     self._made: dict[tuple, Any] = {}
 
   def _once(self, key: tuple, make: Callable[[], Any]) -> Any:
@@ -257,7 +270,8 @@ class _Bench:
       return []
     tokens = self.target.tokenize(task, inputs, self.exp.input_len)
     validation.check_token_ids("inputs", tokens, self.target.scorer.vocab_size)
-    return [partitioning.shard_batch(buckets.to_bucket(b), self.mesh)
+    return [partitioning.shard_batch(buckets.to_bucket(b), self.placement.mesh,
+                                     self.placement.rules)
             for b in np.split(tokens, len(tokens) // batch_size)]
 
 

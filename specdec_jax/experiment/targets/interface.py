@@ -7,7 +7,8 @@ target kind (`TargetKind`, named by `Settings.target_kind` in gin and listed in
 
   * `check(exp)`: the run's target (and tokenizer) are there and sound, before
     any weights load; returns the target's vocabulary size;
-  * `load(settings, mesh)`: the `LoadedTarget`: its scorer, EOS id, how task
+  * `load(settings, placement)`: the `LoadedTarget`, on the mesh and by the rules of the
+    `partitioning.Placement` the command built: its scorer, EOS id, how task
     examples become its inputs (`tokenize`, described by `prompt_format`) and how its
     token ids read (`pieces`);
   * `drafts`: the `DraftKind`s it can build, each matching the specs
@@ -25,8 +26,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -34,6 +35,7 @@ import numpy as np
 from specdec_jax.decoding.drafts import Draft, PromptLookupDraft
 from specdec_jax.decoding.proposers import Proposer
 from specdec_jax.decoding.scorer import Scorer
+from specdec_jax.partitioning import Placement
 
 if TYPE_CHECKING:
   from specdec_jax.experiment.settings import Experiment, Settings
@@ -49,14 +51,20 @@ class LoadedTarget(abc.ABC):
     encoder_width: the width of the encoder outputs a draft may read
       (`validation.check_draft`), None for a target without an encoder.
     settings: the settings it was loaded with (drafts read their paths and dtypes).
-    mesh: the device mesh its arrays live on.
+    placement: the device mesh its arrays live on and the rules they are sharded by (its
+      drafts are sharded by `placement.draft_rules`).
   """
 
   scorer: Scorer
   eos_id: int
   encoder_width: int | None
   settings: Settings
-  mesh: jax.sharding.Mesh
+  placement: Placement
+
+  @property
+  def mesh(self) -> jax.sharding.Mesh:
+    """The device mesh its arrays live on."""
+    return self.placement.mesh
 
   @abc.abstractmethod
   def tokenize(self, task: str, texts: Sequence[str], width: int) -> np.ndarray:
@@ -115,11 +123,13 @@ class TargetKind:
     name: its `Settings.target_kind` value.
     check: experiment -> the target's vocabulary size; raises ValueError /
       FileNotFoundError naming the field and the fix. Reads no weights.
-    load: (settings, mesh) -> the `LoadedTarget`.
+    load: (settings, placement) -> the `LoadedTarget`, on `placement.mesh`, sharded by
+      `placement.rules`.
     drafts: the draft kinds, the first whose `matches` accepts a spec builds it.
-    stand_ins: experiment -> the experiment on random-init stand-ins when its
-      target is missing (`Experiment.stand_ins_when_missing`); None: the kind
-      has none.
+    stand_ins: (experiment, architectures) -> the experiment on random-init stand-ins
+      when its target is missing (`Experiment.stand_ins_when_missing`);
+      `architectures` maps each member of the family to its model config, read by the
+      command (`gin_flags.family_architectures`). None: the kind has none.
     tree_proposer: (draft, k, depth) -> the `proposers.Proposer` of the draft's top-k
       branches of `depth` tokens (`Experiment.tree`); raises ValueError for a draft
       that has no top-k. None: the kind's scorer scores no trees.
@@ -127,9 +137,9 @@ class TargetKind:
 
   name: str
   check: Callable[[Experiment], int]
-  load: Callable[[Settings, jax.sharding.Mesh], LoadedTarget]
+  load: Callable[[Settings, Placement], LoadedTarget]
   drafts: tuple[DraftKind, ...]
-  stand_ins: Callable[[Experiment], Experiment] | None = None
+  stand_ins: Callable[[Experiment, Mapping[str, Any]], Experiment] | None = None
   tree_proposer: Callable[[Draft, int, int], Proposer] | None = None
 
   def draft_kind(self, spec: str) -> DraftKind:

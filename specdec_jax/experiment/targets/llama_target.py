@@ -181,12 +181,14 @@ class LlamaTarget(LoadedTarget):
                             max_decode_len=self.settings.max_decode_len)
 
 
-def load(settings: Settings, mesh: jax.sharding.Mesh) -> LlamaTarget:
-  """The GGUF file's model, sharded on `mesh` by the target rules, prepared once."""
+def load(settings: Settings, placement: partitioning.Placement) -> LlamaTarget:
+  """The GGUF file's model, sharded on `placement.mesh` by `placement.rules`, prepared
+  once."""
   checkpoint = gguf_loader.load_gguf(gguf_path(settings))
   config = checkpoint.config.replace(dtype=settings.dtype, param_dtype=settings.param_dtype)
-  partitioning.check_model_fits(config, mesh)
-  model = LlamaModel(config, axis_rules=partitioning.axis_rules(),
+  mesh = placement.mesh
+  partitioning.check_model_fits(config, mesh, placement.rules)
+  model = LlamaModel(config, axis_rules=placement.rules,
                      options=DecodeOptions.for_backend(devices=mesh.size))
   validation.check_model(model, "Settings.target")
   weights = model.prepare(partitioning.shard_params(model, checkpoint.params, mesh))
@@ -195,7 +197,7 @@ def load(settings: Settings, mesh: jax.sharding.Mesh) -> LlamaTarget:
   if settings.prompt_cache.shared_prefix:
     scorer = scorer.with_prefix(jnp.asarray(chat_prompts.shared_prefix(vocabulary, tokenizer)))
   return LlamaTarget(scorer=scorer, eos_id=vocabulary.eos_id, encoder_width=None,
-                     settings=settings, mesh=mesh, model=model, weights=weights,
+                     settings=settings, placement=placement, model=model, weights=weights,
                      vocabulary=vocabulary, tokenizer=tokenizer)
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 from absl import logging
 
@@ -33,7 +32,7 @@ from specdec_jax.experiment.targets.interface import (
   require,
 )
 from specdec_jax.models.options import DecodeOptions
-from specdec_jax.models.t5 import T5Model, T5Scorer, check_t5_model, make_draft
+from specdec_jax.models.t5 import T5Config, T5Model, T5Scorer, check_t5_model, make_draft
 from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model, load_model_config
 
 if TYPE_CHECKING:
@@ -64,19 +63,21 @@ class T5Target(LoadedTarget):
             f"({os.path.basename(self.settings.vocab_path)}), EOS-terminated")
 
 
-def load(settings: Settings, mesh: jax.sharding.Mesh) -> T5Target:
-  """The target checkpoint, sharded on `mesh` by the target rules, prepared once."""
+def load(settings: Settings, placement: partitioning.Placement) -> T5Target:
+  """The target checkpoint, sharded on `placement.mesh` by `placement.rules`, prepared
+  once."""
   import sentencepiece as spm  # noqa: PLC0415  (no TensorFlow on this path)
 
   cfg, params = load_hf_checkpoint(settings.checkpoint_dir(settings.target),
                                    dtype=settings.dtype, param_dtype=settings.param_dtype)
-  partitioning.check_model_fits(cfg, mesh)
-  model = T5Model(cfg, axis_rules=partitioning.axis_rules(),
+  mesh = placement.mesh
+  partitioning.check_model_fits(cfg, mesh, placement.rules)
+  model = T5Model(cfg, axis_rules=placement.rules,
                   options=DecodeOptions.for_backend(devices=mesh.size))
   check_t5_model(model, "Settings.target")
   params = partitioning.shard_params(model, params, mesh)
   return T5Target(scorer=T5Scorer(model, model.prepare(params)), eos_id=cfg.eos_token_id,
-                  encoder_width=cfg.d_model, settings=settings, mesh=mesh,
+                  encoder_width=cfg.d_model, settings=settings, placement=placement,
                   processor=spm.SentencePieceProcessor(model_file=settings.vocab_path))
 
 
@@ -150,7 +151,7 @@ def _build_checkpoint_draft(target: LoadedTarget, spec: str, task: str) -> Draft
   model, params = load_model(settings.checkpoint_dir(spec), dtype=settings.dtype,
                              param_dtype=settings.param_dtype)
   # Sharded, and its caches constrained, by the draft rules; decoding as the target's.
-  model = dataclasses.replace(model, axis_rules=partitioning.draft_axis_rules(),
+  model = dataclasses.replace(model, axis_rules=target.placement.draft_rules,
                               options=target.scorer.decode_options)
   return make_draft(model, partitioning.shard_params(model, params, target.mesh))
 
@@ -163,8 +164,14 @@ CHECKPOINT = DraftKind(name="a T5 draft's checkpoint directory (in Settings.mode
                        check=_check_draft_checkpoint)
 
 
-def with_stand_ins(exp: Experiment) -> Experiment:
-  """`exp` on random-init stand-ins of the family's shapes if its target is missing."""
+def with_stand_ins(exp: Experiment, architectures: Mapping[str, T5Config]) -> Experiment:
+  """`exp` on random-init stand-ins of the family's shapes if its target is missing.
+
+  Args:
+    exp: the run.
+    architectures: each family member's `T5Config` (the command reads them from their
+      training configs: `gin_flags.family_architectures`).
+  """
   if os.path.isdir(exp.checkpoint_dir(exp.target)):
     return exp
   stand_ins_dir = os.path.join(layout.default_data_dir(), "random_models")
@@ -174,7 +181,7 @@ def with_stand_ins(exp: Experiment) -> Experiment:
       exp.models_dir, stand_ins_dir)
   kind = KIND.draft_kind
   names = [exp.target] + [d for d in exp.drafts if kind(d) is CHECKPOINT]
-  stand_ins.write_stand_ins(stand_ins_dir, names)
+  stand_ins.write_stand_ins(stand_ins_dir, names, architectures)
   # Its own results directory: stand-in rows must never stand for the family's.
   return dataclasses.replace(exp, models_dir=stand_ins_dir, name=f"{exp.name}_random_stand_ins")
 
