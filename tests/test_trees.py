@@ -47,3 +47,17 @@ def test_check_parents_names_the_bad_node(parents, match):
 def test_check_parents_accepts_trees():
   np.testing.assert_array_equal(trees.check_parents(PARENTS), PARENTS)
   np.testing.assert_array_equal(trees.check_parents(trees.chain(3)), [-1, 0, 1, 2])
+
+
+def test_check_forest_takes_several_roots_and_names_the_bad_node():
+  branches = np.array([-1, -1, 0, 1])  # A draft's two branches under a cached root.
+  np.testing.assert_array_equal(trees.check_forest(branches), branches)
+  np.testing.assert_array_equal(trees.check_forest(PARENTS), PARENTS)
+  for parents in ([-1, 0, 2], [-1, -2, 0], [[-1, 0, 0], [-1, 0, 3]]):
+    with pytest.raises(ValueError, match="node 2 has parent|node 1 has parent"):
+      trees.check_forest(parents)
+
+
+def test_layout_refuses_numpy_parents_out_of_order():
+  with pytest.raises(ValueError, match="node 2 has parent"):
+    trees.layout(np.array([-1, 0, 3, 1]), 1)

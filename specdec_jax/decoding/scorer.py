@@ -180,22 +180,31 @@ class Scorer(abc.ABC):
       tokens: int32 `[batch, k]`: node 0 (the root, the last token) and the
         candidates.
       parents: int32 `[k]` or `[batch, k]`, -1 then each node's parent (< its
-        index: `trees.check_parents`).
+        index: `trees.check_parents`); a node whose parent is -1 attends to the
+        cache only, so a chunk may be a forest under a root cached already (a
+        draft's branches: `trees.check_forest`).
 
     Returns:
       float32 logits `[batch, k, vocab]` (logits[:, i] predict the token after
       the path to node i: node i sits at position `cached_lengths(state) +
       depth(i)` and attends to the cache and its ancestors only) and the state
       with the k nodes cached in index order, every row's length advanced by k.
+
+    Raises:
+      ValueError: NumPy `parents` that are not in topological order
+        (`trees.check_forest`).
     """
     raise NotImplementedError(f"{type(self).__name__} does not score trees; "
-                              "models.llama.LlamaScorer does.")
+                              "models.llama.LlamaScorer and the T5 scorers "
+                              "(models.t5.T5Scorer, SharedEncoderScorer) do.")
 
   def score_tree_with_features(self, state: Any, tokens: Array, parents: Array
                                ) -> tuple[Array, Array, Any]:
     """`score_tree`, and float32 features `[batch, k, F]` at each node."""
-    raise NotImplementedError(f"{type(self).__name__} does not score trees with features; "
-                              "models.llama.LlamaScorer does.")
+    raise NotImplementedError(f"{type(self).__name__} does not score trees with features "
+                              f"(feature_size {self.feature_size}): a draft that reads the "
+                              "target's features needs a target that gives them, e.g. "
+                              "models.llama.LlamaScorer.")
 
   def keep_path(self, state: Any, order: Array, lengths: Array) -> Any:
     """After `score_tree`: moves the accepted path's keys and values into place.
@@ -208,4 +217,5 @@ class Scorer(abc.ABC):
         the chunk's start + the path's length).
     """
     raise NotImplementedError(f"{type(self).__name__} does not score trees; "
-                              "models.llama.LlamaScorer does.")
+                              "models.llama.LlamaScorer and the T5 scorers "
+                              "(models.t5.T5Scorer, SharedEncoderScorer) do.")

@@ -52,21 +52,49 @@ def check_parents(parents: np.ndarray | list[int], name: str = "parents") -> np.
     ValueError: unless the last axis starts with -1 (the root) and every later
       node i has a parent in 0 .. i - 1.
   """
-  parents = np.asarray(parents)
-  if parents.ndim < 1 or parents.shape[-1] < 1 or not np.issubdtype(parents.dtype, np.integer):
-    raise ValueError(f"{name} must be an int array [..., n + 1] (node 0 the root), got shape "
-                     f"{parents.shape} dtype {parents.dtype}.")
+  parents = _int_array(parents, name, "[..., n + 1] (node 0 the root)")
   if np.any(parents[..., 0] != -1):
     raise ValueError(f"{name}[..., 0] must be -1 (node 0 is the root), got "
                      f"{parents[..., 0].tolist()}.")
-  index = np.arange(parents.shape[-1])[1:]
-  bad = (parents[..., 1:] < 0) | (parents[..., 1:] >= index)
-  if np.any(bad):
-    node = int(index[np.argmax(np.any(bad.reshape(-1, index.size), axis=0))])
-    raise ValueError(f"{name} must be in topological order (0 <= parents[i] < i for i >= 1); "
-                     f"node {node} has parent {parents[..., node].tolist()}. Number the nodes "
-                     "so that every parent comes before its children.")
+  index = np.arange(parents.shape[-1])
+  _refuse_bad_parents(parents, ((parents < 0) & (index > 0)) | (parents >= index),
+                      "0 <= parents[i] < i for i >= 1", name)
   return parents.astype(np.int32)
+
+
+def check_forest(parents: np.ndarray | list[int], name: str = "parents") -> np.ndarray:
+  """`parents` as int32 NumPy `[..., k]`, checked to be a forest in topological order.
+
+  What a scorer's chunk may be (`Scorer.score_tree`): a tree (`check_parents`),
+  or several under a root the scorer has cached already, each of whose roots
+  has the parent -1 (a draft's branches: `proposers.DraftBranches`).
+
+  Raises:
+    ValueError: unless every node i has a parent in -1 .. i - 1.
+  """
+  parents = _int_array(parents, name, "[..., k]")
+  index = np.arange(parents.shape[-1])
+  _refuse_bad_parents(parents, (parents < -1) | (parents >= index),
+                      "-1 <= parents[i] < i: a root or an earlier node", name)
+  return parents.astype(np.int32)
+
+
+def _int_array(parents: np.ndarray | list[int], name: str, shape: str) -> np.ndarray:
+  """`parents` as NumPy; ValueError unless it is an int array of at least one node."""
+  parents = np.asarray(parents)
+  if parents.ndim < 1 or parents.shape[-1] < 1 or not np.issubdtype(parents.dtype, np.integer):
+    raise ValueError(f"{name} must be an int array {shape}, got shape {parents.shape} dtype "
+                     f"{parents.dtype}.")
+  return parents
+
+
+def _refuse_bad_parents(parents: np.ndarray, bad: np.ndarray, rule: str, name: str) -> None:
+  """ValueError naming the first node whose parent breaks `rule` (bool `bad [..., k]`)."""
+  if np.any(bad):
+    node = int(np.argmax(np.any(bad.reshape(-1, bad.shape[-1]), axis=0)))
+    raise ValueError(f"{name} must be in topological order ({rule}); node {node} has parent "
+                     f"{parents[..., node].tolist()}. Number the nodes so that every parent "
+                     "comes before its children.")
 
 
 @struct.dataclass
@@ -99,8 +127,18 @@ def ancestors(parents: Array) -> Array:
   return reach
 
 
-def layout(parents: Array, batch: int) -> TreeLayout:
-  """The `TreeLayout` of `parents` (int `[k]` or `[batch, k]`), broadcast to `batch` rows."""
+def layout(parents: Array | np.ndarray, batch: int) -> TreeLayout:
+  """The `TreeLayout` of `parents` (int `[k]` or `[batch, k]`), broadcast to `batch` rows.
+
+  NumPy parents (a shape fixed when the program is traced) are checked
+  (`check_forest`: a tree, or several under a cached root); a jax array may be
+  traced, so its caller keeps it topological.
+
+  Raises:
+    ValueError: NumPy parents that are not in topological order.
+  """
+  if not isinstance(parents, jax.Array):
+    parents = check_forest(parents)
   anc = ancestors(parents)
   depths = anc.sum(-1) - 1
   xp = np if isinstance(parents, np.ndarray) else jnp

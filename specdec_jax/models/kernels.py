@@ -149,6 +149,28 @@ def chunk_mask(lengths: Array, max_len: int, ancestors: Array) -> Array:
   return (rel < 0)[:, None] | in_chunk
 
 
+def chunk_positions(lengths: Array, max_len: int, depths: Array) -> Array:
+  """int32 `[batch, max_len]`: the position of each cache entry, a chunk written at `lengths`.
+
+  Entry p of row b stands at position p, except the chunk's: entry
+  `lengths[b] + j` holds node j, which stands at `lengths[b] + depths[b, j]`
+  (a tree's node: the cached length + its depth). A chain's depths are
+  0 .. k - 1, and then every entry stands at its index. What a relative
+  position (key - query) is taken from.
+
+  Args:
+    lengths: int32 `[batch]`, the cached length before the chunk.
+    max_len: the cache's positions.
+    depths: int32 `[batch, k]`, each node's depth (root 0).
+  """
+  k = depths.shape[1]
+  index = jnp.arange(max_len, dtype=jnp.int32)[None]  # [1, max_len]
+  rel = index - lengths[:, None]  # [batch, max_len]: j at the chunk's node j
+  shift = depths - jnp.arange(k, dtype=jnp.int32)  # [batch, k]: 0 for a chain
+  shift = jnp.take_along_axis(shift, jnp.clip(rel, 0, k - 1), axis=1)  # [batch, max_len]
+  return index + jnp.where((rel >= 0) & (rel < k), shift, 0)
+
+
 def chain_ancestors(batch: int, k: int) -> Array:
   """bool `[batch, k, k]`: a chain's ancestors (each node sees itself and every earlier one)."""
   return jnp.broadcast_to(jnp.tril(jnp.ones((k, k), bool)), (batch, k, k))

@@ -197,9 +197,17 @@ def _layer(config: T5Config, w: LayerWeights, x: Array, *, self_bias: Array, sel
 
 
 def decode_chunk(config: T5Config, options: DecodeOptions, weights: DecodeWeights,
-                 encoded: EncodedInputs, cache: DecoderCache, tokens: Array
-                 ) -> tuple[Array, DecoderCache]:
+                 encoded: EncodedInputs, cache: DecoderCache, tokens: Array,
+                 tree: tuple[Array, Array] | None = None) -> tuple[Array, DecoderCache]:
   """Scores `tokens [batch, k]`, row b at positions `cache.lengths[b] ... + k - 1`.
+
+  The chunk is a token tree when `tree` = (depths int32 `[batch, k]`, ancestors
+  bool `[batch, k, k]`) is given (`decoding.trees.layout`): node i is written at
+  cache entry `cache.lengths + i` but stands at position `cache.lengths +
+  depths[i]` (the relative positions of its bias are taken from there:
+  `kernels.chunk_positions`), and attends to the cache and to its ancestors
+  and itself only (`kernels.chunk_mask`). None is the chain (depths 0 .. k - 1,
+  every earlier node an ancestor): the same computation.
 
   The caller keeps `cache.lengths + k <= cache.max_len`. `options` say how
   many rows an unpacked weight multiplies row by row (`DecodeOptions.row_dots`);
@@ -207,16 +215,22 @@ def decode_chunk(config: T5Config, options: DecodeOptions, weights: DecodeWeight
 
   Returns:
     Logits `[batch, k, vocab]` (compute dtype; logits[:, i] predict the token
-    after tokens[:, i]) and the cache with every row's length advanced by k.
+    after tokens[:, i], or after the path to node i) and the cache with every
+    row's length advanced by k.
   """
   dtype = config.compute_dtype
   batch, k = tokens.shape
   by_row = options.row_dots(batch * k)
-  positions = cache.lengths[:, None] + jnp.arange(k)[None]  # [batch, k]
+  if tree is None:
+    tree = (jnp.broadcast_to(jnp.arange(k), (batch, k)), kernels.chain_ancestors(batch, k))
+  depths, ancestors = tree
   kv_len = cache.max_len
-  self_mask = (jnp.arange(kv_len)[None, None, :] <= positions[:, :, None])[:, None]
-  self_bias = relative_bias(weights.relpos, positions, kv_len, bidirectional=False,
-                                   max_distance=config.relative_attention_max_distance)
+  positions = cache.lengths[:, None] + depths  # [batch, k]
+  self_mask = kernels.chunk_mask(cache.lengths, kv_len, ancestors)[:, None]  # [b, 1, k, kv_len]
+  self_bias = relative_bias(weights.relpos, positions,
+                            kernels.chunk_positions(cache.lengths, kv_len, depths),
+                            bidirectional=False,
+                            max_distance=config.relative_attention_max_distance)
   cross_mask = encoded.mask[:, None, None, :]
   x = jnp.take(weights.embedding, tokens, axis=0)  # [batch, k, d_model]
   keys, values = [], []

@@ -143,28 +143,33 @@ class RelativePositionBias(nn.Module):
     table = self.param("rel_embedding", kernel_init(1.0, ("heads", "relpos_buckets")),
                        (cfg.num_heads, cfg.relative_attention_num_buckets),
                        cfg.parameter_dtype)
-    return relative_bias(table, q_pos, k_len, bidirectional=self.bidirectional,
+    return relative_bias(table, q_pos, jnp.arange(k_len)[None], bidirectional=self.bidirectional,
                          max_distance=cfg.relative_attention_max_distance)
 
 
-def relative_bias(table: Array, q_pos: Array, k_len: int, *, bidirectional: bool,
+def relative_bias(table: Array, q_pos: Array, k_pos: Array, *, bidirectional: bool,
                   max_distance: int) -> Array:
-  """T5's relative position bias for queries at `q_pos` over keys `0..k_len-1`.
+  """T5's relative position bias for queries at `q_pos` over keys at `k_pos`.
+
+  The relative position of a query and a key is `k_pos - q_pos`: over a cache
+  that holds a token tree, a key's position is not its index
+  (`kernels.chunk_positions`).
 
   Args:
     table: `[heads, num_buckets]` learned bias per bucket.
     q_pos: int32 `[batch or 1, q_len]` absolute query positions (< k_len).
-    k_len: static number of key positions.
+    k_pos: int32 `[batch or 1, k_len]` absolute key positions (< k_len), e.g.
+      `0..k_len-1`.
     bidirectional: encoder (True) or causal decoder (False) bucketing.
     max_distance: distance at which the largest bucket starts.
 
   Returns:
     `[batch or 1, heads, q_len, k_len]` float32 bias.
   """
-  max_rel = k_len  # Every query position lies in [0, k_len).
+  max_rel = k_pos.shape[-1]  # Every position lies in [0, k_len).
   buckets_of_rel = jnp.asarray(relative_position_buckets(
       max_rel, bidirectional, table.shape[1], max_distance))
-  rel = jnp.arange(k_len)[None, None, :] - q_pos[:, :, None]  # [b, q, k]
+  rel = k_pos[:, None, :] - q_pos[:, :, None]  # [b, q, k]
   buckets = buckets_of_rel[jnp.clip(rel + max_rel, 0, 2 * max_rel)]  # [b, q, k]
   bias = jnp.take(table.astype(jnp.float32), buckets, axis=1)  # [heads, b, q, k]
   return jnp.transpose(bias, (1, 0, 2, 3))

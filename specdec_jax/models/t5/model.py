@@ -352,7 +352,8 @@ class T5Model:
                               axis_rules=self.axis_rules)
 
   def decode_chunk(self, weights: DecodeWeights | PreparedParams | dict, encoded: EncodedInputs,
-                   cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:
+                   cache: DecoderCache, tokens: Array, tree: tuple[Array, Array] | None = None
+                   ) -> tuple[Array, DecoderCache]:
     """Scores `tokens [batch, k]` at each row's cached length.
 
     Args:
@@ -362,20 +363,23 @@ class T5Model:
       cache: the self-attention cache; the caller keeps
         `cache.lengths + k <= cache.max_len`.
       tokens: int32 `[batch, k]`.
+      tree: None (the chain), or a token tree's (depths int32 `[batch, k]`,
+        ancestors bool `[batch, k, k]`) (`cached_decoder.decode_chunk`).
 
     Returns:
       float32 logits `[batch, k, vocab]` (logits[:, i] predict the token after
-      tokens[:, i]) and the cache advanced by k.
+      tokens[:, i], or after the path to node i) and the cache advanced by k.
     """
     if not isinstance(weights, DecodeWeights):
       weights = self.prepare(weights).decoder
-    return self._decode_chunk(weights, encoded, cache, tokens)
+    return self._decode_chunk(weights, encoded, cache, tokens, tree)
 
   @functools.partial(jax.jit, static_argnums=0)
   def _decode_chunk(self, weights: DecodeWeights, encoded: EncodedInputs, cache: DecoderCache,
-                    tokens: Array) -> tuple[Array, DecoderCache]:
+                    tokens: Array, tree: tuple[Array, Array] | None
+                    ) -> tuple[Array, DecoderCache]:
     logits, cache = cached_decoder.decode_chunk(self.config, self.options, weights, encoded,
-                                                cache, tokens)
+                                                cache, tokens, tree)
     return logits.astype(jnp.float32), cache
 
   @functools.partial(jax.jit, static_argnums=0)

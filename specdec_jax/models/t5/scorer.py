@@ -5,7 +5,12 @@ cached decoder (`cached_decoder.decode_chunk`); `SharedEncoderScorer` is a T5
 decoder that reads the target's encoder outputs instead of encoding the
 inputs (`shared_encoder.SharedEncoderModel`). Both fit `decoding.scorer.Scorer`,
 so the model-free loops (`decoding.baseline.decode`,
-`decoding.speculative.speculative_decode`) run them.
+`decoding.speculative.speculative_decode`, `decoding.tree_speculative`) run them.
+
+Both score token trees (`Scorer.score_tree`): each node at the cached length +
+its depth, its relative positions taken from there, attending to the cache
+and its ancestors only. A chunk is the chain, the tree whose parents are
+i - 1: `score` is `score_tree` with `trees.chain`, one code path.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import jax
 from flax import struct
 
 from specdec_jax import validation
+from specdec_jax.decoding import trees
 from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.models.kernels import DecoderCache
 from specdec_jax.models.options import DecodeOptions
@@ -139,9 +145,19 @@ class T5Scorer(Scorer):
     return T5ScorerState(context, self.model.init_cache(batch, cache_len))
 
   def score(self, state: T5ScorerState, tokens: Array) -> tuple[Array, T5ScorerState]:
+    # A chunk is the chain: the tree whose parents are i - 1.
+    return self.score_tree(state, tokens, trees.chain(tokens.shape[1] - 1))
+
+  def score_tree(self, state: T5ScorerState, tokens: Array, parents: Array
+                 ) -> tuple[Array, T5ScorerState]:
+    tree = trees.layout(parents, tokens.shape[0])
     logits, cache = self.model.decode_chunk(state.context.weights, state.context.encoded,
-                                            state.cache, tokens)
+                                            state.cache, tokens, (tree.depths, tree.ancestors))
     return logits, state.replace(cache=cache)
+
+  def keep_path(self, state: T5ScorerState, order: Array, lengths: Array) -> T5ScorerState:
+    start = state.cache.lengths - order.shape[1]
+    return state.replace(cache=state.cache.keep_path(start, order, lengths))
 
   def cached_lengths(self, state: T5ScorerState) -> Array:
     return state.cache.lengths
@@ -157,9 +173,10 @@ class T5Scorer(Scorer):
 class SharedEncoderScorer(T5Scorer):
   """A T5 decoder over the target's encoder outputs (`shared_encoder`).
 
-  Scoring and rewinding are `T5Scorer`'s; only `encode` differs: the
-  cross-attention keys/values are projected from `target_encoded`, so the
-  inputs themselves are not read. `model` is a `SharedEncoderModel`.
+  Scoring (chains and trees), keeping a path and rewinding are `T5Scorer`'s;
+  only `encode` differs: the cross-attention keys/values are projected from
+  `target_encoded`, so the inputs themselves are not read. `model` is a
+  `SharedEncoderModel`.
 
   Raises:
     ValueError: from the constructor, if `model` is not a `SharedEncoderModel`.

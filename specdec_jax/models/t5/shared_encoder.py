@@ -132,9 +132,10 @@ class SharedEncoderModel:
     return self._decoder.init_cache(batch_size, max_len)
 
   def decode_chunk(self, weights: DecodeWeights | PreparedParams | dict, encoded: EncodedInputs,
-                   cache: DecoderCache, tokens: Array) -> tuple[Array, DecoderCache]:
+                   cache: DecoderCache, tokens: Array, tree: tuple[Array, Array] | None = None
+                   ) -> tuple[Array, DecoderCache]:
     """See `T5Model.decode_chunk`."""
-    return self._decoder.decode_chunk(weights, encoded, cache, tokens)
+    return self._decoder.decode_chunk(weights, encoded, cache, tokens, tree)
 
   @functools.partial(jax.jit, static_argnums=0)
   def logits(self, params: dict, hidden: Array, mask: Array, decoder_input_tokens: Array, *,
