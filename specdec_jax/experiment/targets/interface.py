@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from specdec_jax.decoding.drafts import Draft, PromptLookupDraft
-from specdec_jax.decoding.proposers import Proposer
+from specdec_jax.decoding.drafts import Draft, PromptLookupDraft, ScorerDraft
+from specdec_jax.decoding.proposers import DraftBranches, Proposer
 from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.partitioning import Placement
 
@@ -113,6 +113,19 @@ class DraftKind:
   build: Callable[[LoadedTarget, str, str], Draft]
   check: Callable[[Experiment, str, int], None] = lambda exp, spec, vocab: None
   per_task: bool = False
+
+
+def draft_branches(draft: Draft, k: int, depth: int) -> Proposer:
+  """A model draft's top-`k` branches of `depth` tokens (`Experiment.tree`), the draft
+  scoring trees with its own scorer (`proposers.DraftBranches`).
+
+  Raises:
+    ValueError: the draft is a table look-up (prompt lookup, n-grams): it has no top-k.
+  """
+  if isinstance(draft, ScorerDraft):
+    return DraftBranches(draft, k=k, depth=depth)
+  raise ValueError(f"Experiment.tree: a {type(draft).__name__} has no top-k to branch on; "
+                   "measure trees with a model draft, or set Experiment.tree = None.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,8 +43,8 @@ import numpy as np
 from specdec_jax import partitioning, validation
 from specdec_jax.data import chat_prompts, layout
 from specdec_jax.decoding import baseline
-from specdec_jax.decoding.drafts import Draft, NgramDraft, ScorerDraft
-from specdec_jax.decoding.proposers import DraftBranches, Proposer
+from specdec_jax.decoding.drafts import Draft, NgramDraft
+from specdec_jax.decoding.proposers import Proposer
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer
 from specdec_jax.distillation.teacher import teacher_sha256
@@ -53,6 +53,7 @@ from specdec_jax.experiment.targets.interface import (
   DraftKind,
   LoadedTarget,
   TargetKind,
+  draft_branches,
   require,
 )
 from specdec_jax.models.llama import (
@@ -325,18 +326,12 @@ NGRAM = DraftKind(
 def tree_proposer(draft: Draft, k: int, depth: int) -> Proposer:
   """The draft's top-`k` branches of `depth` tokens (`Experiment.tree`): a draft that reads
   the target's features expands them reading its own predicted features
-  (`FeatureBranches`), a model draft scoring trees with its scorer (`DraftBranches`).
-
-  Raises:
-    ValueError: the draft is a table look-up (prompt lookup, n-grams): it has no top-k.
+  (`FeatureBranches`), a model draft scoring trees with its scorer
+  (`interface.draft_branches`, which refuses a table look-up).
   """
   if isinstance(draft, FeatureDraft):
     return FeatureBranches(draft, k=k, depth=depth)
-  if isinstance(draft, ScorerDraft):
-    return DraftBranches(draft, k=k, depth=depth)
-  raise ValueError(f"Experiment.tree: a {type(draft).__name__} has no top-k to branch on; "
-                   "measure trees with a model draft (layer_skip_<L>, draft_<name>), or set "
-                   "Experiment.tree = None.")
+  return draft_branches(draft, k, depth)
 
 
 KIND = TargetKind(name="llama_gguf", check=check, load=load,

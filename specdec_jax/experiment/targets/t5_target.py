@@ -6,7 +6,9 @@ with the SentencePiece model at `Settings.vocab_path` (`prompts.tokenize`).
 Drafts: a checkpoint directory (a `T5Draft`, or a `SharedEncoderDraft` for a
 draft that reads the target's encoder), "unigram" / "bigram" (the task's
 corpus statistics, `data.ngram_stats`) and "prompt_lookup". Missing trained
-models can be measured as random-init stand-ins (`stand_ins`).
+models can be measured as random-init stand-ins (`stand_ins`). A token tree
+(`Experiment.tree`) is expanded by a checkpoint draft's top-k branches
+(`interface.draft_branches`), scored in one pass by `T5Scorer.score_tree`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from specdec_jax.experiment.targets.interface import (
   DraftKind,
   LoadedTarget,
   TargetKind,
+  draft_branches,
   require,
 )
 from specdec_jax.models.options import DecodeOptions
@@ -187,4 +190,4 @@ def with_stand_ins(exp: Experiment, architectures: Mapping[str, T5Config]) -> Ex
 
 
 KIND = TargetKind(name="t5", check=check, load=load, drafts=(NGRAM, PROMPT_LOOKUP, CHECKPOINT),
-                  stand_ins=with_stand_ins)
+                  stand_ins=with_stand_ins, tree_proposer=draft_branches)
