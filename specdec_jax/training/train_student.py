@@ -376,8 +376,8 @@ def teacher_forced_alpha(directory: str, config: StudentTrainConfig) -> dict:
 
   Args:
     directory: the exported draft (`save_student`'s).
-    config: its recipe (the target, tasks and signals roots; `train_fraction` ignored:
-      every training pair is scored).
+    config: its recipe (the target, tasks and signals roots, `train_shards`;
+      `train_fraction` ignored: every training pair is scored).
 
   Returns:
     {"train" | "validation": {"alpha_t0", "alpha_t1_lower", "pairs"}}.
@@ -397,7 +397,8 @@ def teacher_forced_alpha(directory: str, config: StudentTrainConfig) -> dict:
   out = {}
   for split, root, tasks in (("train", config.train_root, config.tasks),
                              ("validation", config.held_out_root, config.held_out_tasks)):
-    data = read_packed(tasks, root=root, with_hidden=saved.config.feature_size > 0)
+    data = read_packed(tasks, root=root, with_hidden=saved.config.feature_size > 0,
+                       shards=config.train_shards if split == "train" else None)
     out[split] = {**_estimate_alpha(eval_step, params, data,
                                     SignalsBatches(data, batch_size=config.batch_size, seed=0),
                                     index, embedding, head_tokens),
