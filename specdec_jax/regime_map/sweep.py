@@ -512,13 +512,13 @@ def run(settings: MapSettings, output_dir: str, say: Callable[[str], Any] = _say
   for i, job in enumerate(jobs, 1):
     models.keep({job.target, job.draft})
     began = time.perf_counter()
-    if job.draft is None:
-      row = contention.when_quiet(lambda job=job: measure_model(settings, job.target,
-                                                     models.get(job.target), batches[0]), say)
-    else:
-      row = contention.when_quiet(lambda job=job: measure_pair(
-          settings, job, models.get(job.target), models.get(job.draft),
-          rows[("model", job.target)], batches), say)
+    for attempt in contention.attempts(say):
+      with attempt:
+        if job.draft is None:
+          row = measure_model(settings, job.target, models.get(job.target), batches[0])
+        else:
+          row = measure_pair(settings, job, models.get(job.target), models.get(job.draft),
+                             rows[("model", job.target)], batches)
     row = dataclasses.replace(row, wall_s=time.perf_counter() - began)
     results_io.append_row(path, row.to_json())
     rows[job.key] = row
