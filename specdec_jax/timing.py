@@ -50,7 +50,6 @@ from specdec_jax.decoding.programs import loop_jit
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Context, EncoderOutputs, Scorer
 from specdec_jax.gamma_choice import (
-    DEFAULT_CALIBRATION_GAMMA,
     DEFAULT_MAX_GAMMA,
     AlphaEstimate,
     GammaChoice,
@@ -58,7 +57,6 @@ from specdec_jax.gamma_choice import (
     fitted_ratios,
     make_choice,
     pooled_alpha,
-    second_gamma,
 )
 from specdec_jax.loop_work import fit_loop_work
 from specdec_jax.theory import LoopCosts
@@ -866,18 +864,16 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
   return costs, pooled_alpha(outputs[f"gamma={gamma}"], gamma)
 
 
-def _agreed(t_chunk: Mapping[int, float], t_draft: float, loop_costs: LoopCosts
-            ) -> tuple[dict[int, float], float, LoopCosts]:
-  """Process 0's times on every process, so that all choose one gamma (a collective,
-  `distributed.agreed`). In one process this returns the times unchanged."""
-  ks = sorted(t_chunk)
-  names = ("encode_target_s", "encode_draft_s", "step_overhead_s", "iteration_overhead_s",
-           "loop_tokens", "proposal_overhead_s")
-  values = distributed.agreed(
-      [t_chunk[k] for k in ks] + [t_draft] + [getattr(loop_costs, n) for n in names])
-  loop_costs = dataclasses.replace(loop_costs, **dict(zip(names, values[len(ks) + 1:],
-                                                          strict=True)))
-  return dict(zip(ks, values[:len(ks)], strict=True)), values[len(ks)], loop_costs
+DEFAULT_CALIBRATION_GAMMA = 3
+_AGREED_LOOP_COSTS = ("encode_target_s", "encode_draft_s", "step_overhead_s",
+                      "iteration_overhead_s", "loop_tokens", "proposal_overhead_s")
+
+
+def second_gamma(calibration_gamma: int, max_gamma: int) -> int | None:
+  """The second gamma a calibration decodes at (`measure_loop_costs`' slope_gamma): 1,
+  2 when calibrating at 1, or None when max_gamma leaves no other."""
+  other = 1 if calibration_gamma > 1 else 2
+  return other if other <= max_gamma else None
 
 
 def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: Warp,
@@ -891,7 +887,8 @@ def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: W
   `batches`, the speculative one at `calibration_gamma` and at `second_gamma`'s
   (`measure_loop_costs`: alpha, the loops' own work per step, per iteration and
   per proposal, the encoders); the target's T_verify(k) come from `verify`.
-  Every process decides from process 0's times (`distributed.agreed`).
+  Every process decides from process 0's times (`distributed.agreed`, a collective; in
+  one process the times are unchanged), so that all choose one gamma.
   Arguments are the checked ones of `choose_gamma` (or of `experiments.run`'s
   settings). No timing guard runs here: the caller wraps
   the call in `contention.quiet` and records its check in the choice
@@ -923,12 +920,18 @@ def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: W
   t_draft = draft_time(draft, batches[0], gamma=calibration_gamma, warp=warp,
                        max_decode_len=max_decode_len, max_gamma=max_gamma, calls=timing_calls,
                        repeats=timing_repeats, seed=0, target=target).seconds
+  slope_gamma = second_gamma(calibration_gamma, max_gamma)
   loop_costs, estimate = measure_loop_costs(
       target, draft, batches, gamma=calibration_gamma, warp=warp,
       max_decode_len=max_decode_len, eos_id=eos_id, t_chunk=t_chunk, t_draft=t_draft,
-      rng=rng, repeats=timing_repeats, held_out=True,
-      slope_gamma=second_gamma(calibration_gamma, max_gamma))
-  t_chunk, t_draft, loop_costs = _agreed(verify.t_chunk, t_draft, loop_costs)
+      rng=rng, repeats=timing_repeats, held_out=True, slope_gamma=slope_gamma)
+  ks = sorted(verify.t_chunk)
+  values = distributed.agreed([verify.t_chunk[k] for k in ks] + [t_draft]
+                              + [getattr(loop_costs, n) for n in _AGREED_LOOP_COSTS])
+  t_chunk = dict(zip(ks, values[:len(ks)], strict=True))
+  t_draft = values[len(ks)]
+  loop_costs = dataclasses.replace(loop_costs, **dict(zip(
+      _AGREED_LOOP_COSTS, values[len(ks) + 1:], strict=True)))
   return make_choice(estimate if alpha is None else alpha, t_chunk, t_draft,
                      loop_costs=loop_costs, spread=verify.spread, max_gamma=max_gamma,
                      calibration_s=time.perf_counter() - start)
