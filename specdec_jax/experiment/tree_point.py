@@ -178,13 +178,14 @@ def choose_shape(exp: Experiment, point: Point, costs: theory.CostModel, target:
   priced with the chain row's cost model (`costs`, `_cost_model`; `tree_choice.make_choice`).
   """
   budget = tree_budget(exp)
-  widest = proposer_of(AUTO_MAX_BRANCHES, budget)
-  outputs = [distributed.fetch(tree_speculative_decode(
-      target.scorer, widest, batch, jax.random.PRNGKey(exp.seed),
-      max_decode_len=exp.max_decode_len, warp=Warp(point.temperature), eos_id=target.eos_id))
-      for batch in held_out]
   shapes = {f"{k}x{depth}": trees.branches(k, depth)
             for k in range(1, AUTO_MAX_BRANCHES + 1) for depth in range(1, budget // k + 1)}
+  widest = proposer_of(AUTO_MAX_BRANCHES, budget)
+  decoded = [tree_speculative_decode(
+      target.scorer, widest, batch, jax.random.PRNGKey(exp.seed),
+      max_decode_len=exp.max_decode_len, warp=Warp(point.temperature), eos_id=target.eos_id)
+      for batch in held_out]
+  outputs = distributed.fetch(decoded)
   return tree_choice.make_choice(_rank_rates(outputs), costs, shapes=shapes)
 
 
