@@ -1,13 +1,14 @@
 """One measured point: baseline vs speculative sampling on the same examples, one row.
 
-`timing.time_point` times the point (the target's step costs when no earlier point of
-its batch size did, gamma = 'auto''s calibration, both decoders interleaved over the
-same batches, the draft's cost per token, the loops' own work and the encoders); this
-module turns its record and the outputs into the row (`record.PointRow`): the measured
-speedup per generated token (at T > 0 every pass samples new texts, `timing.Draws`), alpha by
-both estimators, tokens per call and c (`specdec_jax.stats`), the measured step costs,
-and the speedups predicted by Theorem 3.8, by `theory.CostModel` on the model calls
-alone (steps only) and with the loops' own work and the encoders.
+`timing.time_point` times the point and returns its whole record (the target's step
+costs when no earlier point of its batch size did, gamma = 'auto''s calibration, both
+decoders interleaved over the same batches with the measured speedup per generated token
+(at T > 0 every pass samples new texts, `timing.Draws`), the draft's cost per token, the
+loops' own work, the encoders, and where it ran); this module says what was measured and
+turns the record into the row (`record.PointRow`): alpha by both estimators, tokens per
+call and c (`specdec_jax.stats`), the measured step costs, and the speedups predicted by
+Theorem 3.8, by `theory.CostModel` on the model calls alone (steps only) and with the
+loops' own work and the encoders.
 
 Any target kind (`experiment.targets.interface`): the target is a `LoadedTarget` (its
 `Scorer`, EOS id and token pieces), decoded by the generic loops on batches the runner
