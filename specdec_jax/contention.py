@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +52,6 @@ from specdec_jax import atomic_io
 from specdec_jax.data import layout
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-T = TypeVar("T")
 GUARD_ENV = "SPECDEC_TIMING_GUARD"
 
 
@@ -358,28 +357,62 @@ def main() -> int:
   return 0
 
 
-if __name__ == "__main__":
-  sys.exit(main())
-
-
 QUIET_ATTEMPTS = 3  # A timing refused by the guard is taken at most this often.
 QUIET_WAIT_S = 600.0
 
 
-def when_quiet(measure: Callable[[], T], say: Callable[[str], Any]) -> T:
-  """`measure()`; when the guard refused its timing (`ContentionError`), waits for a quiet
-  machine (`wait_until_quiet`, up to `QUIET_WAIT_S`) and measures again, `QUIET_ATTEMPTS`
-  calls at most (the last one's refusal is raised).
+class Attempt:
+  """One try of a timed measurement (`attempts`): a context manager around it that, for
+  every try but the last, turns the guard's refusal (`ContentionError`) into a wait for a
+  quiet machine (`wait_until_quiet`, up to `QUIET_WAIT_S`).
+
+  Attributes:
+    number: the try's number, 1..QUIET_ATTEMPTS.
+    done: whether its block ran through.
+  """
+
+  def __init__(self, number: int, say: Callable[[str], Any]) -> None:
+    self.number = number
+    self.done = False
+    self._say = say
+
+  def __enter__(self) -> Attempt:
+    return self
+
+  def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+               traceback: Any) -> bool:
+    if kind is None:
+      self.done = True
+      return False
+    if not issubclass(kind, ContentionError) or self.number == QUIET_ATTEMPTS:
+      return False
+    self._say(f"{error}\nWaiting up to {QUIET_WAIT_S:.0f} s for a quiet machine (attempt "
+              f"{self.number} of {QUIET_ATTEMPTS}).")
+    wait_until_quiet(QUIET_WAIT_S)
+    return True
+
+
+def attempts(say: Callable[[str], Any]) -> Iterator[Attempt]:
+  """The tries of a timed measurement, until one runs through:
+
+    for attempt in contention.attempts(say):
+      with attempt:
+        row = measure()  # its timings under the guard (`quiet`)
+
+  A try whose timing the guard refused waits for a quiet machine and the next one
+  measures again, `QUIET_ATTEMPTS` tries at most; the last one's refusal is raised, as is
+  any other error at once. The measurement stays with the caller: nothing of it passes
+  through here.
 
   Args:
-    measure: the timed work, run under the guard.
     say: reports each wait.
   """
-  for attempt in range(1, QUIET_ATTEMPTS):
-    try:
-      return measure()
-    except ContentionError as e:
-      say(f"{e}\nWaiting up to {QUIET_WAIT_S:.0f} s for a quiet machine (attempt {attempt} "
-          f"of {QUIET_ATTEMPTS}).")
-      wait_until_quiet(QUIET_WAIT_S)
-  return measure()
+  for number in range(1, QUIET_ATTEMPTS + 1):
+    attempt = Attempt(number, say)
+    yield attempt
+    if attempt.done:
+      return
+
+
+if __name__ == "__main__":
+  sys.exit(main())

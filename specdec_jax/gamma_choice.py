@@ -50,7 +50,6 @@ from specdec_jax.stats import Pooled, nondecreasing_fit
 from specdec_jax.theory import LoopCosts
 
 DEFAULT_MAX_GAMMA = 8
-DEFAULT_CALIBRATION_GAMMA = 3
 NEAR_TIE = 0.01  # A runner-up predicted within this of the chosen gamma is named in the reason.
 ALPHA_Z = 1.96  # alpha's interval: the Wilson score interval at 95%.
 TIE_GRID = 17  # Alphas across the interval at which every gamma is priced (both ends included).
@@ -376,12 +375,3 @@ def make_choice(alpha: float | AlphaEstimate, t_chunk: Mapping[int, float], t_dr
       alpha_interval=interval,
       gamma_tie=ties)
   return dataclasses.replace(choice, reason=_reason(choice))
-
-
-def second_gamma(calibration_gamma: int, max_gamma: int) -> int | None:
-  """The second gamma a calibration decodes at (`costs.measure_loop_costs`' slope_gamma): 1,
-  2 when calibrating at 1, or None when max_gamma leaves no other."""
-  other = 1 if calibration_gamma > 1 else 2
-  return other if other <= max_gamma else None
-
-

@@ -3,8 +3,10 @@
 Every timing in the project goes through here, in three layers:
 
 - the clock: `time_calls` (one function, its first call apart as compilation),
-  `time_rotated` (programs called in turn) and `time_interleaved` (compared decoders
-  rotated per batch and pass, so background load hits all alike; medians over passes);
+  `time_rotated` (programs called in turn), `time_interleaved` (compared decoders
+  rotated per batch and pass, so background load hits all alike; medians over passes)
+  and `time_decoders` (the baseline against a speculative decoder, every call with a key
+  of its own, `Draws`, per generated token, `decoder_times`; greedy tokens checked);
 - the parts the loops call, each the per-call time of a jitted `lax.fori_loop` (Python
   dispatch and host round-trips excluded, as inside the decoders' while loops):
   `target_step_times` (`Scorer.score` of k tokens: T_step, T_verify(k)),
@@ -13,8 +15,8 @@ Every timing in the project goes through here, in three layers:
   (T_verify(k) in rounds), `draft_time`, `time_sequence_work` (the encoders),
   `measure_loop_costs` (each loop's own work: `theory.LoopCosts`), `calibrate` (the
   choice, `gamma_choice.make_choice`), and `time_point`, one measured point's whole
-  timing record. `choose_gamma` is the checked entry point for gamma = 'auto' over any
-  scorer and draft.
+  timing record (where it ran included, `environment`). `choose_gamma` is the checked
+  entry point for gamma = 'auto' over any scorer and draft.
 
 Nothing here checks that the machine is quiet: whoever times applies the guard
 (`contention.quiet`) around these calls and records its check beside the numbers
@@ -39,6 +41,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 
 from specdec_jax import distributed, validation
 from specdec_jax.decoding import baseline, buckets, speculative
@@ -47,7 +50,6 @@ from specdec_jax.decoding.programs import loop_jit
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Context, EncoderOutputs, Scorer
 from specdec_jax.gamma_choice import (
-    DEFAULT_CALIBRATION_GAMMA,
     DEFAULT_MAX_GAMMA,
     AlphaEstimate,
     GammaChoice,
@@ -55,7 +57,6 @@ from specdec_jax.gamma_choice import (
     fitted_ratios,
     make_choice,
     pooled_alpha,
-    second_gamma,
 )
 from specdec_jax.loop_work import fit_loop_work
 from specdec_jax.theory import LoopCosts
@@ -253,6 +254,154 @@ def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int
                                  tuple(warmup))
              for name in names}
   return timings, outputs
+
+
+def _first_difference(base: Any, spec: Any) -> str:
+  a, b = np.asarray(base.sequences), np.asarray(spec.sequences)
+  if np.array_equal(a, b):
+    return (f"lengths: baseline {np.asarray(base.lengths).tolist()}, speculative "
+            f"{np.asarray(spec.lengths).tolist()}")
+  row, col = np.argwhere(a != b)[0]
+  return (f"row {row}, token {col}: baseline {a[row, col:col + 5].tolist()}, speculative "
+          f"{b[row, col:col + 5].tolist()}")
+
+
+def _same_greedy(what: str, i: int, outputs: dict[str, Any], enforce: bool) -> bool:
+  """At temperature 0: whether the speculative tokens of batch i equal the baseline's.
+
+  Raises:
+    RuntimeError: they differ and `enforce`.
+  """
+  base, spec = outputs["baseline"], outputs["speculative"]
+  if (np.array_equal(base.sequences, spec.sequences)
+      and np.array_equal(base.lengths, spec.lengths)):
+    return True
+  message = (f"Greedy speculative output differs from the baseline ({what}, batch {i}, "
+             f"{_first_difference(base, spec)})")
+  if enforce:
+    raise RuntimeError(f"{message}; speculative sampling at temperature 0 must reproduce the "
+                       "target's greedy tokens.")
+  logging.warning("%s; recorded (GreedyCheck.enforce = False).", message)
+  return False
+
+
+class Draws:
+  """The PRNG key of every decoder call, and the tokens each call generated.
+
+  Each call of a decoder on a batch samples with a key of its own (the seed, the
+  batch, the call's number), so at T > 0 every pass draws new texts for both
+  decoders: with one fixed draw per example, every pass would compare the same
+  two samples of different lengths, and a per-token speedup would carry their
+  difference (a sequence's fixed costs spread over more or fewer tokens).
+  Decoders' j-th calls on a batch share a key.
+
+  Attributes:
+    tokens: decoder name -> `[pass][batch]` generated tokens (`record`).
+    greedy_identical: at temperature 0, whether every greedy output equaled the baseline's
+      (`enforce_greedy` False: recorded, not refused); None at T > 0.
+  """
+
+  def __init__(self, seed: int, names: Sequence[str], num_batches: int, temperature: float,
+               enforce_greedy: bool = True, what: str = "") -> None:
+    """`what` names the timing in a refusal (the point)."""
+    self._base = jax.random.PRNGKey(seed)
+    self._calls = {name: [0] * num_batches for name in names}
+    self._num_batches = num_batches
+    self._greedy = temperature == 0
+    self._enforce_greedy = enforce_greedy
+    self._what = what
+    self.tokens: dict[str, list[list[int]]] = {name: [] for name in names}
+    self.greedy_identical: bool | None = True if self._greedy else None
+
+  def key(self, name: str, i: int) -> Array:
+    """The key of decoder `name`'s next call on batch `i`."""
+    n = self._calls[name][i]
+    self._calls[name][i] += 1
+    return jax.random.fold_in(jax.random.fold_in(self._base, i), n)
+
+  def record(self, i: int, outputs: dict[str, Any]) -> None:
+    """`time_interleaved`'s check: keeps each output's token count (called pass by pass,
+    batch by batch) and, at temperature 0, checks greedy equality."""
+    if self._greedy and not _same_greedy(self._what, i, outputs, self._enforce_greedy):
+      self.greedy_identical = False
+    for name, out in outputs.items():
+      if i == 0:
+        self.tokens[name].append([0] * self._num_batches)
+      self.tokens[name][-1][i] = int(np.sum(out.lengths))
+
+
+def decoder_times(timings: dict[str, DecoderTiming],
+                  tokens: dict[str, list[list[int]]]) -> dict[str, Any]:
+  """The decoders' times, tokens and the measured speedup, per generated token (at T > 0
+  the decoders sample texts of different lengths; each pass draws anew, `Draws`), as a
+  results row holds them (`record.PointRow`)."""
+  fields: dict[str, Any] = {}
+  per_batch = {}
+  for name, decoder in timings.items():
+    per_pass = [1e3 * seconds / max(sum(n), 1)
+                for seconds, n in zip(decoder.totals_s, tokens[name], strict=True)]
+    fields.update({f"{name}_s": list(decoder.totals_s), f"{name}_median_s": decoder.median_s,
+                   f"{name}_compile_s": decoder.compile_s,
+                   f"{name}_tokens": sum(tokens[name][0]),
+                   f"{name}_ms_per_token": statistics.median(per_pass)})
+    passes = list(zip(decoder.calls_s, tokens[name], strict=True))
+    per_batch[name] = [statistics.median(calls[i] / max(n[i], 1) for calls, n in passes)
+                       for i in range(len(tokens[name][0]))]
+  speedups = np.divide(per_batch["baseline"], per_batch["speculative"])
+  return fields | dict(
+      speedup_measured=fields["baseline_ms_per_token"] / fields["speculative_ms_per_token"],
+      speedup_walltime_ratio=fields["baseline_median_s"] / fields["speculative_median_s"],
+      speedup_spread=[float(q) for q in np.percentile(speedups, [10, 50, 90])])
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodersTiming:
+  """The baseline and a speculative decoder timed against each other (`time_decoders`).
+
+  Attributes:
+    timings: {"baseline", "speculative"}: each decoder's `DecoderTiming`.
+    outputs: each decoder's first-pass outputs, fetched, one per batch.
+    per_token: `decoder_times`: seconds, tokens and milliseconds per generated token of
+      each, and the measured speedup.
+    greedy_identical: at temperature 0, whether every speculative output equaled the
+      baseline's; None at T > 0.
+  """
+
+  timings: dict[str, DecoderTiming]
+  outputs: dict[str, list]
+  per_token: dict[str, Any]
+  greedy_identical: bool | None
+
+
+def time_decoders(decoders: Mapping[str, Callable[[Array, Array], Any]],
+                  batches: Sequence[Array], *, passes: int, seed: int, temperature: float,
+                  enforce_greedy: bool, what: str) -> DecodersTiming:
+  """Times "baseline" against "speculative" over `batches`, per generated token.
+
+  The decoders are interleaved (`time_interleaved`: one warm-up call per batch shape,
+  outputs fetched with `distributed.fetch`); every call samples with a key of its own
+  (`Draws`) and, at temperature 0, the speculative tokens are checked equal to the
+  baseline's. No guard here: the caller's (`contention.quiet`) wraps the call.
+
+  Args:
+    decoders: {"baseline", "speculative"}: (batch, PRNG key) -> the decoder's output.
+    batches: int32 `[batch, input_len]` checked batches, cut to their length bucket.
+    passes: timed passes over the batches.
+    seed: the seed of the calls' keys.
+    temperature: the sampling temperature (0: greedy, checked).
+    enforce_greedy: raise when greedy tokens differ (else recorded).
+    what: the timing's name in a refusal (the point).
+
+  Raises:
+    RuntimeError: at temperature 0 the tokens differ and `enforce_greedy`.
+  """
+  draws = Draws(seed, list(decoders), len(batches), temperature, enforce_greedy, what)
+  calls = {name: lambda i, name=name, decoder=decoder: decoder(batches[i], draws.key(name, i))
+           for name, decoder in decoders.items()}
+  timings, outputs = time_interleaved(calls, len(batches), passes, fetch=distributed.fetch,
+                                      check=draws.record, warmup=first_of_each_shape(batches))
+  return DecodersTiming(timings, outputs, decoder_times(timings, draws.tokens),
+                        draws.greedy_identical)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -715,18 +864,16 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
   return costs, pooled_alpha(outputs[f"gamma={gamma}"], gamma)
 
 
-def _agreed(t_chunk: Mapping[int, float], t_draft: float, loop_costs: LoopCosts
-            ) -> tuple[dict[int, float], float, LoopCosts]:
-  """Process 0's times on every process, so that all choose one gamma (a collective,
-  `distributed.agreed`). In one process this returns the times unchanged."""
-  ks = sorted(t_chunk)
-  names = ("encode_target_s", "encode_draft_s", "step_overhead_s", "iteration_overhead_s",
-           "loop_tokens", "proposal_overhead_s")
-  values = distributed.agreed(
-      [t_chunk[k] for k in ks] + [t_draft] + [getattr(loop_costs, n) for n in names])
-  loop_costs = dataclasses.replace(loop_costs, **dict(zip(names, values[len(ks) + 1:],
-                                                          strict=True)))
-  return dict(zip(ks, values[:len(ks)], strict=True)), values[len(ks)], loop_costs
+DEFAULT_CALIBRATION_GAMMA = 3
+_AGREED_LOOP_COSTS = ("encode_target_s", "encode_draft_s", "step_overhead_s",
+                      "iteration_overhead_s", "loop_tokens", "proposal_overhead_s")
+
+
+def second_gamma(calibration_gamma: int, max_gamma: int) -> int | None:
+  """The second gamma a calibration decodes at (`measure_loop_costs`' slope_gamma): 1,
+  2 when calibrating at 1, or None when max_gamma leaves no other."""
+  other = 1 if calibration_gamma > 1 else 2
+  return other if other <= max_gamma else None
 
 
 def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: Warp,
@@ -740,7 +887,8 @@ def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: W
   `batches`, the speculative one at `calibration_gamma` and at `second_gamma`'s
   (`measure_loop_costs`: alpha, the loops' own work per step, per iteration and
   per proposal, the encoders); the target's T_verify(k) come from `verify`.
-  Every process decides from process 0's times (`distributed.agreed`).
+  Every process decides from process 0's times (`distributed.agreed`, a collective; in
+  one process the times are unchanged), so that all choose one gamma.
   Arguments are the checked ones of `choose_gamma` (or of `experiments.run`'s
   settings). No timing guard runs here: the caller wraps
   the call in `contention.quiet` and records its check in the choice
@@ -772,12 +920,18 @@ def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: W
   t_draft = draft_time(draft, batches[0], gamma=calibration_gamma, warp=warp,
                        max_decode_len=max_decode_len, max_gamma=max_gamma, calls=timing_calls,
                        repeats=timing_repeats, seed=0, target=target).seconds
+  slope_gamma = second_gamma(calibration_gamma, max_gamma)
   loop_costs, estimate = measure_loop_costs(
       target, draft, batches, gamma=calibration_gamma, warp=warp,
       max_decode_len=max_decode_len, eos_id=eos_id, t_chunk=t_chunk, t_draft=t_draft,
-      rng=rng, repeats=timing_repeats, held_out=True,
-      slope_gamma=second_gamma(calibration_gamma, max_gamma))
-  t_chunk, t_draft, loop_costs = _agreed(verify.t_chunk, t_draft, loop_costs)
+      rng=rng, repeats=timing_repeats, held_out=True, slope_gamma=slope_gamma)
+  ks = sorted(verify.t_chunk)
+  values = distributed.agreed([verify.t_chunk[k] for k in ks] + [t_draft]
+                              + [getattr(loop_costs, n) for n in _AGREED_LOOP_COSTS])
+  t_chunk = dict(zip(ks, values[:len(ks)], strict=True))
+  t_draft = values[len(ks)]
+  loop_costs = dataclasses.replace(loop_costs, **dict(zip(
+      _AGREED_LOOP_COSTS, values[len(ks) + 1:], strict=True)))
   return make_choice(estimate if alpha is None else alpha, t_chunk, t_draft,
                      loop_costs=loop_costs, spread=verify.spread, max_gamma=max_gamma,
                      calibration_s=time.perf_counter() - start)
@@ -894,7 +1048,9 @@ class PointSetup:
     timing_calls: calls per timed step loop.
     timing_repeats: timed runs per step loop (the median is used).
     timing_rounds: rounds over every k of T_verify(k).
-    seed: the seed of the step timings and calibration decodings.
+    seed: the seed of the step timings, the calibration decodings and the decoders' keys.
+    enforce_greedy: at temperature 0, raise when the speculative tokens differ from the
+      baseline's (else recorded: `DecodersTiming.greedy_identical`).
   """
 
   gamma: int | None
@@ -908,6 +1064,7 @@ class PointSetup:
   timing_repeats: int
   timing_rounds: int
   seed: int
+  enforce_greedy: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -916,8 +1073,8 @@ class PointTiming:
 
   Attributes:
     gamma: the gamma decoded at (gamma = 'auto''s choice, or the point's).
-    timings: {"baseline", "speculative"}: each decoder's `DecoderTiming`.
-    outputs: each decoder's first-pass outputs, fetched, one per batch.
+    decoders: both decoders timed against each other, per generated token
+      (`time_decoders`).
     verify: the target's T_verify(k) (`SharedCosts.verify`).
     verify_check: the guard's record of their timing.
     choice: gamma = 'auto''s choice, None at a fixed gamma.
@@ -930,11 +1087,11 @@ class PointTiming:
       gamma = 'auto''s calibration with the compilation it does, T_draft, the
       loops' own work, the encoders; less the compilation counted above) and
       "measurement" (the decoders' interleaved timing, less their compilation).
+    environment: where it ran (`environment`, with the target's decode options).
   """
 
   gamma: int
-  timings: dict[str, DecoderTiming]
-  outputs: dict[str, list]
+  decoders: DecodersTiming
   verify: VerifyTimes
   verify_check: Mapping[str, Any]
   choice: GammaChoice | None
@@ -942,22 +1099,22 @@ class PointTiming:
   loop_costs: LoopCosts
   idle_check: Mapping[str, Any]
   phases_s: Mapping[str, float]
+  environment: dict[str, Any]
 
 
 def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
                held_out: Sequence[Array], setup: PointSetup, shared: SharedCosts, *,
-               guard: Guard, key: Callable[[str, int], Array],
-               check: Callable[[int, dict[str, Any]], None], what: str) -> PointTiming:
+               guard: Guard, what: str) -> PointTiming:
   """Times one point: the baseline against speculative decoding over `batches`, and every
   cost the row's cost model is made of.
 
   In order, each inside its own `guard`: the target's T_verify(k) (`verify_times`, unless
   `shared` has them), gamma = 'auto''s calibration on `held_out` (`calibrate`, unless
-  `shared` has the choice), then both decoders interleaved (`time_interleaved`), T_draft at
+  `shared` has the choice), then both decoders interleaved (`time_decoders`), T_draft at
   the gamma decoded (`draft_time`), the loops' own work (`measure_loop_costs` on
   `held_out`, or the first batch; the calibration's own when it timed them) and the
   encoders on the measured batches (`time_sequence_work`). `shared` is filled in as each
-  is measured.
+  is measured. The record ends with where it ran (`environment`).
 
   Args:
     target: the target's scorer.
@@ -969,12 +1126,14 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
     setup: how the point is timed.
     shared: what earlier points measured that this one shares; filled in.
     guard: the timing guard (`contention.quiet`).
-    key: (decoder name, batch index) -> the PRNG key of that decoder's next call.
-    check: `time_interleaved`'s check of each batch's outputs.
-    what: the point's name, for the guards.
+    what: the point's name, for the guards and a greedy refusal.
 
   Returns:
     The `PointTiming`.
+
+  Raises:
+    RuntimeError: at temperature 0 the speculative tokens differ from the baseline's and
+      `setup.enforce_greedy`.
   """
   watch = Stopwatch()
   step_compile_s = 0.0  # The step-timing loops' compilation this point paid.
@@ -999,15 +1158,14 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
   gamma = choice.gamma if choice is not None else setup.gamma
   kwargs = dict(max_decode_len=setup.max_decode_len, warp=setup.warp, eos_id=setup.eos_id)
   decoders = {
-      "baseline": lambda i: baseline.decode(target, batches[i], key("baseline", i), **kwargs),
-      "speculative": lambda i: speculative.speculative_decode(
-          target, draft, batches[i], key("speculative", i), gamma=gamma,
-          draft_inputs=batches[i], **kwargs)}
+      "baseline": lambda batch, key: baseline.decode(target, batch, key, **kwargs),
+      "speculative": lambda batch, key: speculative.speculative_decode(
+          target, draft, batch, key, gamma=gamma, draft_inputs=batch, **kwargs)}
   with guard(what) as checked:
     with watch("decoders"):
-      timings, outputs = time_interleaved(decoders, len(batches), setup.passes,
-                                          fetch=distributed.fetch, check=check,
-                                          warmup=first_of_each_shape(batches))
+      decoded = time_decoders(decoders, batches, passes=setup.passes, seed=setup.seed,
+                              temperature=setup.warp.temperature,
+                              enforce_greedy=setup.enforce_greedy, what=what)
     with watch("costs"):
       draft_cost, loop_costs, encoders = _point_costs(
           target, draft, batches, held_out, setup, gamma, choice, shared.verify)
@@ -1016,13 +1174,15 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
   # row ends.
   loop_costs = dataclasses.replace(
       loop_costs, encode_target_s=encoders[0], encode_draft_s=encoders[1],
-      loop_tokens=float(np.mean([int(np.max(o.lengths)) for o in outputs["baseline"]])))
-  decoders_compile_s = sum(t.compile_s for t in timings.values())
+      loop_tokens=float(np.mean([int(np.max(o.lengths))
+                                 for o in decoded.outputs["baseline"]])))
+  decoders_compile_s = sum(t.compile_s for t in decoded.timings.values())
   phases = {"compile": decoders_compile_s + step_compile_s,
             "calibration": max(watch.seconds["costs"] - step_compile_s, 0.0),
             "measurement": max(watch.seconds["decoders"] - decoders_compile_s, 0.0)}
-  return PointTiming(gamma, timings, outputs, shared.verify, shared.verify_check, choice,
-                     draft_cost, loop_costs, checked.record(), types.MappingProxyType(phases))
+  return PointTiming(gamma, decoded, shared.verify, shared.verify_check, choice, draft_cost,
+                     loop_costs, checked.record(), types.MappingProxyType(phases),
+                     environment(target.decode_options.provenance()))
 
 
 def _point_costs(target: Scorer, draft: Draft, batches: Sequence[Array],

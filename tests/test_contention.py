@@ -124,3 +124,25 @@ def test_jobs_resume_when_the_timing_process_dies_inside_the_guard(busy_process,
   while _state(busy_process.pid) == "T" and time.time() < deadline:
     time.sleep(0.1)
   assert _state(busy_process.pid) in ("R", "S")  # ... and resumed after its death.
+
+
+def test_attempts_wait_after_a_refusal_and_raise_the_last(monkeypatch):
+  waits, said = [], []
+  monkeypatch.setattr(contention, "wait_until_quiet", waits.append)
+  calls = []
+  for attempt in contention.attempts(said.append):
+    with attempt:
+      calls.append(attempt.number)
+      if len(calls) < 2:
+        raise contention.ContentionError("busy")
+  assert calls == [1, 2] and waits == [contention.QUIET_WAIT_S] and "busy" in said[0]
+  with pytest.raises(contention.ContentionError, match="still busy"):
+    for attempt in contention.attempts(said.append):
+      with attempt:
+        raise contention.ContentionError("still busy")
+  assert len(waits) == 1 + contention.QUIET_ATTEMPTS - 1
+  with pytest.raises(ValueError, match="not a refusal"):
+    for attempt in contention.attempts(said.append):
+      with attempt:
+        raise ValueError("not a refusal")
+  assert len(waits) == contention.QUIET_ATTEMPTS  # No wait for another error.

@@ -225,3 +225,8 @@ def test_run_with_gamma_auto_records_the_choice(tmp_path, pair_dir, monkeypatch)
   runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
              placement=gin_flags.placement())
   assert results_io.read_rows(path) == [row]
+
+
+@pytest.mark.parametrize("calibration_gamma, max_gamma, want", [(3, 8, 1), (1, 8, 2), (1, 1, None)])
+def test_the_second_gamma_of_a_calibration(calibration_gamma, max_gamma, want):
+  assert timing.second_gamma(calibration_gamma, max_gamma) == want

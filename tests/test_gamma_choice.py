@@ -262,8 +262,3 @@ def test_make_choice_rejects_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
     gamma_choice.make_choice(args.pop("alpha"), args.pop("t_chunk"), args.pop("t_draft"), **args)
 
-
-@pytest.mark.parametrize("calibration_gamma, max_gamma, want", [(3, 8, 1), (1, 8, 2), (1, 1, None)])
-def test_the_second_gamma_of_a_calibration(calibration_gamma, max_gamma, want):
-  assert gamma_choice.second_gamma(calibration_gamma, max_gamma) == want
-

@@ -181,7 +181,7 @@ def rank_drafts(target: Scorer, drafts: Sequence[DraftToRank], batches: Sequence
   so neither the machine's drift nor their order may decide); then, per draft, both
   loops' own work and the encoders (`timing.measure_loop_costs` over the
   calibration batches, the speculative loop at gamma 3 and at
-  `gamma_choice.second_gamma`'s); the choice of gamma under the whole cost model with the
+  `timing.second_gamma`'s); the choice of gamma under the whole cost model with the
   draft's held-out alpha (`gamma_choice.make_choice`).
 
   The loops' own work is the same for drafts of one kind; measured per draft it differs
@@ -216,7 +216,7 @@ def rank_drafts(target: Scorer, drafts: Sequence[DraftToRank], batches: Sequence
   if without := [d.name for d in drafts if not d.alphas]:
     raise ValueError(f"rank_drafts: {without} have no alpha; give each draft its held-out "
                      "alpha at one temperature at least.")
-  gamma = min(gamma_choice.DEFAULT_CALIBRATION_GAMMA, max_gamma)
+  gamma = min(timing.DEFAULT_CALIBRATION_GAMMA, max_gamma)
   cache_len, position = timing.timing_geometry(max_decode_len, max_gamma)
   first = batches[0]
   # What each draft reads of the target (its encoder outputs, its features), made once.
@@ -240,7 +240,7 @@ def rank_drafts(target: Scorer, drafts: Sequence[DraftToRank], batches: Sequence
             target, d.draft, batches, gamma=gamma, warp=warp, max_decode_len=max_decode_len,
             eos_id=eos_id, t_chunk=t_chunk, t_draft=t_draft[d.name],
             rng=jax.random.PRNGKey(0), repeats=timing_repeats, held_out=True,
-            slope_gamma=gamma_choice.second_gamma(gamma, max_gamma))
+            slope_gamma=timing.second_gamma(gamma, max_gamma))
         choice = gamma_choice.make_choice(d.alphas[t], verify.t_chunk, t_draft[d.name],
                                           loop_costs=loop_costs, spread=verify.spread,
                                           max_gamma=max_gamma)

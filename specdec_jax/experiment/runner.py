@@ -118,7 +118,9 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
         return path
       bar.set_description(f"{point.task} b{point.batch_size} {settings.draft_name(point.draft)} "
                           f"T={point.temperature:g} g={point.gamma}")
-      row = contention.when_quiet(lambda p=point: bench.measure(p, bar.write), bar.write)
+      for attempt in contention.attempts(bar.write):
+        with attempt:
+          row = bench.measure(point, bar.write)
       if distributed.is_primary():  # Every process measures; process 0 writes.
         results_io.append_row(path, row.to_json())
       bar.write(f"{row.task} {row.draft} T={row.temperature:g} gamma={row.gamma_label} "
@@ -136,8 +138,9 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
     for point in trees:  # Beside its chain, on the same examples with the same draft.
       bar.set_description(f"{point.task} b{point.batch_size} {settings.draft_name(point.draft)} "
                           f"T={point.temperature:g} tree {exp.tree}")
-      row = contention.when_quiet(
-          lambda p=point: bench.measure_tree(p, chains[p.key]), bar.write)
+      for attempt in contention.attempts(bar.write):
+        with attempt:
+          row = bench.measure_tree(point, chains[point.key])
       if distributed.is_primary():
         results_io.append_row(trees_path, row.to_json())
       if row.shape_choice is not None:
@@ -196,13 +199,17 @@ class _Bench:
     return self._made[key]
 
   def _inputs(self, point: settings.Point) -> tuple[_Examples, Draft]:
-    """The examples and the draft of `point`, made on first use."""
+    """The examples and the draft of `point`, made on first use; the draft checked against
+    the target."""
     with self._watch("load"):
-      examples = self._once(("examples", point.task, point.batch_size),
-                            lambda: self._examples(point.task, point.batch_size))
       draft_kind = self.kind.draft_kind(point.draft)
       draft = self._once(("draft", *interface.draft_key(draft_kind, point.draft, point.task)),
-                         lambda: self._draft(draft_kind, point, examples.measured[0]))
+                         lambda: draft_kind.build(self.target, point.draft,
+                                                  point.task if draft_kind.per_task else ""))
+      examples = self._once(("examples", point.task, point.batch_size),
+                            lambda: self._examples(point.task, point.batch_size))
+      validation.check_draft(draft, self.target.scorer.vocab_size, examples.measured[0], None,
+                             self.target.encoder_width, self.target.scorer.feature_size)
     return examples, draft
 
   def measure_tree(self, point: settings.Point, chain: PointRow) -> tree_point.TreeRow:
@@ -221,6 +228,8 @@ class _Bench:
   def measure(self, point: settings.Point, say: Callable[[str], Any]) -> PointRow:
     """Measures `point`, choosing its gamma first if it is 'auto'."""
     exp = self.exp
+    verify = self._once(("verify", point.task, point.batch_size), timing.SharedCosts)
+    shared = self._once(("costs", point.key), lambda: dataclasses.replace(verify))
     examples, draft = self._inputs(point)
     if not examples.held_out and point.gamma == settings.AUTO:
       raise ValueError(
@@ -228,8 +237,6 @@ class _Bench:
           f"'auto' calibrates on whole batches of {point.batch_size} of the examples after the "
           f"{exp.num_examples} measured ones, and {point.task!r} has none; raise "
           "auto_calibration_examples or lower num_examples.")
-    verify = self._once(("verify", point.task, point.batch_size), timing.SharedCosts)
-    shared = self._once(("costs", point.key), lambda: dataclasses.replace(verify))
     try:
       row = measure.measure_point(exp, point, self.target, draft, examples.measured,
                                   examples.held_out[:HELD_OUT_BATCHES], self.max_gamma, shared,
@@ -243,15 +250,10 @@ class _Bench:
             f"batch={point.batch_size}: gamma='auto' chose {shared.choice.reason} "
             f"(calibration {shared.choice.calibration_s:.1f} s)")
 
-  def _draft(self, kind: interface.DraftKind, point: settings.Point, inputs: jax.Array) -> Draft:
-    """The draft of `point`, checked against the target on a batch of its inputs."""
-    draft = kind.build(self.target, point.draft, point.task if kind.per_task else "")
-    validation.check_draft(draft, self.target.scorer.vocab_size, inputs, None,
-                           self.target.encoder_width, self.target.scorer.feature_size)
-    return draft
-
   def _examples(self, task: str, batch_size: int) -> _Examples:
-    """The task's measured and held-out examples in batches of `batch_size`."""
+    """The task's measured and held-out examples in batches of `batch_size`: the target's
+    inputs, checked against its vocabulary, each batch cut to its length bucket and placed
+    on the mesh."""
     exp = self.exp
     pairs, source = prompts.load_examples(task, exp.split, None)
     inputs = [x for x, _ in pairs]
@@ -259,20 +261,14 @@ class _Bench:
       raise ValueError(f"Experiment.num_examples={exp.num_examples}, but {source} holds only "
                        f"{len(inputs)} examples of {task!r}; lower num_examples.")
     held_out = inputs[exp.num_examples:exp.num_examples + exp.auto_calibration_examples]
-    return _Examples(self._batches(task, inputs[:exp.num_examples], batch_size),
-                     self._batches(task, held_out[:len(held_out) // batch_size * batch_size],
-                                   batch_size))
-
-  def _batches(self, task: str, inputs: list[str], batch_size: int) -> list[jax.Array]:
-    """The target's inputs of `task`'s examples, checked against its vocabulary, in batches
-    cut to their length bucket and placed on the mesh."""
-    if not inputs:
-      return []
-    tokens = self.target.tokenize(task, inputs, self.exp.input_len)
+    texts = inputs[:exp.num_examples] + held_out[:len(held_out) // batch_size * batch_size]
+    tokens = self.target.tokenize(task, texts, exp.input_len)
     validation.check_token_ids("inputs", tokens, self.target.scorer.vocab_size)
-    return [partitioning.shard_batch(buckets.to_bucket(b), self.placement.mesh,
-                                     self.placement.rules)
-            for b in np.split(tokens, len(tokens) // batch_size)]
+    batches = [partitioning.shard_batch(buckets.to_bucket(b), self.placement.mesh,
+                                        self.placement.rules)
+               for b in np.split(tokens, len(tokens) // batch_size)]
+    measured = exp.num_examples // batch_size
+    return _Examples(batches[:measured], batches[measured:])
 
 
 PHASES = ("load", "compile", "calibration", "measurement")  # `PointRow.time_split_s`.

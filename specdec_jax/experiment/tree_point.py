@@ -5,7 +5,7 @@
 once its chain row is measured (`measure.measure_point`), `measure_tree` times the
 baseline against the tree loop (`decoding.tree_speculative`, over the target kind's
 `tree_proposer` of the same draft) interleaved over the same batches
-(`timing.time_interleaved`, under the timing guard), greedy tokens checked equal to the
+(`timing.time_decoders`, under the timing guard), greedy tokens checked equal to the
 baseline's. The row (`TreeRow`) holds the shape, tokens per target call, the acceptance
 per depth and sibling rank, the measured speedup per generated token, the chain's
 figures beside them, and two predictions from the tree's measured rank rates and the
@@ -155,9 +155,10 @@ def _cost_model(chain: PointRow) -> theory.CostModel:
   return chain.cost_model_terms.cost_model(chain.t_verify_s, chain.t_draft_token_s)
 
 
-def _predictions(chain: PointRow, parents: np.ndarray, rates: np.ndarray) -> dict[str, float]:
-  """The tree's two predicted speedups from its rates and the chain row's costs."""
-  costs = _cost_model(chain)
+def _predictions(chain: PointRow, costs: theory.CostModel, parents: np.ndarray,
+                 rates: np.ndarray) -> dict[str, float]:
+  """The tree's two predicted speedups from its rates and the chain row's costs (`costs`,
+  `_cost_model`)."""
   depth = int(trees.ancestors(parents).sum(-1).max()) - 1
   steps = chain.t_verify_s[parents.shape[0]] / chain.t_target_step_s + depth * chain.c
   return dict(
@@ -166,7 +167,7 @@ def _predictions(chain: PointRow, parents: np.ndarray, rates: np.ndarray) -> dic
           parents, theory_trees.rank_accept(parents, rates), steps))
 
 
-def choose_shape(exp: Experiment, point: Point, chain: PointRow, target: LoadedTarget,
+def choose_shape(exp: Experiment, point: Point, costs: theory.CostModel, target: LoadedTarget,
                  proposer_of: Callable[[int, int], Proposer], held_out: Sequence[Array]
                  ) -> tree_choice.TreeChoice:
   """`Experiment.tree` = 'auto': the shape "<k>x<depth>" of highest predicted speedup.
@@ -174,31 +175,36 @@ def choose_shape(exp: Experiment, point: Point, chain: PointRow, target: LoadedT
   The held-out batches are decoded (untimed) with `AUTO_MAX_BRANCHES` branches as deep
   as the budget (`settings.tree_budget`), which measures the acceptance of every rank at
   depth 1 and of each branch's child deeper; every k x depth within the budget is then
-  priced with the chain row's cost model (`tree_choice.make_choice`).
+  priced with the chain row's cost model (`costs`, `_cost_model`; `tree_choice.make_choice`).
   """
   budget = tree_budget(exp)
-  widest = proposer_of(AUTO_MAX_BRANCHES, budget)
-  outputs = [distributed.fetch(tree_speculative_decode(
-      target.scorer, widest, batch, jax.random.PRNGKey(exp.seed),
-      max_decode_len=exp.max_decode_len, warp=Warp(point.temperature), eos_id=target.eos_id))
-      for batch in held_out]
   shapes = {f"{k}x{depth}": trees.branches(k, depth)
             for k in range(1, AUTO_MAX_BRANCHES + 1) for depth in range(1, budget // k + 1)}
-  return tree_choice.make_choice(_rank_rates(outputs), _cost_model(chain), shapes=shapes)
+  widest = proposer_of(AUTO_MAX_BRANCHES, budget)
+  decoded = [tree_speculative_decode(
+      target.scorer, widest, batch, jax.random.PRNGKey(exp.seed),
+      max_decode_len=exp.max_decode_len, warp=Warp(point.temperature), eos_id=target.eos_id)
+      for batch in held_out]
+  outputs = distributed.fetch(decoded)
+  return tree_choice.make_choice(_rank_rates(outputs), costs, shapes=shapes)
 
 
-def _identity(exp: Experiment, point: Point, chain: PointRow,
-              choice: tree_choice.TreeChoice | None) -> dict[str, Any]:
-  """The fields that say what was measured, and beside which chain."""
+def _identity(exp: Experiment, point: Point, chain: PointRow) -> dict[str, Any]:
+  """The fields that say what was measured (but the shape), and beside which chain."""
   return dict(
       experiment=exp.name, task=point.task, draft=draft_name(point.draft), target=exp.target,
       temperature=point.temperature, batch_size=point.batch_size,
       num_examples=exp.num_examples, max_decode_len=exp.max_decode_len,
-      repetitions=exp.repetitions, seed=exp.seed, shape_auto=choice is not None,
-      shape_choice=None if choice is None else choice.to_json(), chain_gamma=chain.gamma,
+      repetitions=exp.repetitions, seed=exp.seed, chain_gamma=chain.gamma,
       chain_gamma_auto=chain.gamma_auto, chain_tokens_per_call=chain.tokens_per_iteration,
-      chain_speedup=chain.speedup_measured,
-      date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+      chain_speedup=chain.speedup_measured)
+
+
+def _chosen(choice: tree_choice.TreeChoice | None) -> dict[str, Any]:
+  """The fields that say whether 'auto' chose the shape, and why; and when it was measured."""
+  return dict(shape_auto=choice is not None,
+              shape_choice=None if choice is None else choice.to_json(),
+              date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
 def measure_tree(exp: Experiment, point: Point, chain: PointRow, target: LoadedTarget,
@@ -225,13 +231,15 @@ def measure_tree(exp: Experiment, point: Point, chain: PointRow, target: LoadedT
       `greedy.enforce` is False).
     contention.ContentionError: another process was busy during the timing.
   """
+  identity = _identity(exp, point, chain)
+  costs = _cost_model(chain)
   choice = None
   shape = exp.tree
   if exp.tree == AUTO:
-    choice = choose_shape(exp, point, chain, target, proposer_of, held_out)
+    choice = choose_shape(exp, point, costs, target, proposer_of, held_out)
     if not choice.helps:  # The target alone: the baseline itself, nothing to time.
       return TreeRow(
-          **_identity(exp, point, chain, choice), shape=TARGET_ALONE, parents=[-1],
+          **identity, **_chosen(choice), shape=TARGET_ALONE, parents=[-1],
           tokens_per_call=1.0, accepted_histogram=[], rank_rates=[list(r) for r in choice.rates],
           baseline_ms_per_token=chain.baseline_ms_per_token,
           tree_ms_per_token=chain.baseline_ms_per_token, speedup_measured=1.0,
@@ -241,32 +249,29 @@ def measure_tree(exp: Experiment, point: Point, chain: PointRow, target: LoadedT
   proposer = proposer_of(*tree_shape(shape))
   kwargs = dict(max_decode_len=exp.max_decode_len, warp=Warp(point.temperature),
                 eos_id=target.eos_id)
-  draws = measure.Draws(exp.seed, ("baseline", "speculative"), len(batches), point,
-                        greedy.enforce)
   decoders = {
-      "baseline": lambda i: baseline.decode(target.scorer, batches[i], draws.key("baseline", i),
-                                            **kwargs),
-      "speculative": lambda i: tree_speculative_decode(
-          target.scorer, proposer, batches[i], draws.key("speculative", i), **kwargs)}
+      "baseline": lambda batch, key: baseline.decode(target.scorer, batch, key, **kwargs),
+      "speculative": lambda batch, key: tree_speculative_decode(
+          target.scorer, proposer, batch, key, **kwargs)}
   with contention.quiet(f"{point} tree {exp.tree}") as checked:
-    timings, outputs = timing.time_interleaved(
-        decoders, len(batches), exp.repetitions, fetch=distributed.fetch, check=draws.record,
-        warmup=timing.first_of_each_shape(batches))
-  times = measure.decoder_times(timings, draws.tokens)
-  tree = outputs["speculative"]
+    decoded = timing.time_decoders(decoders, batches, passes=exp.repetitions, seed=exp.seed,
+                                   temperature=point.temperature,
+                                   enforce_greedy=greedy.enforce, what=str(point))
+  times = decoded.per_token
+  tree = decoded.outputs["speculative"]
   parents = tree_parents(proposer)
   rates = _rank_rates(tree)
   tokens = sum(int(np.sum(o.stats.tokens)) for o in tree)
   calls = sum(int(np.sum(o.stats.iterations)) for o in tree)
   return TreeRow(
-      **_identity(exp, point, chain, choice), shape=shape, parents=parents.tolist(),
+      **identity, **_chosen(choice), shape=shape, parents=parents.tolist(),
       tokens_per_call=tokens / max(calls, 1),
       accepted_histogram=np.sum([np.sum(o.stats.accepted_histogram, axis=0) for o in tree],
                                 axis=0).astype(int).tolist(),
       rank_rates=rates.tolist(), baseline_ms_per_token=times["baseline_ms_per_token"],
       tree_ms_per_token=times["speculative_ms_per_token"],
-      speedup_measured=times["speedup_measured"], **_predictions(chain, parents, rates),
-      greedy_identical=draws.greedy_identical, idle_check=dict(checked.record()))
+      speedup_measured=times["speedup_measured"], **_predictions(chain, costs, parents, rates),
+      greedy_identical=decoded.greedy_identical, idle_check=dict(checked.record()))
 
 
 def tree_table(rows: Sequence[TreeRow]) -> str:

@@ -13,7 +13,7 @@ same way in the same run. Two kinds of row:
   pair   one per (draft, target, temperature): the draft's seconds per proposed token
          (`timing.draft_time`, c = T_draft / T_step); for our family's pairs also both
          loops' own work and both encoders (`timing.measure_loop_costs`, the
-         speculative loop at `draft_gamma` and at `gamma_choice.second_gamma`'s;
+         speculative loop at `draft_gamma` and at `timing.second_gamma`'s;
          `measure_pair` says why a shape's pair borrows them).
 
 Alpha is the one term that needs trained weights; `regime_predictions` takes it from the
@@ -452,7 +452,7 @@ def measure_loops(settings: MapSettings, scorer: T5Scorer, draft: Draft, warp: W
                   target_row: ModelRow, t_draft: float, batches: list[Array]
                   ) -> tuple[LoopCosts, gamma_choice.AlphaEstimate]:
   """Both loops' own work and both encoders on `batches` (`timing.measure_loop_costs`,
-  the speculative loop at `draft_gamma` and at `gamma_choice.second_gamma`'s), with the
+  the speculative loop at `draft_gamma` and at `timing.second_gamma`'s), with the
   target's T_verify(k) fitted non-decreasing as `timing.calibrate` passes them."""
   t_chunk = target_row.t_verify_s
   fitted = {k: t_chunk[1] * r for k, r in gamma_choice.fitted_ratios(
@@ -462,7 +462,7 @@ def measure_loops(settings: MapSettings, scorer: T5Scorer, draft: Draft, warp: W
       max_decode_len=settings.max_decode_len, eos_id=scorer.model.config.eos_token_id,
       t_chunk=fitted, t_draft=t_draft, rng=jax.random.PRNGKey(settings.seed),
       repeats=settings.timing_repeats, held_out=False,
-      slope_gamma=gamma_choice.second_gamma(settings.draft_gamma, settings.max_gamma))
+      slope_gamma=timing.second_gamma(settings.draft_gamma, settings.max_gamma))
 
 
 def settings_record(settings: MapSettings) -> dict[str, Any]:
@@ -512,13 +512,13 @@ def run(settings: MapSettings, output_dir: str, say: Callable[[str], Any] = _say
   for i, job in enumerate(jobs, 1):
     models.keep({job.target, job.draft})
     began = time.perf_counter()
-    if job.draft is None:
-      row = contention.when_quiet(lambda job=job: measure_model(settings, job.target,
-                                                     models.get(job.target), batches[0]), say)
-    else:
-      row = contention.when_quiet(lambda job=job: measure_pair(
-          settings, job, models.get(job.target), models.get(job.draft),
-          rows[("model", job.target)], batches), say)
+    for attempt in contention.attempts(say):
+      with attempt:
+        if job.draft is None:
+          row = measure_model(settings, job.target, models.get(job.target), batches[0])
+        else:
+          row = measure_pair(settings, job, models.get(job.target), models.get(job.draft),
+                             rows[("model", job.target)], batches)
     row = dataclasses.replace(row, wall_s=time.perf_counter() - began)
     results_io.append_row(path, row.to_json())
     rows[job.key] = row
