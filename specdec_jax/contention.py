@@ -53,6 +53,7 @@ from specdec_jax.data import layout
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 GUARD_ENV = "SPECDEC_TIMING_GUARD"
+JOBS_DIR_ENV = "SPECDEC_JOBS_DIR"
 
 
 def enforced() -> bool:
@@ -74,8 +75,9 @@ class Process:
 
 
 def jobs_dir() -> str:
-  """Where our long background jobs register their pids (`<data_dir>/jobs`)."""
-  return os.path.join(layout.default_data_dir(), "jobs")
+  """Where our long background jobs register their pids: `$SPECDEC_JOBS_DIR`, else
+  `<data_dir>/jobs`."""
+  return os.environ.get(JOBS_DIR_ENV) or os.path.join(layout.default_data_dir(), "jobs")
 
 
 def register_job(name: str) -> None:

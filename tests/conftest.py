@@ -14,6 +14,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 # The suite's own workers keep both cores busy: timing commands run in tests record
 # their contention check but do not refuse (specdec_jax.contention).
 os.environ.setdefault("SPECDEC_TIMING_GUARD", "off")
+# Nor do they pause the developer's registered background jobs (training, signals).
+os.environ.setdefault("SPECDEC_JOBS_DIR", tempfile.mkdtemp(prefix="specdec_test_jobs_"))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -48,9 +48,17 @@ def test_refusal_can_be_turned_off_and_is_recorded(busy_process, monkeypatch):
   assert record["other_cores_before"] > 0.2
 
 
+def test_jobs_register_in_the_data_dir_unless_told_elsewhere(tmp_path, monkeypatch):
+  monkeypatch.delenv(contention.JOBS_DIR_ENV, raising=False)
+  monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+  assert contention.jobs_dir() == str(tmp_path / "jobs")
+  monkeypatch.setenv(contention.JOBS_DIR_ENV, str(tmp_path / "elsewhere"))
+  assert contention.jobs_dir() == str(tmp_path / "elsewhere")
+
+
 def test_registered_job_is_paused_inside_the_guard_and_resumed(busy_process, tmp_path,
                                                                monkeypatch):
-  monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+  monkeypatch.setenv(contention.JOBS_DIR_ENV, str(tmp_path / "jobs"))
   os.makedirs(contention.jobs_dir())
   with open(os.path.join(contention.jobs_dir(), f"job.{busy_process.pid}.pid"), "w") as f:
     f.write(f"{busy_process.pid}\n")
@@ -64,7 +72,7 @@ def test_registered_job_is_paused_inside_the_guard_and_resumed(busy_process, tmp
 
 
 def test_stale_job_files_are_dropped(tmp_path, monkeypatch):
-  monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+  monkeypatch.setenv(contention.JOBS_DIR_ENV, str(tmp_path / "jobs"))
   proc = subprocess.Popen([sys.executable, "-c", "pass"])
   proc.wait()
   os.makedirs(contention.jobs_dir())
@@ -83,7 +91,7 @@ def test_command_line_check_exits_non_zero_when_busy(busy_process):
 
 
 def test_guard_resumes_jobs_when_the_block_raises(busy_process, tmp_path, monkeypatch):
-  monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+  monkeypatch.setenv(contention.JOBS_DIR_ENV, str(tmp_path / "jobs"))
   os.makedirs(contention.jobs_dir())
   with open(os.path.join(contention.jobs_dir(), f"job.{busy_process.pid}.pid"), "w") as f:
     f.write(f"{busy_process.pid}\n")
@@ -94,7 +102,7 @@ def test_guard_resumes_jobs_when_the_block_raises(busy_process, tmp_path, monkey
 
 
 def test_guard_leaves_a_job_stopped_before_it_stopped(busy_process, tmp_path, monkeypatch):
-  monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+  monkeypatch.setenv(contention.JOBS_DIR_ENV, str(tmp_path / "jobs"))
   os.makedirs(contention.jobs_dir())
   with open(os.path.join(contention.jobs_dir(), f"job.{busy_process.pid}.pid"), "w") as f:
     f.write(f"{busy_process.pid}\n")
@@ -109,7 +117,7 @@ def test_guard_leaves_a_job_stopped_before_it_stopped(busy_process, tmp_path, mo
 
 def test_jobs_resume_when_the_timing_process_dies_inside_the_guard(busy_process, tmp_path):
   """A segfault or SIGKILL runs no `finally`: the guard's watcher resumes the job."""
-  env = {**os.environ, "SPECDEC_DATA_DIR": str(tmp_path)}
+  env = {**os.environ, contention.JOBS_DIR_ENV: str(tmp_path / "jobs")}
   os.makedirs(os.path.join(tmp_path, "jobs"))
   with open(os.path.join(tmp_path, "jobs", f"job.{busy_process.pid}.pid"), "w") as f:
     f.write(f"{busy_process.pid}\n")
