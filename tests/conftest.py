@@ -18,8 +18,11 @@ os.environ.setdefault("SPECDEC_TIMING_GUARD", "off")
 os.environ.setdefault("SPECDEC_JOBS_DIR", tempfile.mkdtemp(prefix="specdec_test_jobs_"))
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from specdec_jax.decoding import baseline  # noqa: E402
+from specdec_jax.decoding.sampling import Warp  # noqa: E402
 from specdec_jax.experiment.record import Example, PointRow  # noqa: E402
 from specdec_jax.models.t5 import (  # noqa: E402
   SharedEncoderModel,  # noqa: E402
@@ -109,6 +112,25 @@ def _random_params(name: str, seed: int, model: T5Model) -> dict:
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: x * scale if "kernel" in jax.tree_util.keystr(path) else x, params)
   return params
+
+
+def greedy_with_mid_run_eos(target, inputs, max_decode_len: int):
+  """The target's greedy output without an EOS, an EOS id that row 0 first emits
+  mid-run (so rows end at different lengths), and the greedy output with that EOS.
+
+  Returns:
+    (greedy, eos, want): the two `baseline.decode` outputs and the EOS id.
+  """
+  def decode(eos_id: int):
+    return baseline.decode(target, inputs, jax.random.PRNGKey(0),
+                           max_decode_len=max_decode_len, warp=Warp(), eos_id=eos_id)
+
+  greedy = decode(-1)
+  row = [int(t) for t in greedy.sequences[0]]
+  eos = next(t for i, t in enumerate(row) if i >= 3 and t not in row[:i])
+  want = decode(eos)
+  assert len(set(np.asarray(want.lengths).tolist())) > 1
+  return greedy, eos, want
 
 
 def make_point_row(**fields) -> PointRow:

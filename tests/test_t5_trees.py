@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import make_model, make_shared_encoder_pair
+from conftest import greedy_with_mid_run_eos, make_model, make_shared_encoder_pair
 
-from specdec_jax.decoding import baseline, proposers, trees
+from specdec_jax.decoding import proposers, trees
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.tree_speculative import tree_speculative_decode
 from specdec_jax.models.options import DecodeOptions
@@ -166,13 +166,7 @@ def _loop_setup():
   model, params = make_model("test-v1_1")
   target = T5Scorer(model, model.prepare(params))
   inputs = jnp.asarray(LOOP_INPUTS)
-  greedy = baseline.decode(target, inputs, jax.random.PRNGKey(0), max_decode_len=MAX_LEN,
-                           warp=Warp(), eos_id=-1)
-  row = [int(t) for t in greedy.sequences[0]]
-  eos = next(t for i, t in enumerate(row) if i >= 3 and t not in row[:i])
-  want = baseline.decode(target, inputs, jax.random.PRNGKey(0), max_decode_len=MAX_LEN,
-                         warp=Warp(), eos_id=eos)
-  assert len(set(np.asarray(want.lengths).tolist())) > 1
+  greedy, eos, want = greedy_with_mid_run_eos(target, inputs, MAX_LEN)
   store = proposers.Datastore.from_sequences(list(np.asarray(greedy.sequences)[1:]),
                                              split="train", depth=3)
   shared = SharedEncoderModel(model.config.replace(num_decoder_layers=1), model.config.d_model)

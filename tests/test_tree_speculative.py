@@ -18,9 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
+from conftest import greedy_with_mid_run_eos
 
 from specdec_jax import tree_choice
-from specdec_jax.decoding import baseline, proposers, tree_speculative
+from specdec_jax.decoding import proposers, tree_speculative
 from specdec_jax.decoding import tree_acceptance as ta
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.tree_speculative import TreeStats, tree_speculative_decode
@@ -44,14 +45,7 @@ def _model():
 @functools.cache
 def _setup():
   model, weights, target, prompts = _model()
-  greedy = baseline.decode(target, prompts, jax.random.PRNGKey(0), max_decode_len=MAX_LEN,
-                           warp=Warp(), eos_id=-1)
-  # EOS: a token row 0 first emits mid-run, so rows end at different lengths.
-  row = [int(t) for t in greedy.sequences[0]]
-  eos = next(t for i, t in enumerate(row) if i >= 3 and t not in row[:i])
-  want = baseline.decode(target, prompts, jax.random.PRNGKey(0), max_decode_len=MAX_LEN,
-                         warp=Warp(), eos_id=eos)
-  assert len(set(np.asarray(want.lengths).tolist())) > 1
+  greedy, eos, want = greedy_with_mid_run_eos(target, prompts, MAX_LEN)
   # The datastore holds the target's outputs on other "training" prompts: here its own.
   store = proposers.Datastore.from_sequences(list(np.asarray(greedy.sequences)[1:]),
                                              split="train", depth=3)
