@@ -19,8 +19,8 @@ import re
 import sys
 import time
 
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                           "--xla_backend_optimization_level=0")
+os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "  # + conftest's flags.
+                           "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -13,7 +13,7 @@ import jax
 import multihost_worker as worker
 import numpy as np
 import pytest
-from conftest import make_model
+from conftest import XLA_TEST_FLAGS, make_model
 
 from specdec_jax import distributed
 from specdec_jax.experiment import results_io
@@ -32,7 +32,7 @@ def _free_port() -> int:
 def _run_two_processes(*args: str) -> None:
   """Runs multihost_worker.py as processes 0 and 1 of one job; fails with their logs."""
   address = f"127.0.0.1:{_free_port()}"
-  env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=XLA_TEST_FLAGS, JAX_PLATFORMS="cpu")
   script = os.path.join(os.path.dirname(__file__), "multihost_worker.py")
   procs = [subprocess.Popen([sys.executable, script, address, "2", str(i), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
