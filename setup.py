@@ -47,6 +47,7 @@ setuptools.setup(
             "jinja2",
             "pytest",
             "pytest-xdist",
+            "pytest-timeout",  # A test that hangs fails alone instead of holding up the run.
             "hypothesis",
             "scipy",
             "ruff",

@@ -26,9 +26,10 @@ def default_dir() -> str:
 
 def enable(directory: str | None) -> str | None:
   """Keeps compiled programs in `directory` ('' or None: off), every program whatever its
-  compile time; returns the directory in use (`$JAX_COMPILATION_CACHE_DIR` wins)."""
+  compile time; returns the directory in use (`$JAX_COMPILATION_CACHE_DIR` wins), or None
+  where the cache is off (also when `JAX_ENABLE_COMPILATION_CACHE=false`, as in the tests)."""
   directory = os.environ.get(ENV) or directory
-  if not directory:
+  if not directory or not jax.config.jax_enable_compilation_cache:
     return None
   os.makedirs(directory, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", directory)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import shutil
 import tempfile
 
 # Tests compile many small programs; LLVM's optimisations triple XLA:CPU compile
@@ -19,8 +18,14 @@ os.environ.setdefault("XLA_FLAGS", XLA_TEST_FLAGS)
 # The suite's own workers keep both cores busy: timing commands run in tests record
 # their contention check but do not refuse (specdec_jax.contention).
 os.environ.setdefault("SPECDEC_TIMING_GUARD", "off")
-# Nor do they pause the developer's registered background jobs (training, signals).
-os.environ.setdefault("SPECDEC_JOBS_DIR", tempfile.mkdtemp(prefix="specdec_test_jobs_"))
+# Nor do they pause the developer's registered background jobs (training, signals), nor
+# the jobs that the other worker's tests start: each worker (and what it starts) registers
+# and pauses jobs in a folder of its own.
+os.environ["SPECDEC_JOBS_DIR"] = tempfile.mkdtemp(prefix="specdec_test_jobs_")
+# No persistent compilation cache, in the workers or the processes tests start (JAX
+# reads this at import): XLA:CPU segfaults now and then in `executable.serialize()`, and
+# a worker lost that way hung the whole run. The commands' cache has its own test.
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -37,29 +42,6 @@ from specdec_jax.models.t5 import (  # noqa: E402
 from specdec_jax.models.t5.checkpoints import save_hf_checkpoint  # noqa: E402
 from specdec_jax.theory import LoopCosts  # noqa: E402
 
-CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
-
-
-def pytest_configure(config):
-  """One XLA compilation cache per run, shared by the workers and the processes tests start.
-
-  Many tests compile the same small programs in other processes (the other
-  worker, a command run as a user runs it); each compiles once. The
-  controller makes it before it starts the workers, which inherit it, and
-  removes it at the end. A cache set by the caller is kept as it is.
-  """
-  if hasattr(config, "workerinput") or CACHE_ENV in os.environ:
-    return
-  os.environ[CACHE_ENV] = config._specdec_cache = tempfile.mkdtemp(prefix="specdec_xla_")
-  # Only programs that take a second to compile: the tests' thousands of small ones are
-  # cheaper to recompile, and serializing executables is where XLA:CPU crashed a worker
-  # (a segfault in `executable.serialize()`, twice in 1,050 tests, never in the same test).
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
-  jax.config.update("jax_compilation_cache_dir", os.environ[CACHE_ENV])  # Imported already.
-  jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
-
-
 # The modules whose tests take a minute or more each (other processes, the 30-layer GGUF
 # model), longest first. They run before the rest, so that the two workers end together
 # instead of one finishing such a test alone at the end.
@@ -73,10 +55,6 @@ def pytest_collection_modifyitems(config, items):
   rank = {name: i for i, name in enumerate(LONG_MODULES)}
   items.sort(key=lambda item: rank.get(item.path.name, len(LONG_MODULES)))  # Stable.
 
-
-def pytest_unconfigure(config):
-  if getattr(config, "_specdec_cache", None):
-    shutil.rmtree(config._specdec_cache, ignore_errors=True)
 
 # Random T5s with T5X's init decode one token over and over; scaling the kernels
 # makes them chaotic enough that greedy decoding exercises many tokens.

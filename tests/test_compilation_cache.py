@@ -1,14 +1,25 @@
-"""The commands' persistent compilation cache: where it goes, and what wins."""
+"""The commands' persistent compilation cache: where it goes, what wins, and when it is off."""
 
 import os
 
 import jax
+import pytest
 
 from specdec_jax import compilation_cache
 
 
+@pytest.fixture
+def jax_cache_allowed():
+  """JAX's cache switched on for one test (the suite runs with it off, see conftest)."""
+  before = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", True)
+  yield
+  jax.config.update("jax_enable_compilation_cache", before)
+
+
 def test_the_cache_is_in_the_users_cache_directory_unless_jaxs_variable_names_one(
-    monkeypatch, tmp_path):
+    jax_cache_allowed, monkeypatch, tmp_path):
+  del jax_cache_allowed
   updates = {}
   monkeypatch.setattr(jax.config, "update", lambda name, value: updates.update({name: value}))
   monkeypatch.delenv(compilation_cache.ENV, raising=False)
@@ -24,3 +35,11 @@ def test_the_cache_is_in_the_users_cache_directory_unless_jaxs_variable_names_on
   monkeypatch.setenv(compilation_cache.ENV, str(tmp_path / "env"))
   assert compilation_cache.enable(str(tmp_path / "flag")) == str(tmp_path / "env")
   assert updates["jax_compilation_cache_dir"] == str(tmp_path / "env")
+
+
+def test_jaxs_own_switch_turns_the_cache_off(monkeypatch, tmp_path):
+  monkeypatch.setattr(jax.config, "update", lambda name, value: pytest.fail(name))
+  monkeypatch.delenv(compilation_cache.ENV, raising=False)
+  assert not jax.config.jax_enable_compilation_cache  # JAX_ENABLE_COMPILATION_CACHE=false.
+  assert compilation_cache.enable(str(tmp_path / "cache")) is None
+  assert not os.path.exists(tmp_path / "cache")
