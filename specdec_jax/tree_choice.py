@@ -119,14 +119,18 @@ def _depth(parents: np.ndarray) -> int:
   return int(trees.ancestors(parents).sum(-1).max()) - 1
 
 
-def iteration_time(parents: np.ndarray, costs: theory.CostModel) -> float:
-  """Seconds of one tree iteration: T_verify(n + 1) + D T_draft + n o_proposal + o_iteration."""
+def iteration_time(parents: np.ndarray, costs: theory.CostModel,
+                   draft_calls: int | None = None) -> float:
+  """Seconds of one tree iteration: T_verify(n + 1) + D T_draft + n o_proposal + o_iteration,
+  D the draft's calls (default the tree's depth: every level comes from the draft)."""
   n = parents.shape[0] - 1
-  return (costs.verify_time(n + 1) + _depth(parents) * costs.t_draft_step
+  calls = _depth(parents) if draft_calls is None else draft_calls
+  return (costs.verify_time(n + 1) + calls * costs.t_draft_step
           + n * costs.t_proposal_overhead + costs.t_iteration_overhead)
 
 
-def predicted_speedup(parents: ArrayLike, rates: ArrayLike, costs: theory.CostModel) -> float:
+def predicted_speedup(parents: ArrayLike, rates: ArrayLike, costs: theory.CostModel,
+                      draft_calls: int | None = None) -> float:
   """E[tokens per call] (T_step + o_step) / `iteration_time`: the loops' speedup, encoders
   left out.
 
@@ -134,11 +138,14 @@ def predicted_speedup(parents: ArrayLike, rates: ArrayLike, costs: theory.CostMo
     parents: int `[n + 1]`, topological, -1 at the root.
     rates: `[depths, ranks]` (`check_rates`).
     costs: the measured costs; `costs.t_verify` must cover k = n + 1.
+    draft_calls: the draft's calls per iteration (default the tree's depth; fewer where
+      a table look-up proposes the deepest nodes).
   """
   parents = trees.check_parents(parents)
   accept = theory_trees.rank_accept(parents, check_rates(rates))
   tokens = theory_trees.expected_tokens_per_call(parents, accept)
-  return tokens * (costs.t_target_step + costs.t_step_overhead) / iteration_time(parents, costs)
+  return tokens * (costs.t_target_step + costs.t_step_overhead) / iteration_time(
+      parents, costs, draft_calls)
 
 
 @dataclasses.dataclass(frozen=True)

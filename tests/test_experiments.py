@@ -176,6 +176,10 @@ def test_a_t5_target_measures_a_tree_beside_the_chain(tmp_path, models_dir):
     ("Experiment.tree = '2'", ValueError, r"Experiment\.tree='2' is not a tree's shape"),
     ("Experiment.tree = '2x2'", ValueError, r"'2x2' has 4 candidates, but the run's largest "
                                             r"gamma is 2"),
+    ("Experiment.tree = '1x1+lookup2'", ValueError, r"'1x1\+lookup2' has 3 candidates, but "
+                                                    r"the run's largest gamma is 2"),
+    ("Experiment.tree = '1x1+lookup'", ValueError, r"'1x1\+lookup' is not a tree's shape: .*"
+                                                   r"'<k>x<depth>\+lookup<n>'"),
     ("Experiment.tree = '1x1'\nExperiment.tree_tasks = ['mansum']", ValueError,
      r"Experiment\.tree_tasks=\['mansum'\] must be None or a list of the run's tasks"),
 ])

@@ -58,6 +58,9 @@ def test_draft_calls_cost_depth():
   choice = tree_choice.make_choice(rates, _costs(FLAT, c=0.5), max_nodes=3)
   assert choice.parents == (-1, 0, 0) and choice.speedup == pytest.approx(1.8 / 1.5)
   assert choice.speedups["best n=3"] == pytest.approx(1.925 / 2)
+  # Where a look-up proposes the second level, the draft runs once: 1.925 / 1.5.
+  assert tree_choice.predicted_speedup([-1, 0, 0, 1], rates, _costs(FLAT, c=0.5),
+                                       draft_calls=1) == pytest.approx(1.925 / 1.5)
 
 
 def test_the_target_alone_when_no_tree_pays():

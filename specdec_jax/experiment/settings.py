@@ -19,6 +19,7 @@ import dataclasses
 import os
 import re
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import gin
 
@@ -158,8 +159,11 @@ class Experiment(Settings):
       after the root, each extended by its argmax to `depth` tokens (`trees.branches`),
       measured beside the chain at the same draft, on the same examples, for the
       points of `tree_tasks` and `tree_temperatures` (target kinds whose scorers
-      score trees only); k depth must not exceed the run's largest gamma, so that
-      T_verify(k depth + 1) is measured for its prediction. 'auto': the shape of
+      score trees only). "<k>x<depth>+lookup<n>" adds, after the draft's branches, a
+      chain of the n tokens that followed the text's last n-gram in the prompt
+      (`proposers.PromptLookup`). Its candidates (k depth + n) must not exceed the
+      run's largest gamma, so that T_verify(candidates + 1) is measured for its
+      prediction. 'auto': the shape of
       highest predicted speedup among those (`tree_choice.make_choice`), from
       acceptance per depth and sibling rank measured on the held-out examples
       (`auto_calibration_examples`) and the chain point's measured costs; where none
@@ -193,11 +197,24 @@ class Experiment(Settings):
       object.__setattr__(self, "gammas", (self.gamma,))
 
 
-_TREE = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)")
+_TREE = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:\+lookup([1-9][0-9]*))?")
 
 
-def tree_shape(spec: str) -> tuple[int, int]:
-  """(k, depth) of an `Experiment.tree` shape "<k>x<depth>".
+class TreeShape(NamedTuple):
+  """An `Experiment.tree` shape: the draft's top-`k` branches of `depth` tokens, and beside
+  them a prompt look-up chain of `lookup` tokens (0: none)."""
+
+  k: int
+  depth: int
+  lookup: int
+
+  @property
+  def candidates(self) -> int:
+    return self.k * self.depth + self.lookup
+
+
+def tree_shape(spec: str) -> TreeShape:
+  """The shape of an `Experiment.tree` spec "<k>x<depth>" or "<k>x<depth>+lookup<n>".
 
   Raises:
     ValueError: naming `Experiment.tree` and the form it takes.
@@ -205,9 +222,10 @@ def tree_shape(spec: str) -> tuple[int, int]:
   match = _TREE.fullmatch(spec) if isinstance(spec, str) else None
   _require(match is not None, f"Experiment.tree={spec!r} is not a tree's shape: write "
                               "'<k>x<depth>' (the draft's top-k branches, each <depth> tokens "
-                              f"long; '1x<depth>' is the chain), {AUTO!r} (chosen by the "
-                              "cost model), or None for no tree.")
-  return int(match.group(1)), int(match.group(2))
+                              "long; '1x<depth>' is the chain), '<k>x<depth>+lookup<n>' (and "
+                              "beside them the prompt's continuation, n tokens), "
+                              f"{AUTO!r} (chosen by the cost model), or None for no tree.")
+  return TreeShape(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
 
 
 def draft_name(spec: str) -> str:
@@ -287,10 +305,10 @@ def validate(exp: Experiment) -> None:
              f"Experiment.batch_sizes has {b}; each must divide Experiment.num_examples="
              f"{exp.num_examples} (equal batches never recompile).")
   if exp.tree is not None and exp.tree != AUTO:
-    k, depth = tree_shape(exp.tree)
+    candidates = tree_shape(exp.tree).candidates
     largest = tree_budget(exp)
-    _require(k * depth <= largest,
-             f"Experiment.tree={exp.tree!r} has {k * depth} candidates, but the run's largest "
+    _require(candidates <= largest,
+             f"Experiment.tree={exp.tree!r} has {candidates} candidates, but the run's largest "
              f"gamma is {largest}: T_verify(k) is timed up to k = {largest + 1}; choose a "
              f"smaller tree or a larger gamma.")
   if exp.tree is not None:

@@ -1,7 +1,8 @@
 """A token tree measured beside the chain at the same draft: one row per tree point.
 
 `Experiment.tree` names a shape "<k>x<depth>" (the draft's top-k branches, each
-`depth` tokens: `trees.branches`) or 'auto'. For each point of `settings.tree_points`,
+`depth` tokens: `trees.branches`), "<k>x<depth>+lookup<n>" (and after them the prompt's
+continuation, a chain of n: `proposers.PromptLookup`, `shaped_proposer`) or 'auto'. For each point of `settings.tree_points`,
 once its chain row is measured (`measure.measure_point`), `measure_tree` times the
 baseline against the tree loop (`decoding.tree_speculative`, over the target kind's
 `tree_proposer` of the same draft) interleaved over the same batches
@@ -41,7 +42,7 @@ import numpy as np
 
 from specdec_jax import contention, distributed, theory, theory_trees, timing, tree_choice
 from specdec_jax.decoding import baseline, trees
-from specdec_jax.decoding.proposers import Proposer, tree_parents
+from specdec_jax.decoding.proposers import Merged, PromptLookup, Proposer, tree_parents
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.tree_speculative import tree_speculative_decode
 from specdec_jax.experiment import measure
@@ -79,7 +80,8 @@ class TreeRow:
     shape_auto: whether `Experiment.tree` = 'auto' chose it.
     shape_choice: 'auto''s `tree_choice.TreeChoice.to_json()` (the rates it was chosen
       from, every candidate's predicted speedup and the reason); None for a named shape.
-    parents: the tree's parents, node 0 the root (`trees.branches(k, depth)`).
+    parents: the tree's parents, node 0 the root (`trees.branches(k, depth)`, then the
+      look-up chain's).
     chain_gamma: the chain's gamma (chosen by gamma = 'auto' if `chain_gamma_auto`).
     chain_gamma_auto: whether gamma = 'auto' chose it.
     chain_tokens_per_call: the chain's tokens per target call.
@@ -156,15 +158,22 @@ def _cost_model(chain: PointRow) -> theory.CostModel:
 
 
 def _predictions(chain: PointRow, costs: theory.CostModel, parents: np.ndarray,
-                 rates: np.ndarray) -> dict[str, float]:
-  """The tree's two predicted speedups from its rates and the chain row's costs (`costs`,
-  `_cost_model`)."""
-  depth = int(trees.ancestors(parents).sum(-1).max()) - 1
-  steps = chain.t_verify_s[parents.shape[0]] / chain.t_target_step_s + depth * chain.c
+                 rates: np.ndarray, draft_calls: int) -> dict[str, float]:
+  """The tree's two predicted speedups from its rates, the chain row's costs (`costs`,
+  `_cost_model`) and the draft's calls per iteration."""
+  steps = chain.t_verify_s[parents.shape[0]] / chain.t_target_step_s + draft_calls * chain.c
   return dict(
-      speedup_predicted=tree_choice.predicted_speedup(parents, rates, costs),
+      speedup_predicted=tree_choice.predicted_speedup(parents, rates, costs, draft_calls),
       speedup_predicted_steps_only=theory_trees.walltime_improvement(
           parents, theory_trees.rank_accept(parents, rates), steps))
+
+
+def shaped_proposer(branches_of: Callable[[int, int], Proposer], shape: str) -> Proposer:
+  """The proposer of a named shape: the draft's top-k branches (`branches_of(k, depth)`),
+  then, for "+lookup<n>", the prompt's continuation as a chain of n (`PromptLookup`)."""
+  k, depth, lookup = tree_shape(shape)
+  branches = branches_of(k, depth)
+  return Merged((branches, PromptLookup(depth=lookup))) if lookup else branches
 
 
 def choose_shape(exp: Experiment, point: Point, costs: theory.CostModel, target: LoadedTarget,
@@ -246,7 +255,7 @@ def measure_tree(exp: Experiment, point: Point, chain: PointRow, target: LoadedT
           speedup_predicted=1.0, speedup_predicted_steps_only=1.0,
           greedy_identical=True if point.temperature == 0 else None, idle_check={})
     shape = choice.name
-  proposer = proposer_of(*tree_shape(shape))
+  proposer = shaped_proposer(proposer_of, shape)
   kwargs = dict(max_decode_len=exp.max_decode_len, warp=Warp(point.temperature),
                 eos_id=target.eos_id)
   decoders = {
@@ -270,7 +279,8 @@ def measure_tree(exp: Experiment, point: Point, chain: PointRow, target: LoadedT
                                 axis=0).astype(int).tolist(),
       rank_rates=rates.tolist(), baseline_ms_per_token=times["baseline_ms_per_token"],
       tree_ms_per_token=times["speculative_ms_per_token"],
-      speedup_measured=times["speedup_measured"], **_predictions(chain, costs, parents, rates),
+      speedup_measured=times["speedup_measured"],
+      **_predictions(chain, costs, parents, rates, tree_shape(shape).depth),
       greedy_identical=decoded.greedy_identical, idle_check=dict(checked.record()))
 
 
