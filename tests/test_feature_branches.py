@@ -95,8 +95,8 @@ class _Seen(Proposer):
   def init_state(self, inputs, cache_len, target_encoded=None):
     return self.inner.init_state(inputs, cache_len, target_encoded)
 
-  def propose(self, state, tokens, lengths, warp):
-    state, proposal = self.inner.propose(state, tokens, lengths, warp)
+  def propose(self, state, tokens, lengths, warp, rng=None):
+    state, proposal = self.inner.propose(state, tokens, lengths, warp, rng)
     jax.debug.callback(lambda m, x: SEEN.update(
         ((b, int(m[b])), x[b].tolist()) for b in range(len(m))), lengths, proposal.tokens)
     return state, proposal
@@ -221,17 +221,19 @@ def test_commit_along_a_path_equals_a_fresh_state_of_the_accepted_text():
     proposer.commit(committed, lengths, tokens)
 
 
-def test_sampled_tokens_are_distributed_as_the_targets(monkeypatch):
+@pytest.mark.parametrize("sample", [False, True])
+def test_sampled_tokens_are_distributed_as_the_targets(monkeypatch, sample):
   """Top-k 4 and top-p 0.9 at T = 1 (`test_tree_speculative`'s chi-square over the first
-  three tokens of 3,000 rows), the draft's top-3 branches of depth 2 over a shortlist of
-  the tokens the target may emit first, so that candidates are accepted and rejected
-  often. The control forgets each rejected candidate and must fail the same test."""
+  three tokens of 3,000 rows), the draft's 3 branches of depth 2 (its top-3 and argmax,
+  or drawn from it) over a shortlist of the tokens the target may emit first, so that
+  candidates are accepted and rejected often. The control forgets each rejected
+  candidate and must fail the same test."""
   model, weights, target, prompts = tts._model()
   prompt = prompts[:1]
   first_two = sorted({x for cell in tts._three_token_probs(target, prompt) for x in cell[:2]})
   student, sparams = _feature_student(model.config, jnp.asarray(first_two, jnp.int32), seed=4)
   draft = student.draft(sparams, weights.embedding, jnp.asarray(first_two, jnp.int32))
-  proposer = FeatureBranches(draft, k=3, depth=2)
+  proposer = FeatureBranches(draft, k=3, depth=2, sample=sample)
   p_value, counters = tts._chi_square_p_value(target, prompt, proposer)
   assert np.mean(counters.accepted) > 0.3
   assert p_value > 1e-3

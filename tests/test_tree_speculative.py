@@ -5,7 +5,8 @@ datastore over the target's own outputs, the draft's top-k branches), with an
 EOS that ends rows at different lengths; the chain (one branch) is a tree too.
 At T > 0 the loop's first three tokens are distributed as the target's (a
 chi-square against the target's own probabilities, with a negative control
-that must fail: siblings tried without removing the candidates before them);
+that must fail: siblings tried without removing the candidates before them),
+with the draft's candidates taken as its top-k or drawn from it;
 the sampled loop is a function of its key, and its counters add up.
 """
 
@@ -142,23 +143,31 @@ def _chi_square_p_value(target, prompt, proposer) -> tuple[float, TreeStats]:
                 .pvalue), out.stats)
 
 
-def test_sampled_tokens_are_distributed_as_the_targets(monkeypatch):
-  """Top-k 4 and top-p 0.9 at T = 1, a tree with duplicate siblings (a draft's top-2
-  branches and its top-1 branch again): the first three tokens of 3,000
-  rows against the target's probabilities. The control forgets each rejected candidate
-  (the residual never updated): a rejected token stays in r, so it is emitted too often,
-  and the same statistic must reject it."""
+@pytest.mark.parametrize("sample", [False, True])
+def test_sampled_tokens_are_distributed_as_the_targets(monkeypatch, sample):
+  """Top-k 4 and top-p 0.9 at T = 1, a draft's 2 branches and beside them its 1 branch
+  again: the first three tokens of 3,000 rows against the target's probabilities.
+  Deterministic (sample=False): the top-2 and the top-1 again, a duplicate sibling.
+  Drawn (sample=True): 2 children drawn without replacement, then a third drawn i.i.d.
+  (it may repeat either), each deeper node drawn at its parent: candidates of three
+  origins in one tree. The control forgets each rejected candidate (the residual never
+  updated): a rejected token stays in r, so it is emitted too often, and the same
+  statistic must reject it."""
   model, weights, target, prompts = _model()
   draft = LayerSkipDraft(model, weights, 1)
-  proposer = proposers.Merged((proposers.DraftBranches(draft, k=2, depth=2),
-                               proposers.DraftBranches(draft, k=1, depth=2)))
+  proposer = proposers.Merged((proposers.DraftBranches(draft, k=2, depth=2, sample=sample),
+                               proposers.DraftBranches(draft, k=1, depth=2, sample=sample)))
   prompt = prompts[:1]
   p_value, counters = _chi_square_p_value(target, prompt, proposer)
   # The tree's candidates make the output, not only the next token.
   assert np.mean(counters.accepted) > 0.3
   assert p_value > 1e-3
-  # The duplicate of the top-1 token (depth 1, rank 2) is tried but never accepted.
-  assert counters.rank_rates()[0, 2] == 0 and counters.rank_offered[:, 0, 2].sum() > 0
+  rank_2 = counters.rank_rates()[0, 2]
+  assert counters.rank_offered[:, 0, 2].sum() > 0
+  if sample:  # A third draw can be a token the residual still holds.
+    assert rank_2 > 0
+  else:  # The duplicate of the top-1 token is tried but never accepted.
+    assert rank_2 == 0
   with monkeypatch.context() as patch:
     patch.setattr(ta, "acceptance", type("Forgetful", (), {
         "residual_distribution": staticmethod(lambda r, q: r)}))

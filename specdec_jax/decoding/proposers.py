@@ -4,10 +4,12 @@ A proposer offers a subtree under the root (the last token of the text) of a
 fixed shape: `parents` (static) numbers its nodes 0..k-1, -1 meaning a child of
 the root, and each call fills its tokens and which of them a row holds
 (`TreeProposal`). `Merged` puts several proposers' subtrees side by side under
-one root, in the order given (siblings are tried in that order). Every
-candidate here is deterministic given what the proposer saw (a point mass:
-`tree_acceptance` accepts it with the target's probability of it), so the
-tree is exact at every temperature.
+one root, in the order given (siblings are tried in that order). A
+candidate is either deterministic given what the proposer saw (a point mass:
+`tree_acceptance` accepts it with the target's probability of it) or drawn
+from the draft's warped distribution, which the proposal then carries
+(`TreeProposal.q_probs`); `tree_acceptance` is exact for both, so the tree is
+exact at every temperature.
 
   * `PromptLookup`: the continuation of the longest n-gram of the text that
     ends at the last token and appears in the prompt (a chain).
@@ -19,7 +21,12 @@ tree is exact at every temperature.
     tree level by level (`Scorer.score_tree`). A draft that reads the target's
     features does the same in its family's package
     (`models.llama.feature_branches.FeatureBranches`): the loop gives it the
-    target's features (`Proposer.reads_target_features`).
+    target's features (`Proposer.reads_target_features`). At T > 0 both draw
+    instead (`sample`, the default): the root's k children from the draft's q
+    without replacement (Jeon et al.'s recursive rejection sampling; Sequoia),
+    each deeper node from q at its parent (SpecInfer); `branch_level` does
+    either. At T > 0 a top-k candidate is accepted with the target's
+    probability of it, a drawn one with sum_y min(p, q): the draft's alpha.
 
 Conventions shared with `drafts.py`: `tokens [batch, buffer_len]` holds the
 start token at index 0 and the generated tokens after it; `lengths [batch]` = m
@@ -36,7 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specdec_jax.decoding import lookup, trees
+from specdec_jax.decoding import lookup, sampling, trees
+from specdec_jax.decoding import tree_acceptance as ta
 from specdec_jax.decoding.drafts import ScorerDraft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import EncoderOutputs
@@ -51,10 +59,81 @@ class TreeProposal:
   Attributes:
     tokens: int32 `[batch, k]`.
     valid: bool `[batch, k]`, False where a row has no candidate (never tried).
+    q_probs: None (every candidate deterministic), or float32 `[batch, k, vocab]`: the
+      warped distribution each candidate was drawn from, given the siblings drawn
+      before it (`tree_acceptance.verify_tree`'s q_probs).
+    drawn: None, or bool `[batch, k]` with `q_probs`: True where drawn from it, False
+      where deterministic.
   """
 
   tokens: Array
   valid: Array
+  q_probs: Array | None = None
+  drawn: Array | None = None
+
+
+def branch_level(rng: Array | None, logits: Array, count: int, warp: Warp, *, sample: bool
+                 ) -> TreeProposal:
+  """A level of a draft's branches from the draft's logits.
+
+  Args:
+    rng: a PRNG key (used where candidates are drawn).
+    logits: `[batch, vocab]` the draft's at the root, or `[batch, k, vocab]` at each
+      branch's newest node.
+    count: with the root's logits, the k children: the top-k, or k draws without
+      replacement from q = `warp.probs(logits)` (each from q with the siblings before
+      it removed, renormalised: `tree_acceptance.without_replacement`); with the
+      branches' logits, ignored: one child each, the argmax or one draw from q.
+    warp: the sampling settings (temperature 0: always the top-k / argmax).
+    sample: whether to draw at temperature > 0.
+
+  Returns:
+    The level's `TreeProposal` (`[batch, k]`): valid where a draw had mass left;
+    `q_probs` and `drawn` where drawn.
+  """
+  if not (sample and warp.temperature > 0):
+    tokens = (jax.lax.top_k(logits, count)[1] if logits.ndim == 2
+              else jnp.argmax(logits, axis=-1)).astype(jnp.int32)
+    return TreeProposal(tokens, jnp.ones(tokens.shape, bool))
+  probs = warp.probs(logits)
+  if probs.ndim == 3:  # One child per branch, drawn from q itself.
+    tokens = sampling.sample_from_probs(rng, probs)
+    return TreeProposal(tokens, jnp.ones(tokens.shape, bool), probs,
+                        jnp.ones(tokens.shape, bool))
+  earlier = jnp.zeros(probs.shape, bool)
+  tokens, rows = [], []
+  for key in jax.random.split(rng, count):
+    q = ta.without_replacement(probs, earlier)  # [batch, vocab]
+    # A row with no mass left draws from a dummy row; the candidate is marked invalid.
+    token = sampling.sample_from_probs(key, jnp.where(jnp.any(q > 0, -1, keepdims=True), q, 1.0))
+    earlier = earlier | jax.nn.one_hot(token, probs.shape[-1], dtype=bool)
+    tokens.append(token)
+    rows.append(q)
+  tokens, rows = jnp.stack(tokens, 1), jnp.stack(rows, 1)  # [batch, k], [batch, k, vocab]
+  valid = jnp.take_along_axis(rows, tokens[..., None], axis=-1)[..., 0] > 0
+  return TreeProposal(tokens, valid, rows, jnp.ones(tokens.shape, bool))
+
+
+def level_keys(rng: Array | None, depth: int) -> list[Array | None]:
+  """A key per level of a draft's branches (None where no key was given)."""
+  return [None] * depth if rng is None else list(jax.random.split(rng, depth))
+
+
+def concat_proposals(parts: list[TreeProposal]) -> TreeProposal:
+  """Proposals side by side (`[batch, sum of k]`); q_probs where any part carries them
+  (zeros and drawn False for the deterministic parts)."""
+  tokens = jnp.concatenate([p.tokens for p in parts], axis=1)
+  valid = jnp.concatenate([p.valid for p in parts], axis=1)
+  carried = [p.q_probs for p in parts if p.q_probs is not None]
+  if not carried:
+    return TreeProposal(tokens, valid)
+  vocab = carried[0].shape[-1]
+  q_probs = jnp.concatenate([
+      p.q_probs if p.q_probs is not None else jnp.zeros(p.tokens.shape + (vocab,), jnp.float32)
+      for p in parts], axis=1)
+  drawn = jnp.concatenate([p.drawn if p.drawn is not None else jnp.zeros(p.tokens.shape, bool)
+                           for p in parts], axis=1)
+  return TreeProposal(tokens, valid, q_probs, drawn)
 
 
 def longest_match(source: Array, tokens: Array, lengths: Array, *, depth: int,
@@ -122,9 +201,10 @@ class Proposer(abc.ABC):
     """Per-generation state, from the inputs (the prompts of a decoder-only target)."""
 
   @abc.abstractmethod
-  def propose(self, state: Any, tokens: Array, lengths: Array, warp: Warp
-              ) -> tuple[Any, TreeProposal]:
-    """Fills the subtree after `tokens[:, :lengths + 1]` (module docstring's conventions)."""
+  def propose(self, state: Any, tokens: Array, lengths: Array, warp: Warp,
+              rng: Array | None = None) -> tuple[Any, TreeProposal]:
+    """Fills the subtree after `tokens[:, :lengths + 1]` (module docstring's conventions);
+    `rng` is the PRNG key of the candidates a proposer draws (unused by the others)."""
 
   def commit(self, state: Any, lengths: Array, tokens: Array, features: Array | None = None
              ) -> Any:
@@ -160,9 +240,9 @@ class PromptLookup(Proposer):
     del cache_len, target_encoded
     return inputs
 
-  def propose(self, state: Array, tokens: Array, lengths: Array, warp: Warp
-              ) -> tuple[Array, TreeProposal]:
-    del warp
+  def propose(self, state: Array, tokens: Array, lengths: Array, warp: Warp,
+              rng: Array | None = None) -> tuple[Array, TreeProposal]:
+    del warp, rng
     return state, longest_match(state, tokens, lengths, depth=self.depth,
                                 max_ngram=self.max_ngram)
 
@@ -236,9 +316,9 @@ class Datastore(Proposer):
                  target_encoded: EncoderOutputs = None) -> None:
     del inputs, cache_len, target_encoded
 
-  def propose(self, state: None, tokens: Array, lengths: Array, warp: Warp
-              ) -> tuple[None, TreeProposal]:
-    del warp
+  def propose(self, state: None, tokens: Array, lengths: Array, warp: Warp,
+              rng: Array | None = None) -> tuple[None, TreeProposal]:
+    del warp, rng
     batch = tokens.shape[0]
     found = jnp.zeros((batch,), bool)
     out = jnp.zeros((batch, self.depth), jnp.int32)
@@ -265,15 +345,20 @@ class DraftBranches(Proposer):
   `propose` scores the root and leaves it cached, `commit` scores the
   accepted tokens after it (one chain call of `depth` tokens) and rewinds.
 
+  At T > 0 with `sample`, the root's children are drawn from the draft without
+  replacement and each deeper node from the draft at its parent (`branch_level`).
+
   Attributes:
     draft: a `drafts.ScorerDraft` whose scorer scores trees.
     k: branches (static).
     depth: tokens per branch (static).
+    sample: draw the candidates at T > 0 instead of the top-k and argmax (static).
   """
 
   draft: ScorerDraft
   k: int = struct.field(pytree_node=False)
   depth: int = struct.field(pytree_node=False)
+  sample: bool = struct.field(pytree_node=False, default=True)
 
   @property
   def parents(self) -> tuple[int, ...]:
@@ -291,22 +376,22 @@ class DraftBranches(Proposer):
                  target_encoded: EncoderOutputs = None) -> Any:
     return self.draft.init_state(inputs, cache_len, target_encoded)
 
-  def propose(self, state: Any, tokens: Array, lengths: Array, warp: Warp
-              ) -> tuple[Any, TreeProposal]:
-    del warp  # Deterministic: the top-k and the argmax, whatever the temperature.
+  def propose(self, state: Any, tokens: Array, lengths: Array, warp: Warp,
+              rng: Array | None = None) -> tuple[Any, TreeProposal]:
     scorer = self.draft.scorer
+    keys = level_keys(rng, self.depth)
     last = jnp.take_along_axis(tokens, lengths[:, None], axis=1)  # [batch, 1]
     logits, state = scorer.score(state, last)
-    _, level = jax.lax.top_k(logits[:, 0], self.k)  # [batch, k]
-    nodes = level.astype(jnp.int32)
+    levels = [branch_level(keys[0], logits[:, 0], self.k, warp, sample=self.sample)]
     parents = np.asarray(self.parents)
-    for _ in range(self.depth - 1):  # One level per call.
+    for d in range(1, self.depth):  # One level per call.
+      nodes = jnp.concatenate([level.tokens for level in levels], axis=1)
       size = nodes.shape[1]
       logits, state = scorer.score_tree(state, nodes, parents[:size])
       state = scorer.rewind(state, lengths + 1)
-      level = jnp.argmax(logits[:, size - self.k:], axis=-1).astype(jnp.int32)  # [batch, k]
-      nodes = jnp.concatenate([nodes, level], axis=1)
-    return state, TreeProposal(nodes, jnp.ones(nodes.shape, bool))
+      levels.append(branch_level(keys[d], logits[:, size - self.k:], self.k, warp,
+                                 sample=self.sample))
+    return state, concat_proposals(levels)
 
   def commit(self, state: Any, lengths: Array, tokens: Array, features: Array | None = None
              ) -> Any:
@@ -348,12 +433,12 @@ class Merged(Proposer):
                  target_encoded: EncoderOutputs = None) -> tuple[Any, ...]:
     return tuple(p.init_state(inputs, cache_len, target_encoded) for p in self.proposers)
 
-  def propose(self, state: tuple[Any, ...], tokens: Array, lengths: Array, warp: Warp
-              ) -> tuple[tuple[Any, ...], TreeProposal]:
-    states, parts = zip(*(p.propose(s, tokens, lengths, warp)
-                          for p, s in zip(self.proposers, state, strict=True)), strict=True)
-    return states, TreeProposal(jnp.concatenate([p.tokens for p in parts], axis=1),
-                                jnp.concatenate([p.valid for p in parts], axis=1))
+  def propose(self, state: tuple[Any, ...], tokens: Array, lengths: Array, warp: Warp,
+              rng: Array | None = None) -> tuple[tuple[Any, ...], TreeProposal]:
+    states, parts = zip(*(
+        p.propose(s, tokens, lengths, warp, None if rng is None else jax.random.fold_in(rng, i))
+        for i, (p, s) in enumerate(zip(self.proposers, state, strict=True))), strict=True)
+    return states, concat_proposals(list(parts))
 
   def commit(self, state: tuple[Any, ...], lengths: Array, tokens: Array,
              features: Array | None = None) -> tuple[Any, ...]:

@@ -3,7 +3,8 @@
 Each iteration of the `lax.while_loop`:
 
   propose: the proposer fills a tree of a fixed shape under the root (the last
-           token): tokens [batch, n + 1], valid [batch, n + 1] (`proposers`)
+           token): tokens [batch, n + 1], valid [batch, n + 1], and for drawn
+           candidates the distributions they were drawn from (`proposers`)
   target:  ONE call scores every node (`Scorer.score_tree`): node i at position
            m + depth(i), attending to the cache and its ancestors -> p [batch, n + 1]
   accept:  the walk of `tree_acceptance` (argmax equality at T = 0): the last
@@ -232,10 +233,16 @@ def _tree_step(target: Scorer, proposer: Proposer, state: TreeLoopState, *, pare
   size = parents.shape[0]
 
   with jax.named_scope("propose"):
-    proposer_state, proposal = proposer.propose(state.proposer_state, state.tokens, m, warp)
+    # The candidates' draws are independent of the acceptance's (verify_tree splits its key).
+    proposer_state, proposal = proposer.propose(state.proposer_state, state.tokens, m, warp,
+                                                jax.random.fold_in(verify_rng, 1))
     root = jnp.take_along_axis(state.tokens, m[:, None], axis=1)  # [batch, 1]
     tokens = jnp.concatenate([root, proposal.tokens], axis=1)  # [batch, n + 1]
     valid = jnp.concatenate([jnp.ones_like(root, bool), proposal.valid], axis=1)
+    q_probs = drawn = None
+    if proposal.q_probs is not None:  # The root's row: never tried.
+      q_probs = jnp.pad(proposal.q_probs, ((0, 0), (1, 0), (0, 0)))
+      drawn = jnp.pad(proposal.drawn, ((0, 0), (1, 0)))
   with jax.named_scope("verify"):
     features = None
     if proposer.reads_target_features:
@@ -247,7 +254,8 @@ def _tree_step(target: Scorer, proposer: Proposer, state: TreeLoopState, *, pare
     if warp.temperature == 0:
       verdict = ta.verify_tree_greedy(tokens, parents, p_logits, valid)
     else:
-      verdict = ta.verify_tree(verify_rng, tokens, parents, warp.probs(p_logits), valid=valid)
+      verdict = ta.verify_tree(verify_rng, tokens, parents, warp.probs(p_logits), q_probs,
+                               drawn, valid)
     n = verdict.num_accepted  # [batch]
     # The path's tokens after the root, then the next token: n + 1 new tokens per row.
     j = jnp.arange(size)[None]  # [1, n + 1]

@@ -1,16 +1,16 @@
 """A token tree measured beside the chain at the same draft: one row per tree point.
 
-`Experiment.tree` names a shape "<k>x<depth>" (the draft's top-k branches, each
-`depth` tokens: `trees.branches`), "<k>x<depth>+lookup<n>" (and after them the prompt's
-continuation, a chain of n: `proposers.PromptLookup`, `shaped_proposer`) or 'auto'. For each point of `settings.tree_points`,
-once its chain row is measured (`measure.measure_point`), `measure_tree` times the
-baseline against the tree loop (`decoding.tree_speculative`, over the target kind's
-`tree_proposer` of the same draft) interleaved over the same batches
-(`timing.time_decoders`, under the timing guard), greedy tokens checked equal to the
-baseline's. The row (`TreeRow`) holds the shape, tokens per target call, the acceptance
-per depth and sibling rank, the measured speedup per generated token, the chain's
-figures beside them, and two predictions from the tree's measured rank rates and the
-chain row's measured costs:
+`Experiment.tree` names a shape "<k>x<depth>" (the draft's top-k branches, each `depth`
+tokens: `trees.branches`), "<k>x<depth>+lookup<n>" (and after them the prompt's
+continuation, a chain of n: `proposers.PromptLookup`, `shaped_proposer`) or 'auto'. For
+each point of `settings.tree_points`, once its chain row is measured
+(`measure.measure_point`), `measure_tree` times the baseline against the tree loop
+(`decoding.tree_speculative`, over the target kind's `tree_proposer` of the same draft)
+interleaved over the same batches (`timing.time_decoders`, under the timing guard),
+greedy tokens checked equal to the baseline's. The row (`TreeRow`) holds the shape,
+tokens per target call, the acceptance per depth and sibling rank, the measured speedup
+per generated token, the chain's figures beside them, and two predictions from the
+tree's measured rank rates and the chain row's measured costs:
 
   speedup_predicted             `tree_choice.predicted_speedup`: the chain row's whole
                                 cost model (T_step, T_verify(n + 1), the loops' own

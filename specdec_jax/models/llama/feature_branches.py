@@ -9,12 +9,14 @@ at length m (`decoding.tree_speculative`):
   init_state  the draft's `init_state`: the prompt, reading the target's prefill
               features; q and the predicted feature at the root (position m = 0).
   propose     the root's k children are the top-k of the kept q (computed from
-              the target's true features). Each deeper level is one draft call
+              the target's true features), or at T > 0 k draws from it without
+              replacement (`sample`). Each deeper level is one draft call
               over the partial tree after the root, every node reading its
               parent's feature as the draft predicted it (the root's children
               read the one predicted at the root), attending to its own branch
-              only; the argmax under each branch's newest node extends it. The
-              draft's cache is left at m (what the calls wrote is overwritten).
+              only; the argmax under each branch's newest node (at T > 0 a draw
+              from its q) extends it. The draft's cache is left at m (what the
+              calls wrote is overwritten).
   commit      the target scored the tree and gives its features along the
               accepted path (positions m .. m + D, D the whole tree's depth: a
               merged tree's path may run through a deeper proposer's subtree); the
@@ -34,7 +36,14 @@ import numpy as np
 from flax import struct
 
 from specdec_jax.decoding import trees
-from specdec_jax.decoding.proposers import Proposer, TreeProposal, branch_parents
+from specdec_jax.decoding.proposers import (
+  Proposer,
+  TreeProposal,
+  branch_level,
+  branch_parents,
+  concat_proposals,
+  level_keys,
+)
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models.llama.feature_draft import FeatureDraft, FeatureDraftState
 
@@ -45,15 +54,20 @@ Array = jax.Array
 class FeatureBranches(Proposer):
   """A `FeatureDraft`'s top-`k` tokens after the root, each extended by its argmax to `depth`.
 
+  At T > 0 with `sample`, the root's children are drawn from the draft's q without
+  replacement and each deeper node from q at its parent (`proposers.branch_level`).
+
   Attributes:
     draft: the `FeatureDraft`.
     k: branches (static).
     depth: tokens per branch (static).
+    sample: draw the candidates at T > 0 instead of the top-k and argmax (static).
   """
 
   draft: FeatureDraft
   k: int = struct.field(pytree_node=False)
   depth: int = struct.field(pytree_node=False)
+  sample: bool = struct.field(pytree_node=False, default=True)
 
   @property
   def parents(self) -> tuple[int, ...]:
@@ -73,27 +87,26 @@ class FeatureBranches(Proposer):
     prefill features `target_encoded [batch, width - 1, F]` (`FeatureDraft.init_state`)."""
     return self.draft.init_state(inputs, cache_len, target_encoded)
 
-  def propose(self, state: FeatureDraftState, tokens: Array, lengths: Array, warp: Warp
-              ) -> tuple[FeatureDraftState, TreeProposal]:
-    # The state is at the loop's length (commit keeps it there); the candidates are the
-    # top-k and the argmax whatever the temperature (deterministic: `tree_acceptance`).
-    del tokens, lengths, warp
+  def propose(self, state: FeatureDraftState, tokens: Array, lengths: Array, warp: Warp,
+              rng: Array | None = None) -> tuple[FeatureDraftState, TreeProposal]:
+    del tokens, lengths  # The state is at the loop's length (commit keeps it there).
     batch = state.logits.shape[0]
-    _, top = jax.lax.top_k(state.logits, self.k)
-    nodes = top.astype(jnp.int32)                                         # [batch, k]
+    keys = level_keys(rng, self.depth)
+    levels = [branch_level(keys[0], state.logits, self.k, warp, sample=self.sample)]
     features = jnp.broadcast_to(state.feature[:, None], (batch, self.k, self.draft.feature_size))
     parents = np.asarray(self.parents)
     start = state.cache.lengths
-    for _ in range(self.depth - 1):  # One level per call.
+    for d in range(1, self.depth):  # One level per call.
+      nodes = jnp.concatenate([level.tokens for level in levels], axis=1)
       size = nodes.shape[1]
       tree = trees.layout(parents[:size], batch)
       logits, predicted, cache = self.draft.run(state.cache, nodes, features,
                                                 (tree.depths, tree.ancestors))
       state = state.replace(cache=cache.rewind(start))
-      level = jnp.argmax(logits[:, size - self.k:], axis=-1).astype(jnp.int32)  # [batch, k]
-      nodes = jnp.concatenate([nodes, level], axis=1)
+      levels.append(branch_level(keys[d], logits[:, size - self.k:], self.k, warp,
+                                 sample=self.sample))
       features = jnp.concatenate([features, predicted[:, size - self.k:]], axis=1)
-    return state, TreeProposal(nodes, jnp.ones(nodes.shape, bool))
+    return state, concat_proposals(levels)
 
   def commit(self, state: FeatureDraftState, lengths: Array, tokens: Array,
              features: Array | None = None) -> FeatureDraftState:
