@@ -29,8 +29,9 @@ GROUPS: Mapping[str, tuple[str, ...]] = {
         "quickstart_t5/results.jsonl", "quickstart_t5/back_to_back/*.jsonl",
         "quickstart_smollm2/results.jsonl", "quickstart_smollm2/back_to_back/*.jsonl",
         "first_command_e/*.jsonl",
-        *(f"first_command_c/{run}quickstart_{pair}.jsonl"  # Not the tree rows beside them.
-          for run in ("", "rerun/") for pair in ("t5", "smollm2"))),
+        # Not the tree rows beside them.
+        "first_command_c/quickstart_t5.jsonl", "first_command_c/quickstart_smollm2.jsonl",
+        "smollm2_tree_lookup_c/results.jsonl"),
     "the main sweeps": tuple(f"{name}/results.jsonl" for name in (
         "paper_table2", "sweep_gamma", "sweep_batch", "sweep_draft_size", "trivial_drafts",
         "distilled_drafts", "llama_smollm2")),
