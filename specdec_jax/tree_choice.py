@@ -130,9 +130,11 @@ def iteration_time(parents: np.ndarray, costs: theory.CostModel,
 
 
 def predicted_speedup(parents: ArrayLike, rates: ArrayLike, costs: theory.CostModel,
-                      draft_calls: int | None = None) -> float:
-  """E[tokens per call] (T_step + o_step) / `iteration_time`: the loops' speedup, encoders
-  left out.
+                      draft_calls: int | None = None, tokens: float | None = None) -> float:
+  """Without `tokens`, E[tokens per call] (T_step + o_step) / `iteration_time`: the loops'
+  speedup, encoders left out. With `tokens` output tokens a sequence, the encoders in, as
+  `theory.CostModel.sequence_speedup` prices the chain: (E_t + tokens (T_step + o_step)) /
+  (E_t + E_d + tokens / E[tokens per call] `iteration_time`).
 
   Args:
     parents: int `[n + 1]`, topological, -1 at the root.
@@ -140,12 +142,19 @@ def predicted_speedup(parents: ArrayLike, rates: ArrayLike, costs: theory.CostMo
     costs: the measured costs; `costs.t_verify` must cover k = n + 1.
     draft_calls: the draft's calls per iteration (default the tree's depth; fewer where
       a table look-up proposes the deepest nodes).
+    tokens: output tokens a sequence (> 0), or None.
   """
   parents = trees.check_parents(parents)
   accept = theory_trees.rank_accept(parents, check_rates(rates))
-  tokens = theory_trees.expected_tokens_per_call(parents, accept)
-  return tokens * (costs.t_target_step + costs.t_step_overhead) / iteration_time(
-      parents, costs, draft_calls)
+  per_call = theory_trees.expected_tokens_per_call(parents, accept)
+  step = costs.t_target_step + costs.t_step_overhead
+  iteration = iteration_time(parents, costs, draft_calls)
+  if tokens is None:
+    return per_call * step / iteration
+  if not (np.isfinite(tokens) and tokens > 0):
+    raise ValueError(f"tokens must be a number of output tokens > 0, got {tokens!r}.")
+  return ((costs.t_encode_target + tokens * step)
+          / (costs.t_encode_target + costs.t_encode_draft + tokens / per_call * iteration))
 
 
 @dataclasses.dataclass(frozen=True)

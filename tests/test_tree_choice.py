@@ -119,3 +119,19 @@ def test_bad_arguments_are_named(rates, kwargs, match):
 def test_costs_must_be_a_cost_model():
   with pytest.raises(ValueError, match="costs must be a theory.CostModel"):
     tree_choice.make_choice([[0.5]], {1: 1.0, 2: 1.0})
+
+
+def test_a_sequences_encoders_count_as_the_chains_do():
+  """With the tokens of a sequence, the encoders join both sides, as
+  `CostModel.sequence_speedup` prices the chain. By hand: one child accepted half the time
+  (1.5 tokens a call for one step), E_t = 2, E_d = 1, 10 tokens: 12 / (3 + 10 / 1.5)."""
+  costs = theory.CostModel(t_target_step=1.0, t_draft_step=0.0, t_verify=FLAT,
+                           t_encode_target=2.0, t_encode_draft=1.0)
+  rates = [[0.5]]
+  assert tree_choice.predicted_speedup([-1, 0], rates, costs) == pytest.approx(1.5)
+  assert tree_choice.predicted_speedup([-1, 0], rates, costs, tokens=10) == pytest.approx(
+      12 / (3 + 10 / 1.5))
+  # The chain's own pricing of the same point agrees.
+  assert costs.sequence_speedup(0.5, 1, 10) == pytest.approx(12 / (3 + 10 / 1.5))
+  with pytest.raises(ValueError, match="tokens must be a number of output tokens > 0"):
+    tree_choice.predicted_speedup([-1, 0], rates, costs, tokens=0)

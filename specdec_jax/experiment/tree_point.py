@@ -14,8 +14,9 @@ tree's measured rank rates and the chain row's measured costs:
 
   speedup_predicted             `tree_choice.predicted_speedup`: the chain row's whole
                                 cost model (T_step, T_verify(n + 1), the loops' own
-                                work), one draft call per level priced at the chain's
-                                T_draft per token;
+                                work, the encoders over the chain's loop tokens a
+                                sequence), one draft call per level of the draft's
+                                branches priced at the chain's T_draft per token;
   speedup_predicted_steps_only  `theory_trees.walltime_improvement` with an iteration
                                 of T_verify(n + 1) / T_step + depth c target steps
                                 (Theorem 3.8's counterpart).
@@ -163,7 +164,8 @@ def _predictions(chain: PointRow, costs: theory.CostModel, parents: np.ndarray,
   `_cost_model`) and the draft's calls per iteration."""
   steps = chain.t_verify_s[parents.shape[0]] / chain.t_target_step_s + draft_calls * chain.c
   return dict(
-      speedup_predicted=tree_choice.predicted_speedup(parents, rates, costs, draft_calls),
+      speedup_predicted=tree_choice.predicted_speedup(
+          parents, rates, costs, draft_calls, chain.cost_model_terms.loop_tokens),
       speedup_predicted_steps_only=theory_trees.walltime_improvement(
           parents, theory_trees.rank_accept(parents, rates), steps))
 
