@@ -156,7 +156,8 @@ class Experiment(Settings):
       warning says that their acceptance rates mean nothing (target kinds
       with stand-ins only: "t5").
     tree: None, a token tree's shape "<k>x<depth>" or 'auto': the draft's top-k tokens
-      after the root, each extended by its argmax to `depth` tokens (`trees.branches`),
+      after the root, each extended by its argmax to `depth` tokens (`trees.branches`;
+      at T > 0 drawn from the draft instead: `proposers.branch_level`),
       measured beside the chain at the same draft, on the same examples, for the
       points of `tree_tasks` and `tree_temperatures` (target kinds whose scorers
       score trees only). "<k>x<depth>+lookup<n>" adds, after the draft's branches, a
