@@ -296,14 +296,23 @@ class CostModel:
       gamma: draft proposals per iteration.
       tokens: output tokens of the sequence (> 0), e.g. the mean over a task.
     """
-    if not (np.isfinite(tokens) and tokens > 0):
-      raise ValueError(f"tokens must be a number of output tokens > 0, got {tokens!r}.")
     g = int(_check_gamma(gamma))
     per_iteration = float(_expected_tokens(_check_alpha(alpha), g))
+    return self.sequence_ratio(tokens, per_iteration, self.iteration_time(g))
+
+  def sequence_ratio(self, tokens: float, per_iteration: float, iteration_s: float) -> float:
+    """(E_t + tokens * step) / (E_t + E_d + tokens / per_iteration * iteration_s): a
+    sequence's baseline over speculative seconds, encoders included, for any loop that
+    emits `per_iteration` tokens per `iteration_s` seconds (a chain, a tree).
+
+    Raises:
+      ValueError: unless `tokens` (output tokens of the sequence) is a number > 0.
+    """
+    if not (np.isfinite(tokens) and tokens > 0):
+      raise ValueError(f"tokens must be a number of output tokens > 0, got {tokens!r}.")
     baseline = self.t_encode_target + tokens * (self.t_target_step + self.t_step_overhead)
-    speculative = (self.t_encode_target + self.t_encode_draft
-                   + tokens / per_iteration * self.iteration_time(g))
-    return baseline / speculative
+    return baseline / (self.t_encode_target + self.t_encode_draft
+                       + tokens / per_iteration * iteration_s)
 
   def predicted_speedup(self, alpha: float, gamma: int, tokens: float | None = None) -> float:
     """`sequence_speedup` over `tokens` output tokens (encoders included), or without

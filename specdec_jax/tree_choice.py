@@ -132,9 +132,8 @@ def iteration_time(parents: np.ndarray, costs: theory.CostModel,
 def predicted_speedup(parents: ArrayLike, rates: ArrayLike, costs: theory.CostModel,
                       draft_calls: int | None = None, tokens: float | None = None) -> float:
   """Without `tokens`, E[tokens per call] (T_step + o_step) / `iteration_time`: the loops'
-  speedup, encoders left out. With `tokens` output tokens a sequence, the encoders in, as
-  `theory.CostModel.sequence_speedup` prices the chain: (E_t + tokens (T_step + o_step)) /
-  (E_t + E_d + tokens / E[tokens per call] `iteration_time`).
+  speedup, encoders left out. With `tokens` output tokens a sequence, the encoders in,
+  priced as the chain is (`theory.CostModel.sequence_ratio`).
 
   Args:
     parents: int `[n + 1]`, topological, -1 at the root.
@@ -147,14 +146,10 @@ def predicted_speedup(parents: ArrayLike, rates: ArrayLike, costs: theory.CostMo
   parents = trees.check_parents(parents)
   accept = theory_trees.rank_accept(parents, check_rates(rates))
   per_call = theory_trees.expected_tokens_per_call(parents, accept)
-  step = costs.t_target_step + costs.t_step_overhead
   iteration = iteration_time(parents, costs, draft_calls)
   if tokens is None:
-    return per_call * step / iteration
-  if not (np.isfinite(tokens) and tokens > 0):
-    raise ValueError(f"tokens must be a number of output tokens > 0, got {tokens!r}.")
-  return ((costs.t_encode_target + tokens * step)
-          / (costs.t_encode_target + costs.t_encode_draft + tokens / per_call * iteration))
+    return per_call * (costs.t_target_step + costs.t_step_overhead) / iteration
+  return costs.sequence_ratio(tokens, per_call, iteration)
 
 
 @dataclasses.dataclass(frozen=True)
