@@ -251,7 +251,8 @@ def main(argv: list[str]) -> None:
                                          f"_g{shared.gamma}.json")
   atomic_io.write_json(path, result)
   for n in names:
-    print(f"{n:<18}{tokens_per_s[n]:>10.1f} tokens/s   first call {first_s[n]:.1f} s")
+    print(f"{n:<18}{tokens_per_s[n]:>10.1f} tokens/s   warm-up {first_s[n]:.1f} s (our loops: "
+          "their compilation)")
   print(f"ours/theirs: greedy {result['ratio_ours_over_theirs']['greedy']:.2f}X, speculative "
         f"{result['ratio_ours_over_theirs']['speculative']:.2f}X; written to {path}")
   if mismatches:

@@ -45,9 +45,8 @@ import numpy as np
 from absl import logging
 
 from specdec_jax import distributed, validation
-from specdec_jax.decoding import baseline, buckets, speculative
+from specdec_jax.decoding import baseline, buckets, programs, speculative
 from specdec_jax.decoding.drafts import Draft
-from specdec_jax.decoding.programs import loop_jit
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Context, EncoderOutputs, Scorer
 from specdec_jax.gamma_choice import (
@@ -134,7 +133,8 @@ class DecoderTiming:
   """Wall-clock times of one decoder in `time_interleaved`.
 
   Attributes:
-    first_s: its first calls, one per warm-up batch (compilation included).
+    first_s: its warm-up calls, one per warm-up batch: a decoding loop's compilation
+      (`programs.compile_only`), another decoder's (a peer's) whole first call.
     calls_s: `[pass][batch]` seconds of every later call.
     warmup: the warm-up batches, one per compiled program (`first_of_each_shape`).
   """
@@ -155,9 +155,8 @@ class DecoderTiming:
 
   @property
   def compile_s(self) -> float:
-    """The first calls less the median later calls on the same batches."""
-    steady = sum(statistics.median(calls[i] for calls in self.calls_s) for i in self.warmup)
-    return max(sum(self.first_s) - steady, 0.0)
+    """The warm-up calls' seconds: the decoder's compilation."""
+    return sum(self.first_s)
 
 
 def first_of_each_shape(batches: Sequence[Any]) -> tuple[int, ...]:
@@ -206,8 +205,10 @@ def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int
                      ) -> tuple[dict[str, DecoderTiming], dict[str, list]]:
   """Times decoders against each other over the same batches.
 
-  Each decoder's first calls, on the `warmup` batches (one per compiled
-  program: batches of another shape compile their own), are timed apart. Then,
+  Each decoder is first warmed up on the `warmup` batches (one per compiled
+  program: batches of another shape compile their own) under
+  `programs.compile_only`, so a decoding loop compiles there without decoding;
+  those calls are timed apart. Then,
   in each of `passes` passes, every batch is decoded by every decoder, in the
   order of `decoders` rotated by pass + batch (so each decoder goes first
   equally often on every batch over passes). Outputs are fetched after their
@@ -233,8 +234,9 @@ def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int
   if not warmup or not all(0 <= i < num_batches for i in warmup):
     raise ValueError(f"warmup must list batch indices in [0, {num_batches}), got {warmup}.")
   names = list(decoders)
-  first = {name: tuple(timed(lambda fn=fn, i=i: fn(i))[0] for i in warmup)
-           for name, fn in decoders.items()}
+  with programs.compile_only():
+    first = {name: tuple(timed(lambda fn=fn, i=i: fn(i))[0] for i in warmup)
+             for name, fn in decoders.items()}
   calls_s: dict[str, list[list[float]]] = {name: [] for name in names}
   outputs: dict[str, list] = {name: [] for name in names}
   for rep in range(passes):
@@ -458,7 +460,7 @@ def target_step_times(target: Scorer, inputs: Array, *, chunk_lengths: Sequence[
   return results
 
 
-@functools.partial(loop_jit, static_argnames=("calls",))
+@functools.partial(programs.loop_jit, static_argnames=("calls",))
 def chunk_loop(target: Scorer, state: Any, tokens: Array, start: Array, *, calls: int) -> Array:
   """Runs `calls` score calls, each from `state` rewound to `start`; returns a scalar that
   depends on every call's logits."""
@@ -589,7 +591,7 @@ def _propose_program(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, cac
                               calls=calls)
 
 
-@functools.partial(loop_jit, static_argnames=("gamma", "warp", "calls"))
+@functools.partial(programs.loop_jit, static_argnames=("gamma", "warp", "calls"))
 def propose_loop(draft: Draft, state: Any, tokens: Array, lengths: Array, rng: Array, *,
                   gamma: int, warp: Warp, calls: int) -> Array:
   """Runs `calls` proposals, each from the same state; returns a scalar using all of them."""
@@ -648,7 +650,7 @@ def propose_verify_time(target: Scorer, draft: Draft, inputs: Array, *, gamma: i
                         gamma=gamma, warp=warp, calls=calls), calls, repeats)
 
 
-@functools.partial(loop_jit, static_argnames=("gamma", "warp", "calls"))
+@functools.partial(programs.loop_jit, static_argnames=("gamma", "warp", "calls"))
 def pair_loop(target: Scorer, draft: Draft, target_state: Any, draft_state: Any, tokens: Array,
               lengths: Array, rng: Array, *, gamma: int, warp: Warp, calls: int) -> Array:
   """Runs `calls` propose-then-score pairs from the same states; returns a scalar using all."""

@@ -239,6 +239,38 @@ def test_loops_compile_with_their_first_arguments_compiler_options():
   assert double._cache_size() == compiled  # One program per set of options, kept.
 
 
+def test_compile_only_compiles_the_loop_without_running_it():
+  ran, compiles = [], []
+
+  def listen(event: str, seconds: float, **_) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(seconds)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    _check_compile_only(ran, compiles)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+
+
+def _check_compile_only(ran: list, compiles: list) -> None:
+
+  @functools.partial(programs.loop_jit, static_argnames=())
+  def loop(arg):
+    jax.debug.callback(lambda: ran.append(1))
+    return {"y": 2 * arg.x, "n": jnp.sum(arg.x > 0)}
+
+  x = _WithOptions(jnp.arange(3.0))
+  with programs.compile_only():
+    zeros = loop(x)
+  assert not ran and compiles  # Compiled, not run.
+  np.testing.assert_array_equal(zeros["y"], np.zeros(3, np.float32))
+  assert zeros["y"].dtype == jnp.float32 and zeros["n"].dtype == jnp.int32
+  before = len(compiles)
+  np.testing.assert_array_equal(loop(x)["y"], [0.0, 2.0, 4.0])
+  assert ran and len(compiles) == before  # The next call runs the program compiled above.
+
+
 def test_decode_options_are_checked_and_hashable():
   options = DecodeOptions(compiler_options={"b": 1, "a": False})
   assert options.compiler_options == (("a", False), ("b", 1))

@@ -7,17 +7,51 @@ shapes and settings. The XLA options of that program are the model's
 off small dots), read from the loop's first argument: a scorer or a draft
 (`Scorer.compiler_options`, `Draft.compiler_options`). Nothing else chooses
 them: two models with different options get two programs, side by side.
+
+Within `compile_only()`, a top-level loop call compiles its program and
+returns zeros in the shape of its outputs without running it: a timing's
+warm-up then pays the compilation, not a whole decoding (jax keeps the
+compiled program, and the next call with those shapes runs it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 CompilerOptions = tuple[tuple[str, Any], ...]
+
+_mode = threading.local()  # `compile_only`'s switch, per thread.
+
+
+@contextlib.contextmanager
+def compile_only() -> Iterator[None]:
+  """Within: top-level `loop_jit` calls compile and return zeros of their outputs' shapes.
+
+  Nothing else changes: other jitted functions (a T5's encoder) run, and a call
+  under an outer trace is traced as always. Use it for warm-ups whose outputs
+  are thrown away.
+  """
+  previous = getattr(_mode, "compile_only", False)
+  _mode.compile_only = True
+  try:
+    yield
+  finally:
+    _mode.compile_only = previous
+
+
+def _compiled_zeros(program: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+  """Compiles `program` for these arguments (kept by jax for the next call) and returns
+  zeros shaped, typed and placed as its outputs."""
+  compiled = program.lower(*args, **kwargs).compile()
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype, device=s.sharding),
+                      compiled.out_info)
 
 
 def loop_jit(fn: Callable[..., Any], *, static_argnames: tuple[str, ...]) -> Callable[..., Any]:
@@ -49,8 +83,11 @@ def loop_jit(fn: Callable[..., Any], *, static_argnames: tuple[str, ...]) -> Cal
 
   @functools.wraps(fn)
   def call(*args: Any, **kwargs: Any) -> Any:
-    traced = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs)))
-    return (nested if traced else top(args[0]))(*args, **kwargs)
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+      return nested(*args, **kwargs)
+    if getattr(_mode, "compile_only", False):
+      return _compiled_zeros(top(args[0]), *args, **kwargs)
+    return top(args[0])(*args, **kwargs)
 
   call.lower = lambda *args, **kwargs: top(args[0]).lower(*args, **kwargs)
   call._cache_size = lambda: sum(  # Tests: no recompilation.
