@@ -30,7 +30,7 @@ GROUPS: Mapping[str, tuple[str, ...]] = {
         "quickstart_smollm2/results.jsonl", "quickstart_smollm2/back_to_back/*.jsonl",
         "first_command_e/*.jsonl",
         # Not the tree rows beside them.
-        "first_command_c/quickstart_t5.jsonl", "first_command_c/quickstart_smollm2.jsonl",
+        "first_command_b/quickstart_t5.jsonl", "first_command_b/quickstart_smollm2.jsonl",
         "smollm2_tree_lookup_c/results.jsonl"),
     "the main sweeps": tuple(f"{name}/results.jsonl" for name in (
         "paper_table2", "sweep_gamma", "sweep_batch", "sweep_draft_size", "trivial_drafts",
