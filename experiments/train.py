@@ -61,13 +61,13 @@ def main(argv: list[str]) -> None:
                        f"{LOCK}); stop it or use another --model_dir.") from None
     # Timing commands pause this run around their measurements (SIGSTOP / SIGCONT).
     contention.register_job(f"train_{os.path.basename(os.path.normpath(model_dir))}")
+    # The run's parts, built here from the gin bindings and passed down.
+    parts = dict(loss_cfg=trainer.LossConfig(), learning_rate=optimizer.LearningRate(),
+                 optimizer_cfg=optimizer.Optimizer())
     if _trains_a_student():
-      print(train_student(model_dir), flush=True)
+      print(train_student(model_dir, **parts), flush=True)
     else:
-      # The run's parts, built here from the gin bindings and passed down.
-      train(model_dir, model_cfg=model_config(), loss_cfg=trainer.LossConfig(),
-            learning_rate=optimizer.LearningRate(), optimizer_cfg=optimizer.Optimizer(),
-            eval_only=_EVAL_ONLY.value)
+      train(model_dir, model_cfg=model_config(), eval_only=_EVAL_ONLY.value, **parts)
 
 
 def _trains_a_student() -> bool:

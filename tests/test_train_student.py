@@ -27,6 +27,7 @@ from specdec_jax.models.llama.feature_draft import FeatureDraft
 from specdec_jax.models.llama.student import Student, student_config
 from specdec_jax.models.llama.student_io import TargetId, check_target, load_student
 from specdec_jax.training import alpha_tracking, shortlist, student_distill, train_student
+from specdec_jax.training import optimizer as optimizers
 from specdec_jax.training.sparse_distill import signals_loss_terms
 from specdec_jax.training.trainer import LossConfig, TrainState
 
@@ -106,8 +107,15 @@ class _Layout:
 def _config(root: str, **overrides) -> train_student.StudentTrainConfig:
   return dataclasses.replace(train_student.StudentTrainConfig(
       target="tiny.gguf", signals_root=root, d_model=16, num_layers=1, head_dim=8,
-      head_size=24, batch_size=4, passes=2.0, peak_lr=1e-2, warmup_steps=1, eval_every=3,
-      checkpoint_every=4), **overrides)
+      head_size=24, batch_size=4, passes=2.0, eval_every=3, checkpoint_every=4), **overrides)
+
+
+def _train(model_dir: str, config: train_student.StudentTrainConfig) -> dict:
+  """`train_student` with the parts the command builds from the student gin files."""
+  return train_student.train_student(
+      model_dir, config, learning_rate=optimizers.LearningRate(peak_lr=1e-2, warmup_steps=1),
+      optimizer_cfg=optimizers.Optimizer(kind="adamw", weight_decay=0.01),
+      loss_cfg=LossConfig(z_loss=0.0, distill_weight=1.0))
 
 
 def _target(tiny) -> train_student._Target:
@@ -136,9 +144,9 @@ def test_training_resumes_estimates_alpha_and_exports(data, tmp_path, monkeypatc
   monkeypatch.setattr(train_student, "_load_target", lambda name: _target(tiny))
   model_dir = str(tmp_path / "run")
   config = _config(root)
-  first = train_student.train_student(model_dir, dataclasses.replace(config, passes=1.0))
+  first = _train(model_dir, dataclasses.replace(config, passes=1.0))
   assert first["steps"] == first["total_steps"] and first["passes"] == 1.0
-  second = train_student.train_student(model_dir, config)  # Resumes from the checkpoint.
+  second = _train(model_dir, config)  # Resumes from the checkpoint.
   assert second["steps"] == second["total_steps"] > first["steps"]
   with open(os.path.join(model_dir, train_student.CURVE)) as f:
     curve = json.load(f)
@@ -194,7 +202,7 @@ def test_a_feature_reading_draft_trains_on_the_stored_features_and_exports(data,
   tiny, root = data
   monkeypatch.setattr(train_student, "_load_target", lambda name: _target(tiny))
   model_dir = str(tmp_path / "features")
-  summary = train_student.train_student(model_dir, _config(root, reads_features=True,
+  summary = _train(model_dir, _config(root, reads_features=True,
                                                            passes=4.0))
   assert summary["steps"] == summary["total_steps"]
   saved = load_student(os.path.join(model_dir, train_student.EXPORT))
@@ -251,7 +259,7 @@ def test_two_stages_on_the_targets_own_rows_with_the_training_time_test(data, tm
             "validation_tasks": ("explain",)}
   first_config = _config(root, tasks=("mansum",), **common)
   first_dir = str(tmp_path / "stage1")
-  first = train_student.train_student(first_dir, first_config)
+  first = _train(first_dir, first_config)
   export = os.path.join(first_dir, train_student.EXPORT)
   saved = load_student(export)
   assert saved.config.tied_io and "input_projection" not in saved.params
@@ -273,7 +281,7 @@ def test_two_stages_on_the_targets_own_rows_with_the_training_time_test(data, tm
   second_config = _config(root, init_from=export, test_steps=2, passes=1.0,
                           decoded_examples=2, decoded_max_len=8, **common)
   second_dir = str(tmp_path / "stage2")
-  train_student.train_student(second_dir, second_config)
+  _train(second_dir, second_config)
   np.testing.assert_array_equal(np.load(os.path.join(second_dir, train_student.HEAD)),
                                 saved.head_tokens)
   with open(os.path.join(second_dir, train_student.CURVE)) as f:
@@ -289,7 +297,7 @@ def test_two_stages_on_the_targets_own_rows_with_the_training_time_test(data, tm
     assert points[0]["decoded"]["explain"][f"T={t:g}"] == pytest.approx(by_hand, abs=1e-6)
   assert all(set(p["decoded"]) == {"explain"} for p in points)
   with pytest.raises(ValueError, match="another shape"):
-    train_student.train_student(str(tmp_path / "other"), dataclasses.replace(
+    _train(str(tmp_path / "other"), dataclasses.replace(
         second_config, d_model=16, tied_io=False))
 
 

@@ -215,15 +215,18 @@ def test_gin_configs_parse():
         continue
       gin.clear_config()
       gin.parse_config_file(path)
+      # What experiments.train builds from the file, for either driver.
+      loss = trainer.LossConfig()
+      optimizer.LearningRate(), optimizer.Optimizer()
       if os.path.basename(path).startswith("draft_smollm2"):  # A decoder-only student.
         student = StudentTrainConfig()
         assert student.target == "smollm2" and student.passes > 0, path
+        # Its loss is the distillation term alone, on the stored top-k.
+        assert (loss.distill_weight, loss.z_loss) == (1.0, 0.0), path
         continue
-      # What experiments.train builds from the file.
       cfg = model_config()
       assert cfg.vocab_size == 8192 and cfg.gated and not cfg.tie_word_embeddings, path
       assert TrainConfig().total_steps > 0, path
-      trainer.LossConfig(), optimizer.LearningRate(), optimizer.Optimizer()
   finally:
     gin.clear_config()
     os.chdir(cwd)

@@ -105,10 +105,6 @@ class StudentTrainConfig:
       always whole.
     train_shards: train on each training task's first this many signals shards, which
       may be read while the rest still compute (None: every shard of finished signals).
-    peak_lr: the learning rate after warmup (cosine decay to a tenth).
-    warmup_steps: linear warmup.
-    weight_decay: AdamW's.
-    divergence: the loss (`LossConfig.distill_divergence`).
     eval_every: steps between alpha estimates.
     checkpoint_every: steps between checkpoints.
     seed: initialisation and data order.
@@ -136,10 +132,6 @@ class StudentTrainConfig:
   passes: float = 5.0
   train_fraction: float = 1.0
   train_shards: int | None = None
-  peak_lr: float = 2e-3
-  warmup_steps: int = 200
-  weight_decay: float = 0.01
-  divergence: str = "forward_kl"
   eval_every: int = 200
   checkpoint_every: int = 200
   seed: int = 0
@@ -256,9 +248,19 @@ def _read_curve(model_dir: str) -> list[dict]:
     return json.load(f)["points"]
 
 
-@gin.configurable
-def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> dict:
+@gin.configurable(allowlist=["config"])
+def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED, *,
+                  learning_rate: optimizers.LearningRate, optimizer_cfg: optimizers.Optimizer,
+                  loss_cfg: LossConfig) -> dict:
   """Trains (or resumes) the draft in `model_dir`; exports it when done.
+
+  Args:
+    model_dir: the run directory.
+    config: what to train and on what (gin: `train_student.config = @StudentTrainConfig()`).
+    learning_rate: the schedule's settings (`optimizer.LearningRate()`, built by the
+      command), over the run's `passes`.
+    optimizer_cfg: the optimizer (`optimizer.Optimizer()`).
+    loss_cfg: the distillation loss on the stored top-k (`trainer.LossConfig()`).
 
   Returns:
     A summary: steps, passes, the shortlist's coverage, the last alpha estimates,
@@ -298,11 +300,7 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
   batches = SignalsBatches(train, batch_size=config.batch_size, seed=config.seed)
   eval_batches = SignalsBatches(held_out, batch_size=config.batch_size, seed=0)
   total = int(round(config.passes * batches.steps_per_pass))
-  schedule = optimizers.LearningRate(peak_lr=config.peak_lr,
-                                     warmup_steps=config.warmup_steps).schedule(total)
-  optimizer = optimizers.Optimizer(kind="adamw", weight_decay=config.weight_decay).build(schedule)
-  loss_cfg = LossConfig(z_loss=0.0, distill_weight=1.0,
-                        distill_divergence=config.divergence)
+  optimizer = optimizer_cfg.build(learning_rate.schedule(total))
   step_fn = student_distill.make_train_step(student, optimizer, loss_cfg,
                                             feature_weight=config.feature_weight,
                                             test_steps=config.test_steps)
@@ -329,7 +327,9 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
       point["decoded"] = decoded(params)
     curve[:] = [p for p in curve if p["step"] != step] + [point]
     atomic_io.write_json(os.path.join(model_dir, CURVE), {
-        "config": dataclasses.asdict(config), "head_coverage": coverage,
+        "config": dataclasses.asdict(config), "learning_rate": dataclasses.asdict(learning_rate),
+        "optimizer": dataclasses.asdict(optimizer_cfg), "loss": dataclasses.asdict(loss_cfg),
+        "head_coverage": coverage,
         "validation_pairs": held_out.num_pairs, "train_pairs": train.num_pairs,
         "train_tokens": len(train.output_tokens),
         "points": curve})
@@ -364,7 +364,8 @@ def train_student(model_dir: str, config: StudentTrainConfig = gin.REQUIRED) -> 
     save_student(export, student.config, jax.tree.map(np.asarray, state.params), head,
                  target.id)
     atomic_io.atomic_write_text(os.path.join(export, "README.md"),
-                                model_card(config, student, summary))
+                                model_card(config, student, summary, learning_rate=learning_rate,
+                                           optimizer_cfg=optimizer_cfg, loss_cfg=loss_cfg))
   return summary
 
 
@@ -406,8 +407,11 @@ def teacher_forced_alpha(directory: str, config: StudentTrainConfig) -> dict:
   return out
 
 
-def model_card(config: StudentTrainConfig, student: Student, summary: dict) -> str:
-  """The README.md of an exported draft: its shape, data, training and held-out alpha."""
+def model_card(config: StudentTrainConfig, student: Student, summary: dict, *,
+               learning_rate: optimizers.LearningRate, optimizer_cfg: optimizers.Optimizer,
+               loss_cfg: LossConfig) -> str:
+  """The README.md of an exported draft: its shape, data, training (`train_student`'s
+  arguments) and held-out alpha."""
   blocks = student.config.blocks
   last = summary["last"] or {}
   intro = (
@@ -439,7 +443,8 @@ def model_card(config: StudentTrainConfig, student: Student, summary: dict) -> s
        "target's signals along them (`python -m experiments.distill_data` or "
        "`experiments.text_corpus`, then `experiments.teacher_signals`)"),
       ("training", f"{summary['steps']} steps ({summary['passes']} passes), batch "
-       f"{config.batch_size}, AdamW peak lr {config.peak_lr}, {config.divergence} to the "
+       f"{config.batch_size}, {optimizer_cfg.kind} peak lr {learning_rate.peak_lr}, "
+       f"{loss_cfg.distill_divergence} to the "
        "target's top-k"
        + (f", from the draft in {config.init_from}" if config.init_from else "")
        + (f", training-time test over {config.test_steps} passes" if config.test_steps > 1
