@@ -93,23 +93,71 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
   return time.perf_counter() - start, out
 
 
+# JAX's own clocks of a program's compilation: tracing, lowering, XLA's compile.
+COMPILE_EVENTS = frozenset({"/jax/core/compile/jaxpr_trace_duration",
+                            "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                            "/jax/core/compile/backend_compile_duration"})
+
+
+@contextlib.contextmanager
+def compiling() -> Iterator[list[float]]:
+  """Collects the seconds JAX reports compiling (`COMPILE_EVENTS`) while the block runs:
+  `with compiling() as seconds: ...; sum(seconds)`. A program the persistent cache
+  holds reports its tracing and lowering, not XLA's compile."""
+  seconds: list[float] = []
+
+  def listen(event: str, duration: float, **_: Any) -> None:
+    if event in COMPILE_EVENTS:
+      seconds.append(duration)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    yield seconds
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+  """Wall-clock seconds spent in a named span, and the part of them JAX spent compiling.
+
+  Attributes:
+    seconds: the wall-clock seconds.
+    compile_s: of them, JAX's compilation (`compiling`).
+  """
+
+  seconds: float = 0.0
+  compile_s: float = 0.0
+
+  def __add__(self, other: Span) -> Span:
+    return Span(self.seconds + other.seconds, self.compile_s + other.compile_s)
+
+  @property
+  def rest_s(self) -> float:
+    """The seconds that were not compilation."""
+    return max(self.seconds - self.compile_s, 0.0)
+
+
 class Stopwatch:
-  """Wall-clock seconds spent inside named spans, summed per name: `with watch("load"):`."""
+  """Seconds spent inside named spans, summed per name (`with watch("load"):`), with
+  the compilation inside them apart (`Span`)."""
 
   def __init__(self) -> None:
-    self.seconds: dict[str, float] = {}
+    self.spans: dict[str, Span] = {}
 
   @contextlib.contextmanager
   def __call__(self, name: str) -> Iterator[None]:
     start = time.perf_counter()
-    try:
-      yield
-    finally:
-      self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+    with compiling() as compiled:
+      try:
+        yield
+      finally:
+        self.spans[name] = self.spans.get(name, Span()) + Span(
+            time.perf_counter() - start, sum(compiled))
 
-  def pop(self, name: str) -> float:
-    """The seconds spent in `name` so far (0 if none), forgotten."""
-    return self.seconds.pop(name, 0.0)
+  def pop(self, name: str) -> Span:
+    """The span `name` so far (empty if none), forgotten."""
+    return self.spans.pop(name, Span())
 
 
 def time_calls(fn: Callable[[], Any], repeats: int) -> Timing:
@@ -1085,11 +1133,10 @@ class PointTiming:
     loop_costs: the loops' own work, the encoders on the measured batches and N.
     idle_check: the guard's record of the decoders' and the draft's timing.
     phases_s: where the point's wall-clock seconds went, apart (guards included):
-      "compile" (the decoders' first calls less steady ones, and the step-timing
-      loops' compilation), "calibration" (the cost model's timings: T_verify(k),
-      gamma = 'auto''s calibration with the compilation it does, T_draft, the
-      loops' own work, the encoders; less the compilation counted above) and
-      "measurement" (the decoders' interleaved timing, less their compilation).
+      "compile" (every program JAX compiled for the point, `compiling`),
+      "calibration" (the cost model's timings: T_verify(k), gamma = 'auto''s
+      calibration, T_draft, the loops' own work, the encoders) and "measurement"
+      (the decoders' interleaved timing), each less its compilation.
     environment: where it ran (`environment`, with the target's decode options).
   """
 
@@ -1139,14 +1186,12 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
       `setup.enforce_greedy`.
   """
   watch = Stopwatch()
-  step_compile_s = 0.0  # The step-timing loops' compilation this point paid.
   if shared.verify is None:
     with watch("costs"), guard("target step times") as checked:
       verify = verify_times(target, batches[0], max_gamma=setup.max_gamma,
                             max_decode_len=setup.max_decode_len, calls=setup.timing_calls,
                             repeats=setup.timing_repeats, rounds=setup.timing_rounds)
     shared.verify, shared.verify_check = verify, checked.record()
-    step_compile_s += verify.compile_s
   if setup.gamma is None and shared.choice is None:
     with watch("costs"), guard("gamma calibration") as checked:
       choice = calibrate(
@@ -1172,17 +1217,15 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
     with watch("costs"):
       draft_cost, loop_costs, encoders = _point_costs(
           target, draft, batches, held_out, setup, gamma, choice, shared.verify)
-  step_compile_s += draft_cost.compile_s
   # Tokens per batch as the loops run them, on the measured examples: until the longest
   # row ends.
   loop_costs = dataclasses.replace(
       loop_costs, encode_target_s=encoders[0], encode_draft_s=encoders[1],
       loop_tokens=float(np.mean([int(np.max(o.lengths))
                                  for o in decoded.outputs["baseline"]])))
-  decoders_compile_s = sum(t.compile_s for t in decoded.timings.values())
-  phases = {"compile": decoders_compile_s + step_compile_s,
-            "calibration": max(watch.seconds["costs"] - step_compile_s, 0.0),
-            "measurement": max(watch.seconds["decoders"] - decoders_compile_s, 0.0)}
+  spans = watch.spans
+  phases = {"compile": sum(span.compile_s for span in spans.values()),
+            "calibration": spans["costs"].rest_s, "measurement": spans["decoders"].rest_s}
   return PointTiming(gamma, decoded, shared.verify, shared.verify_check, choice, draft_cost,
                      loop_costs, checked.record(), types.MappingProxyType(phases),
                      environment(target.decode_options.provenance()))

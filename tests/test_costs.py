@@ -4,6 +4,7 @@ with gamma = 'auto', which applies the timing guard and records its check."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import make_model
@@ -230,3 +231,24 @@ def test_run_with_gamma_auto_records_the_choice(tmp_path, pair_dir, monkeypatch)
 @pytest.mark.parametrize("calibration_gamma, max_gamma, want", [(3, 8, 1), (1, 8, 2), (1, 1, None)])
 def test_the_second_gamma_of_a_calibration(calibration_gamma, max_gamma, want):
   assert timing.second_gamma(calibration_gamma, max_gamma) == want
+
+
+def test_a_stopwatch_puts_jaxs_compilation_apart():
+  """A span that compiles a program reports JAX's compile seconds in it; the same
+  program called again compiles nothing; spans of one name add up, and `pop` forgets."""
+  watch = timing.Stopwatch()
+  square = jax.jit(lambda x: jnp.tanh(x) @ x.T)
+  x = jnp.ones((64, 64))
+  with watch("first"):
+    jax.block_until_ready(square(x))
+  with watch("again"):
+    jax.block_until_ready(square(x))
+  first, again = watch.spans["first"], watch.spans["again"]
+  assert 0 < first.compile_s <= first.seconds
+  assert again.compile_s == 0.0 and again.rest_s == again.seconds > 0
+  with watch("first"):
+    pass
+  assert watch.spans["first"].seconds > first.seconds
+  assert watch.spans["first"].compile_s == first.compile_s
+  assert watch.pop("first").seconds > first.seconds and "first" not in watch.spans
+  assert watch.pop("never") == timing.Span()

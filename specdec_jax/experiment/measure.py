@@ -100,8 +100,8 @@ def _acceptance_and_costs(timed: timing.PointTiming) -> dict[str, Any]:
 
 def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Draft,
                   batches: Sequence[Array], held_out: Sequence[Array], max_gamma: int,
-                  shared: timing.SharedCosts, greedy: GreedyCheck, load_s: float = 0.0
-                  ) -> PointRow:
+                  shared: timing.SharedCosts, greedy: GreedyCheck,
+                  loading: timing.Span = timing.Span()) -> PointRow:
   """Measures one (task, draft, temperature, gamma, batch size) point: one routine
   (`timing.time_point`) times it, the row is made of its record and the outputs.
 
@@ -119,8 +119,8 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
     shared: what points of this batch size share (the target's step costs) and this
       point's gamma = 'auto' choice, filled in as measured (`timing.SharedCosts`).
     greedy: what a greedy point does when its tokens differ from the baseline's.
-    load_s: the seconds the runner spent loading for this point (the row's
-      `time_split_s["load"]`).
+    loading: the runner's loading for this point (the row's `time_split_s["load"]`;
+      what it compiled goes to "compile").
 
   Returns:
     The row.
@@ -149,4 +149,5 @@ def measure_point(exp: Experiment, point: Point, target: LoadedTarget, draft: Dr
       environment=timed.environment,
       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       gamma_auto=auto, gamma_choice=None if timed.choice is None else timed.choice.to_json(),
-      time_split_s={"load": load_s, **timed.phases_s})
+      time_split_s={**timed.phases_s, "load": loading.rest_s,
+                    "compile": timed.phases_s["compile"] + loading.compile_s})

@@ -120,7 +120,8 @@ class PointRow:
       recorded (the key is then absent).
     time_split_s: the point's wall-clock seconds, apart: "load" (the target, on
       the run's first point; a draft, on its first point; the examples),
-      "compile", "calibration" (every timing of the cost model) and
+      "compile" (every program JAX compiled for the point, its loading's too),
+      "calibration" (every timing of the cost model) and
       "measurement" (the decoders' timed passes) (`timing.PointTiming.phases_s`).
       None in rows measured before it was recorded (the key is then absent).
   """

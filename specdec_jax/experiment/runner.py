@@ -240,7 +240,7 @@ class _Bench:
     try:
       row = measure.measure_point(exp, point, self.target, draft, examples.measured,
                                   examples.held_out[:HELD_OUT_BATCHES], self.max_gamma, shared,
-                                  self.greedy, load_s=self._watch.seconds["load"])
+                                  self.greedy, loading=self._watch.spans["load"])
       self._watch.pop("load")  # Counted in this row; a retried point counts it again.
       return row
     finally:
