@@ -180,6 +180,9 @@ def test_a_t5_target_measures_a_tree_beside_the_chain(tmp_path, models_dir):
                                                     r"the run's largest gamma is 2"),
     ("Experiment.tree = '1x1+lookup'", ValueError, r"'1x1\+lookup' is not a tree's shape: .*"
                                                    r"'<k>x<depth>\+lookup<n>'"),
+    ("Experiment.tree = 'lookup1+1x1+lookup1'", ValueError,
+     r"'lookup1\+1x1\+lookup1' is not a tree's shape: .*'lookup<n>\+<k>x<depth>'"),
+    ("Experiment.tree = 'lookup2+1x1'", ValueError, r"'lookup2\+1x1' has 3 candidates"),
     ("Experiment.tree = '1x1'\nExperiment.tree_tasks = ['mansum']", ValueError,
      r"Experiment\.tree_tasks=\['mansum'\] must be None or a list of the run's tasks"),
 ])

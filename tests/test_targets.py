@@ -228,16 +228,19 @@ def test_runner_measures_a_tree_beside_the_chain(tmp_path, tiny_gguf):
   assert len(results_io.read_rows(str(tmp_path / "out" / tree_point.TREES_FILE))) == 1
 
 
-def test_a_tree_with_the_prompts_continuation_beside_the_drafts_branches(tmp_path, tiny_gguf):
+@pytest.mark.parametrize("shape, parents", [("2x1+lookup2", [-1, 0, 0, 0, 3]),
+                                            ("lookup2+2x1", [-1, 0, 1, 0, 0])])
+def test_a_tree_with_the_prompts_continuation_beside_the_drafts_branches(tmp_path, tiny_gguf,
+                                                                         shape, parents):
   """`Experiment.tree = '2x1+lookup2'`: the draft's top-2 tokens, then the prompt look-up's
-  chain of 2 as the root's third child, in one tree; greedy tokens are the baseline's, and
-  the rates cover the look-up's rank."""
+  chain of 2 as the root's third child, in one tree ('lookup2+2x1': the chain first);
+  greedy tokens are the baseline's, and the rates cover the look-up's rank."""
   exp = gin_flags.load_experiment([_gin(tmp_path, tiny_gguf[0], gammas="[4]",
-                                        tree="'2x1+lookup2'")], [])
+                                        tree=f"{shape!r}")], [])
   runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(), placement=gin_flags.placement())
   (row,) = [tree_point.TreeRow.from_json(r) for r in results_io.read_rows(
       str(tmp_path / "out" / tree_point.TREES_FILE))]
-  assert row.shape == "2x1+lookup2" and row.parents == [-1, 0, 0, 0, 3]
+  assert row.shape == shape and row.parents == parents
   assert row.greedy_identical is True and row.tokens_per_call >= 1
   assert np.asarray(row.rank_rates).shape == (2, 3)
   assert min(row.speedup_measured, row.speedup_predicted,
@@ -250,8 +253,10 @@ def test_a_tree_with_the_prompts_continuation_beside_the_drafts_branches(tmp_pat
 
   assert tree_point.shaped_proposer(branches_of, "2x1+lookup2") == Merged(
       (PromptLookup(depth=9), PromptLookup(depth=2)))
+  assert tree_point.shaped_proposer(branches_of, "lookup3+2x1") == Merged(
+      (PromptLookup(depth=3), PromptLookup(depth=9)))
   assert tree_point.shaped_proposer(branches_of, "3x2") == PromptLookup(depth=9)
-  assert asked == [(2, 1), (3, 2)]
+  assert asked == [(2, 1), (2, 1), (3, 2)]
 
 
 def test_the_llama_kind_branches_each_model_draft_its_own_way():

@@ -143,31 +143,38 @@ def _chi_square_p_value(target, prompt, proposer) -> tuple[float, TreeStats]:
                 .pvalue), out.stats)
 
 
-@pytest.mark.parametrize("sample", [False, True])
-def test_sampled_tokens_are_distributed_as_the_targets(monkeypatch, sample):
-  """Top-k 4 and top-p 0.9 at T = 1, a draft's 2 branches and beside them its 1 branch
-  again: the first three tokens of 3,000 rows against the target's probabilities.
-  Deterministic (sample=False): the top-2 and the top-1 again, a duplicate sibling.
-  Drawn (sample=True): 2 children drawn without replacement, then a third drawn i.i.d.
-  (it may repeat either), each deeper node drawn at its parent: candidates of three
-  origins in one tree. The control forgets each rejected candidate (the residual never
-  updated): a rejected token stays in r, so it is emitted too often, and the same
-  statistic must reject it."""
+@pytest.mark.parametrize("case", ["top_k", "drawn", "deterministic_first"])
+def test_sampled_tokens_are_distributed_as_the_targets(monkeypatch, case):
+  """Top-k 4 and top-p 0.9 at T = 1, the first three tokens of 3,000 rows against the
+  target's probabilities. top_k: a draft's top-2 branches and its top-1 again, a duplicate
+  sibling. drawn: 2 children drawn without replacement, then a third drawn i.i.d. (it may
+  repeat either), each deeper node drawn at its parent: candidates of three origins in one
+  tree. deterministic_first: the draft's top-1 chain (deterministic, as a prompt
+  look-up's 'lookup<n>+' chain is) tried before 2 drawn children, which are then tested
+  against the residual it leaves. The control forgets
+  each rejected candidate (the residual never updated): a rejected token stays in r, so it
+  is emitted too often, and the same statistic must reject it."""
   model, weights, target, prompts = _model()
   draft = LayerSkipDraft(model, weights, 1)
-  proposer = proposers.Merged((proposers.DraftBranches(draft, k=2, depth=2, sample=sample),
-                               proposers.DraftBranches(draft, k=1, depth=2, sample=sample)))
+  sample = case != "top_k"
+  branches = proposers.DraftBranches(draft, k=2, depth=2, sample=sample)
+  proposer = (proposers.Merged((proposers.DraftBranches(draft, k=1, depth=2), branches))
+              if case == "deterministic_first" else
+              proposers.Merged((branches, proposers.DraftBranches(draft, k=1, depth=2,
+                                                                  sample=sample))))
   prompt = prompts[:1]
   p_value, counters = _chi_square_p_value(target, prompt, proposer)
   # The tree's candidates make the output, not only the next token.
   assert np.mean(counters.accepted) > 0.3
   assert p_value > 1e-3
-  rank_2 = counters.rank_rates()[0, 2]
+  rates = counters.rank_rates()
   assert counters.rank_offered[:, 0, 2].sum() > 0
-  if sample:  # A third draw can be a token the residual still holds.
-    assert rank_2 > 0
-  else:  # The duplicate of the top-1 token is tried but never accepted.
-    assert rank_2 == 0
+  if case == "drawn":  # A third draw can be a token the residual still holds.
+    assert rates[0, 2] > 0
+  elif case == "top_k":  # The duplicate of the top-1 token is tried but never accepted.
+    assert rates[0, 2] == 0
+  else:  # The top-1 is accepted with the target's probability of it, then the draws.
+    assert rates[0, 0] > 0 and rates[0, 1] > 0
   with monkeypatch.context() as patch:
     patch.setattr(ta, "acceptance", type("Forgetful", (), {
         "residual_distribution": staticmethod(lambda r, q: r)}))

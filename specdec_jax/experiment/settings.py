@@ -162,7 +162,9 @@ class Experiment(Settings):
       points of `tree_tasks` and `tree_temperatures` (target kinds whose scorers
       score trees only). "<k>x<depth>+lookup<n>" adds, after the draft's branches, a
       chain of the n tokens that followed the text's last n-gram in the prompt
-      (`proposers.PromptLookup`). Its candidates (k depth + n) must not exceed the
+      (`proposers.PromptLookup`); "lookup<n>+<k>x<depth>" tries that chain first (at
+      T > 0 it is then accepted with the target's probability of its token, not the
+      residual's after the draft's draws). Its candidates (k depth + n) must not exceed the
       run's largest gamma, so that T_verify(candidates + 1) is measured for its
       prediction. 'auto': the shape of
       highest predicted speedup among those (`tree_choice.make_choice`), from
@@ -198,16 +200,19 @@ class Experiment(Settings):
       object.__setattr__(self, "gammas", (self.gamma,))
 
 
-_TREE = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)(?:\+lookup([1-9][0-9]*))?")
+_TREE = re.compile(r"(?:lookup([1-9][0-9]*)\+)?([1-9][0-9]*)x([1-9][0-9]*)"
+                   r"(?:\+lookup([1-9][0-9]*))?")
 
 
 class TreeShape(NamedTuple):
   """An `Experiment.tree` shape: the draft's top-`k` branches of `depth` tokens, and beside
-  them a prompt look-up chain of `lookup` tokens (0: none)."""
+  them a prompt look-up chain of `lookup` tokens (0: none), tried before the branches
+  with `lookup_first`, else after them."""
 
   k: int
   depth: int
   lookup: int
+  lookup_first: bool = False
 
   @property
   def candidates(self) -> int:
@@ -215,18 +220,21 @@ class TreeShape(NamedTuple):
 
 
 def tree_shape(spec: str) -> TreeShape:
-  """The shape of an `Experiment.tree` spec "<k>x<depth>" or "<k>x<depth>+lookup<n>".
+  """The shape of an `Experiment.tree` spec "<k>x<depth>", "<k>x<depth>+lookup<n>" or
+  "lookup<n>+<k>x<depth>".
 
   Raises:
     ValueError: naming `Experiment.tree` and the form it takes.
   """
   match = _TREE.fullmatch(spec) if isinstance(spec, str) else None
-  _require(match is not None, f"Experiment.tree={spec!r} is not a tree's shape: write "
-                              "'<k>x<depth>' (the draft's top-k branches, each <depth> tokens "
-                              "long; '1x<depth>' is the chain), '<k>x<depth>+lookup<n>' (and "
-                              "beside them the prompt's continuation, n tokens), "
-                              f"{AUTO!r} (chosen by the cost model), or None for no tree.")
-  return TreeShape(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
+  _require(match is not None and not (match.group(1) and match.group(4)),
+           f"Experiment.tree={spec!r} is not a tree's shape: write '<k>x<depth>' (the "
+           "draft's top-k branches, each <depth> tokens long; '1x<depth>' is the chain), "
+           "'<k>x<depth>+lookup<n>' (and beside them the prompt's continuation, n tokens, "
+           "tried after them), 'lookup<n>+<k>x<depth>' (the continuation tried first), "
+           f"{AUTO!r} (chosen by the cost model), or None for no tree.")
+  first, k, depth, last = match.groups()
+  return TreeShape(int(k), int(depth), int(first or last or 0), lookup_first=first is not None)
 
 
 def draft_name(spec: str) -> str:

@@ -2,7 +2,8 @@
 
 `Experiment.tree` names a shape "<k>x<depth>" (the draft's top-k branches, each `depth`
 tokens: `trees.branches`), "<k>x<depth>+lookup<n>" (and after them the prompt's
-continuation, a chain of n: `proposers.PromptLookup`, `shaped_proposer`) or 'auto'. For
+continuation, a chain of n: `proposers.PromptLookup`, `shaped_proposer`),
+"lookup<n>+<k>x<depth>" (the continuation tried before them) or 'auto'. For
 each point of `settings.tree_points`, once its chain row is measured
 (`measure.measure_point`), `measure_tree` times the baseline against the tree loop
 (`decoding.tree_speculative`, over the target kind's `tree_proposer` of the same draft)
@@ -171,11 +172,15 @@ def _predictions(chain: PointRow, costs: theory.CostModel, parents: np.ndarray,
 
 
 def shaped_proposer(branches_of: Callable[[int, int], Proposer], shape: str) -> Proposer:
-  """The proposer of a named shape: the draft's top-k branches (`branches_of(k, depth)`),
-  then, for "+lookup<n>", the prompt's continuation as a chain of n (`PromptLookup`)."""
-  k, depth, lookup = tree_shape(shape)
-  branches = branches_of(k, depth)
-  return Merged((branches, PromptLookup(depth=lookup))) if lookup else branches
+  """The proposer of a named shape: the draft's top-k branches (`branches_of(k, depth)`)
+  and, for "+lookup<n>", the prompt's continuation as a chain of n (`PromptLookup`), tried
+  after the branches, or before them for "lookup<n>+"."""
+  parts = tree_shape(shape)
+  branches = branches_of(parts.k, parts.depth)
+  if not parts.lookup:
+    return branches
+  lookup = PromptLookup(depth=parts.lookup)
+  return Merged((lookup, branches) if parts.lookup_first else (branches, lookup))
 
 
 def choose_shape(exp: Experiment, point: Point, costs: theory.CostModel, target: LoadedTarget,
