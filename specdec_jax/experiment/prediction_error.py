@@ -31,8 +31,8 @@ GROUPS: Mapping[str, tuple[str, ...]] = {
         "first_command_e/*.jsonl",
         # Not the tree rows beside them.
         "first_command_b/quickstart_t5.jsonl", "first_command_b/quickstart_smollm2.jsonl",
-        "first_command_b/rerun/quickstart_t5.jsonl",
-        "first_command_b/rerun/quickstart_smollm2.jsonl",
+        "first_command_b/rerun/*/quickstart_t5.jsonl",
+        "first_command_b/rerun/*/quickstart_smollm2.jsonl",
         "smollm2_tree_order_b/results.jsonl"),
     "the main sweeps": tuple(f"{name}/results.jsonl" for name in (
         "paper_table2", "sweep_gamma", "sweep_batch", "sweep_draft_size", "trivial_drafts",
