@@ -33,7 +33,7 @@ GROUPS: Mapping[str, tuple[str, ...]] = {
         "first_command_b/quickstart_t5.jsonl", "first_command_b/quickstart_smollm2.jsonl",
         "first_command_b/rerun/*/quickstart_t5.jsonl",
         "first_command_b/rerun/*/quickstart_smollm2.jsonl",
-        "smollm2_tree_order_b/results.jsonl"),
+        "smollm2_tree_order_b/results.jsonl", "first_command_gammas/*/results.jsonl"),
     "the main sweeps": tuple(f"{name}/results.jsonl" for name in (
         "paper_table2", "sweep_gamma", "sweep_batch", "sweep_draft_size", "trivial_drafts",
         "distilled_drafts", "llama_smollm2")),
