@@ -321,10 +321,10 @@ def make_choice(alpha: float | AlphaEstimate, t_chunk: Mapping[int, float], t_dr
     alpha: an `AlphaEstimate` (its `beta` is decided with, its interval names the
       gammas it cannot tell apart) or a given acceptance rate (taken as exact).
     t_chunk: {k: seconds per cached target call scoring k tokens} for
-      k = 1..max_gamma + 1 (k = 1 is T_step), e.g. `costs.VerifyTimes.t_chunk`;
+      k = 1..max_gamma + 1 (k = 1 is T_step), e.g. `timing.VerifyTimes.t_chunk`;
       fitted non-decreasing in k before the decision.
     t_draft: the draft's seconds per proposed token.
-    loop_costs: the loops' own work and the encoders (`costs.measure_loop_costs`);
+    loop_costs: the loops' own work and the encoders (`timing.measure_loop_costs`);
       None prices the model calls alone.
     spread: {k: the timing's relative spread}, for the record.
     max_gamma: the largest gamma considered.

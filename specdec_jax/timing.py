@@ -249,7 +249,7 @@ def time_rotated(programs: dict[Any, Callable[[], Any]], repetitions: int
 def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int,
                      passes: int, *, fetch: Callable[[Any], Any] = jax.device_get,
                      check: Callable[[int, dict[str, Any]], None] | None = None,
-                     warmup: Sequence[int] = (0,)
+                     warmup: Sequence[int] = (0,), min_s: float = 0.0, max_passes: int = 1
                      ) -> tuple[dict[str, DecoderTiming], dict[str, list]]:
   """Times decoders against each other over the same batches.
 
@@ -272,6 +272,10 @@ def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int
       {name: fetched output}; raise in it to stop (e.g. greedy outputs that differ).
     warmup: the batches called once before the passes (`first_of_each_shape`
       of the batches; default batch 0, for batches of one shape).
+    min_s: after `passes`, further passes run, up to `max_passes` in all, until
+      every decoder's timed calls add up to at least this many seconds: a
+      median over passes of decodings that take milliseconds (0: `passes`).
+    max_passes: the most passes `min_s` may run.
 
   Returns:
     {name: DecoderTiming}, and the first pass's fetched outputs per decoder (a
@@ -287,7 +291,13 @@ def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int
              for name, fn in decoders.items()}
   calls_s: dict[str, list[list[float]]] = {name: [] for name in names}
   outputs: dict[str, list] = {name: [] for name in names}
-  for rep in range(passes):
+
+  def more(rep: int) -> bool:
+    return rep < passes or (rep < max_passes and min(
+        sum(map(sum, calls_s[name])) for name in names) < min_s)
+
+  rep = 0
+  while more(rep):
     for name in names:
       calls_s[name].append([0.0] * num_batches)
     for i in range(num_batches):
@@ -301,6 +311,7 @@ def time_interleaved(decoders: dict[str, Callable[[int], Any]], num_batches: int
           outputs[name].append(batch_out[name])
       if check is not None:
         check(i, batch_out)
+    rep += 1
   timings = {name: DecoderTiming(first[name], tuple(tuple(c) for c in calls_s[name]),
                                  tuple(warmup))
              for name in names}
@@ -842,14 +853,21 @@ def time_sequence_work(target: Scorer, draft: Draft, batches: Sequence[Array], *
   return encode_target, encode_draft
 
 
+# One pass over a few held-out examples takes T5's loops a fraction of a second, too
+# short to fit the loops' own work from; SmolLM2's takes seconds and stays one pass.
+LOOP_COST_MIN_S = 1.0
+LOOP_COST_MAX_PASSES = 8
+
+
 def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *, gamma: int,
                        warp: Warp, max_decode_len: int, eos_id: int,
                        t_chunk: Mapping[int, float], t_draft: float, rng: Array, repeats: int,
                        held_out: bool, slope_gamma: int | None = None
                        ) -> tuple[LoopCosts, AlphaEstimate]:
-  """Times both models' work once per sequence and one decoding of each batch by each
-  decoder (after one untimed call per batch shape), and attributes to overhead what the
-  model calls leave.
+  """Times both models' work once per sequence and the decodings of the batches by each
+  decoder (after one untimed call per batch shape; one pass over them, or as many, up to
+  `LOOP_COST_MAX_PASSES`, as take each decoder `LOOP_COST_MIN_S`, and the median pass),
+  and attributes to overhead what the model calls leave.
 
   With `slope_gamma`, the speculative decoder also decodes at that gamma, and
   its iteration overhead is split into a fixed part and a part per proposal:
@@ -893,7 +911,8 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
         target, draft, batches[i], rng, gamma=g, draft_inputs=batches[i], **kwargs)
   timings, outputs = time_interleaved(
       decoders, len(batches), 1, fetch=distributed.fetch,
-      warmup=first_of_each_shape(batches))
+      warmup=first_of_each_shape(batches), min_s=LOOP_COST_MIN_S,
+      max_passes=LOOP_COST_MAX_PASSES)
   n = len(batches)
   encode_target, encode_draft = time_sequence_work(
       target, draft, batches, cache_len=timing_geometry(max_decode_len, gammas[-1])[0],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -45,6 +46,21 @@ def test_the_timed_pair_runs_and_checks_its_position():
   with pytest.raises(ValueError, match="must fit in cache_len=12"):
     timing.propose_verify_time(scorer, draft, inputs, gamma=3, warp=Warp(0.0),
                                      cache_len=12, position=8, calls=2, repeats=1)
+
+
+@pytest.mark.parametrize("min_s,max_passes,want", [
+    (0.0, 8, (1, 1)),  # Off: the passes asked for.
+    (0.035, 8, (2, 4)),  # Each call sleeps >= 10 ms: 4 passes add up to 40 ms at most.
+    (10.0, 3, (3, 3)),  # Never reached: stopped at max_passes.
+])
+def test_time_interleaved_adds_passes_until_each_decoder_has_min_s(min_s, max_passes, want):
+  decoders = {name: (lambda i: time.sleep(0.01) or jnp.zeros(())) for name in "ab"}
+  timings, outputs = timing.time_interleaved(decoders, 1, 1, min_s=min_s,
+                                             max_passes=max_passes)
+  for t in timings.values():
+    assert want[0] <= len(t.calls_s) <= want[1]
+    assert len(t.calls_s) == len(timings["a"].calls_s)
+  assert all(len(o) == 1 for o in outputs.values())  # The first pass's outputs.
 
 
 def test_time_rotated_calls_each_program_once_untimed_then_in_rotated_order():

@@ -100,7 +100,7 @@ class PointRow:
     speedup_predicted_cost_model_measured_tokens: the whole model's loops with the
       measured tokens per call in place of E[tokens].
     cost_model_terms: the loops' own work and the encoders, timed apart
-      (`costs.measure_loop_costs`), with the measured examples' loop tokens and
+      (`timing.measure_loop_costs`), with the measured examples' loop tokens and
       encoders (older rows: the held-out examples' encoders).
     greedy_identical: at T = 0, True (the speculative tokens equal the
       baseline's, checked); None at T > 0.

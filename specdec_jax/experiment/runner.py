@@ -41,7 +41,6 @@ from specdec_jax.experiment.targets import interface, registry
 
 RESULTS_ROOT = "results"  # Committed reference measurements (commands: results/README.md).
 RUNS_ROOT = "runs"  # A user's own runs (not committed).
-HELD_OUT_BATCHES = 4  # Most held-out batches a row's loop costs are timed on.
 
 
 def prepare(exp: settings.Experiment,
@@ -223,7 +222,7 @@ class _Bench:
           "raise auto_calibration_examples or lower num_examples.")
     return tree_point.measure_tree(
         self.exp, point, chain, self.target, functools.partial(self.kind.tree_proposer, draft),
-        examples.measured, examples.held_out[:HELD_OUT_BATCHES], self.greedy)
+        examples.measured, examples.held_out, self.greedy)
 
   def measure(self, point: settings.Point, say: Callable[[str], Any]) -> PointRow:
     """Measures `point`, choosing its gamma first if it is 'auto'."""
@@ -239,7 +238,7 @@ class _Bench:
           "auto_calibration_examples or lower num_examples.")
     try:
       row = measure.measure_point(exp, point, self.target, draft, examples.measured,
-                                  examples.held_out[:HELD_OUT_BATCHES], self.max_gamma, shared,
+                                  examples.held_out, self.max_gamma, shared,
                                   self.greedy, loading=self._watch.spans["load"])
       self._watch.pop("load")  # Counted in this row; a retried point counts it again.
       return row

@@ -128,7 +128,7 @@ class Experiment(Settings):
       gamma in 1..auto_max_gamma that `specdec_jax.gamma_choice`
       predicts to be fastest, chosen per (task, batch size, draft,
       temperature) before that point is measured, from the whole cost model
-      (`costs.calibrate`; its row says which and why).
+      (`timing.calibrate`; its row says which and why).
       None (the default): `[gamma]`.
     best_gamma_from: a results.jsonl of an earlier run (e.g. the gamma sweep);
       when it exists, each (task, draft, temperature) runs only at its gamma of
@@ -139,16 +139,16 @@ class Experiment(Settings):
       (held out from timing) on which gamma = 'auto' calibrates, once per
       (task, batch size, draft, temperature), in batches of the point's batch
       size: alpha, the loops' own work and the encoders (4 examples gave
-      alphas up to 0.15 off the measured examples' in the gamma sweep); a point
-      at a fixed gamma also times its loops' own work on up to 4 batches of them
-      for its row's cost model (`costs.measure_loop_costs`), and a point at
+      alphas up to 0.16 off the measured examples' in the gamma sweep and the
+      first command); a point at a fixed gamma also times its loops' own work on
+      them for its row's cost model (`timing.measure_loop_costs`), and a point at
       'auto' prices with its calibration's.
     repetitions: timed passes over the examples per decoder.
     timing_calls: calls per jitted loop when timing step costs.
     timing_repeats: timed runs of each such loop (median used).
     timing_rounds: rounds over every k of the target's T_verify(k) (k ascending,
       then descending, ...; T_step's median and each k's fastest round are used:
-      `costs.VerifyTimes`), so that noise and drift cannot make one k look
+      `timing.VerifyTimes`), so that noise and drift cannot make one k look
       cheaper than its neighbours.
     stand_ins_when_missing: if the target is missing from `models_dir` (the
       trained family is not shipped yet), measure random-init stand-ins of the
