@@ -32,6 +32,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from specdec_jax import timing  # noqa: E402
 from specdec_jax.decoding import baseline  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
 from specdec_jax.experiment.record import Example, PointRow  # noqa: E402
@@ -64,6 +65,18 @@ def _drop_compiled_programs():
   yield
   jax.clear_caches()
   gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _one_loop_cost_pass(monkeypatch):
+  """The loops' own work timed in one pass over the held-out batches.
+
+  `timing.LOOP_COST_MIN_S` adds passes until a decoder has spent a second, for a
+  fit from the millisecond decodings of the T5 pair; the tests' tiny models decode
+  in milliseconds too, and would pay those passes in every calibration for nothing
+  a test checks. `time_interleaved`'s own test covers the passes.
+  """
+  monkeypatch.setattr(timing, "LOOP_COST_MIN_S", 0.0)
 
 
 def pytest_collection_modifyitems(config, items):
