@@ -12,9 +12,12 @@ from specdec_jax import compilation_cache
 def jax_cache_allowed():
   """JAX's cache switched on for one test (the suite runs with it off, see conftest)."""
   before = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", True)
+  # Held from here: the test may stub `jax.config.update` (monkeypatch), and its stub can
+  # still be in place when this fixture tears down.
+  update = jax.config.update
+  update("jax_enable_compilation_cache", True)
   yield
-  jax.config.update("jax_enable_compilation_cache", before)
+  update("jax_enable_compilation_cache", before)
 
 
 def test_the_cache_is_in_the_users_cache_directory_unless_jaxs_variable_names_one(
