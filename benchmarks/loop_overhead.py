@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import atomic_io, contention, timing
+from specdec_jax import atomic_io, contention
+from specdec_jax.costs import timing
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import gin_flags, settings

@@ -3,7 +3,7 @@ r"""The account of one iteration of each decoding loop: every op, by phase and k
 Compiles the baseline's loop (`baseline.decode`) and the speculative loop
 (`speculative.speculative_decode`) with the shipped target and a draft, runs
 each on real En-De test prompts (batch 1) untraced and then under the profiler
-with XLA:CPU's per-op events (`specdec_jax.profiling.account`), and reports per
+with XLA:CPU's per-op events (`specdec_jax.costs.profiling.account`), and reports per
 iteration (per token for the baseline): the untraced wall time, the op count
 and traced time of each (phase, kind), and the traced time between ops.
 
@@ -16,7 +16,7 @@ The models directory and the lengths are the shared `Settings` (gin). Writes
 
 from __future__ import annotations
 
-from specdec_jax import profiling
+from specdec_jax.costs import profiling
 
 profiling.enable_op_tracing()  # Before JAX starts its backend.
 
@@ -28,7 +28,8 @@ import jax.numpy as jnp  # noqa: E402
 import sentencepiece as spm  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from specdec_jax import atomic_io, contention, timing  # noqa: E402
+from specdec_jax import atomic_io, contention  # noqa: E402
+from specdec_jax.costs import timing  # noqa: E402
 from specdec_jax.data import prompts  # noqa: E402
 from specdec_jax.decoding import acceptance, baseline, speculative  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from specdec_jax import atomic_io, contention, timing
+from specdec_jax import atomic_io, contention
+from specdec_jax.costs import timing
 from specdec_jax.data import chat_prompts
 from specdec_jax.decoding import baseline, buckets
 from specdec_jax.decoding.sampling import Warp

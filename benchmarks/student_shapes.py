@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from specdec_jax import atomic_io, contention, theory, timing
+from specdec_jax import atomic_io, contention, theory
+from specdec_jax.costs import timing
 from specdec_jax.data import chat_prompts, layout
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.distillation.teacher import gguf_file

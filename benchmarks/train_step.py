@@ -32,7 +32,8 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import atomic_io, contention, timing
+from specdec_jax import atomic_io, contention
+from specdec_jax.costs import timing
 from specdec_jax.data import teacher_signals
 from specdec_jax.models.t5 import T5Model
 from specdec_jax.models.t5.checkpoints import load_hf_checkpoint, load_model

@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 from absl import flags
 
-from specdec_jax import atomic_io, contention, timing
+from specdec_jax import atomic_io, contention
+from specdec_jax.costs import timing
 from specdec_jax.decoding import sampling
 from specdec_jax.models.options import DecodeOptions
 

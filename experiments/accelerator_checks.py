@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import timing
+from specdec_jax.costs import timing
 from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.experiment.settings import Experiment

@@ -64,7 +64,8 @@ import jaxlib
 import numpy as np
 
 from experiments import accelerator_checks
-from specdec_jax import atomic_io, contention, partitioning, timing
+from specdec_jax import atomic_io, contention, partitioning
+from specdec_jax.costs import timing
 from specdec_jax.experiment import gin_flags, results_io, runner, settings
 from specdec_jax.experiment.measure import GreedyCheck
 from specdec_jax.experiment.record import PointRow

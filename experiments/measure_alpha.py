@@ -42,7 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from specdec_jax import atomic_io, distributed, stats, timing, validation
+from specdec_jax import atomic_io, distributed, stats, validation
+from specdec_jax.costs import timing
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding import buckets, speculative
 from specdec_jax.decoding.drafts import Draft

@@ -44,7 +44,8 @@ import torch
 import transformers
 from absl import app, flags
 
-from specdec_jax import atomic_io, contention, partitioning, timing
+from specdec_jax import atomic_io, contention, partitioning
+from specdec_jax.costs import timing
 from specdec_jax.data import chat_prompts, layout, prompts
 from specdec_jax.decoding import baseline, buckets, speculative
 from specdec_jax.decoding.sampling import Warp

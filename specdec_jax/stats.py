@@ -1,6 +1,6 @@
 """The statistics a speculative run reports, each defined once.
 
-Every command, the notebook and `specdec_jax.gamma_choice` pool the loop's counters
+Every command, the notebook and `specdec_jax.costs.gamma_choice` pool the loop's counters
 (`decoding.speculative.SpeculativeStats`, fetched to the host) with `Pooled`
 and read alpha, tokens per target call and the draft cost c from here:
 

@@ -32,7 +32,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from specdec_jax import timing  # noqa: E402
+from specdec_jax.costs import timing  # noqa: E402
 from specdec_jax.decoding import baseline  # noqa: E402
 from specdec_jax.decoding.sampling import Warp  # noqa: E402
 from specdec_jax.experiment.record import Example, PointRow  # noqa: E402

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import make_model
 
-from specdec_jax import timing
+from specdec_jax.costs import timing
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.models.t5 import T5Draft, T5Scorer
 

@@ -1,4 +1,4 @@
-"""Cost measurement and gamma = 'auto' (`specdec_jax.timing`) on tiny T5s, and the gin run
+"""Cost measurement and gamma = 'auto' (`specdec_jax.costs.timing`) on tiny T5s, and the gin run
 with gamma = 'auto', which applies the timing guard and records its check."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import make_model
 
-from specdec_jax import gamma_choice, timing
+from specdec_jax.costs import gamma_choice, timing
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import gin_flags, measure, results_io, runner, settings
 from specdec_jax.experiment.measure import GreedyCheck

@@ -1,4 +1,4 @@
-"""gamma = 'auto', the decision (`specdec_jax.gamma_choice`) on hand-made numbers."""
+"""gamma = 'auto', the decision (`specdec_jax.costs.gamma_choice`) on hand-made numbers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from specdec_jax import gamma_choice, stats, theory
+from specdec_jax import stats, theory
+from specdec_jax.costs import gamma_choice
 from specdec_jax.decoding.speculative import SpeculativeStats
 
 FLAT = {k: 1.0 for k in range(1, 12)}  # Free verification: the paper's Theorem 3.8.

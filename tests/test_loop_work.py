@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_jax.loop_work import fit_loop_work, nonnegative_least_squares
+from specdec_jax.costs.loop_work import fit_loop_work, nonnegative_least_squares
 
 
 def _work(fixed: float, per_proposal: float, gammas=(1, 3)) -> dict[int, float]:

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import timing
+from specdec_jax.costs import timing
 
 
 def test_every_call_on_a_batch_draws_a_key_of_its_own_shared_by_the_decoders():

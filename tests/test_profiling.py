@@ -1,11 +1,12 @@
-"""The account's parsing (`specdec_jax.profiling`): ops of a compiled program by phase and kind."""
+"""The account's parsing (`specdec_jax.costs.profiling`): a compiled program's ops by phase and
+kind."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import profiling
+from specdec_jax.costs import profiling
 
 
 def _program(x: jax.Array, w: jax.Array) -> jax.Array:

@@ -36,7 +36,7 @@ def test_every_example_goes_through_the_checked_entry_points():
   for family in FAMILIES:
     block = example(family)
     assert "from specdec_jax.decoding.generate import speculative_sample" in block, family
-    assert "from specdec_jax.timing import choose_gamma" in block, family
+    assert "from specdec_jax.costs.timing import choose_gamma" in block, family
     assert "speculative.speculative_decode" not in block, family  # The unchecked loop.
 
 

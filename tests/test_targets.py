@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from test_feature_draft import _feature_student
 
-from specdec_jax import tree_choice
+from specdec_jax.costs import tree_choice
 from specdec_jax.decoding.drafts import NgramDraft, PromptLookupDraft
 from specdec_jax.decoding.proposers import DraftBranches, Merged, PromptLookup
 from specdec_jax.experiment import gin_flags, results_io, runner, tree_point

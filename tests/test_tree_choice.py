@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from specdec_jax import theory, theory_trees, tree_choice
+from specdec_jax import theory, theory_trees
+from specdec_jax.costs import tree_choice
 from specdec_jax.decoding import trees
 
 

@@ -21,7 +21,7 @@ import pytest
 import scipy.stats
 from conftest import greedy_with_mid_run_eos
 
-from specdec_jax import tree_choice
+from specdec_jax.costs import tree_choice
 from specdec_jax.decoding import proposers, tree_speculative
 from specdec_jax.decoding import tree_acceptance as ta
 from specdec_jax.decoding.sampling import Warp

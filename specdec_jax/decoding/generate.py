@@ -6,7 +6,7 @@ runs the model-free loop on the scorer as it is: `baseline.decode` (one token pe
 target call) or `speculative.speculative_decode` (gamma proposals per target call).
 The target is a `T5Scorer`, a `LlamaScorer` or any other `Scorer`, the draft any
 `drafts.Draft` of its vocabulary. gamma = 'auto' for the same pair is
-`specdec_jax.timing.choose_gamma` (it times, so it lives above the loops). The T5
+`specdec_jax.costs.timing.choose_gamma` (it times, so it lives above the loops). The T5
 entry points (`models.t5.temperature_sample` / `speculative_sample`) take a model and
 its parameters instead, and add length buckets and a data-parallel mesh.
 """

@@ -1,7 +1,7 @@
 """The decoding loops' programs: compiled with the XLA options their scorer's model carries.
 
 A loop over a `Scorer` (the baseline's, the speculative one, the timing loops
-of `specdec_jax.timing`) is one compiled program per scorer kind,
+of `specdec_jax.costs.timing`) is one compiled program per scorer kind,
 shapes and settings. The XLA options of that program are the model's
 (`DecodeOptions.compiler_options`, e.g. on XLA:CPU those that keep YNNPACK
 off small dots), read from the loop's first argument: a scorer or a draft

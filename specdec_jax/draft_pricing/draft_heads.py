@@ -20,7 +20,8 @@ import os
 
 import jax
 
-from specdec_jax import contention, gamma_choice, timing
+from specdec_jax import contention
+from specdec_jax.costs import gamma_choice, timing
 from specdec_jax.data import layout
 from specdec_jax.data.distill import read_distilled
 from specdec_jax.decoding import buckets

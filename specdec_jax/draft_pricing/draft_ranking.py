@@ -24,7 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_jax import contention, gamma_choice, timing
+from specdec_jax import contention
+from specdec_jax.costs import gamma_choice, timing
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer

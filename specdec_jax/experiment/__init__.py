@@ -9,6 +9,6 @@
 - `targets/`: the target kinds a run measures, their interface and registry.
 
 Nothing is imported here. The examples a run measures on are data:
-`specdec_jax.data.prompts`; the timing and cost code is `specdec_jax.timing` and
-`specdec_jax.timing`.
+`specdec_jax.data.prompts`; the timing and the choices made from it are
+`specdec_jax.costs`.
 """

@@ -12,7 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_jax import gamma_choice, theory  # noqa: E402
+from specdec_jax import theory  # noqa: E402
+from specdec_jax.costs import gamma_choice  # noqa: E402
 from specdec_jax.experiment import results_io, tables  # noqa: E402
 from specdec_jax.experiment.record import PointRow  # noqa: E402
 

@@ -26,7 +26,8 @@ import gin
 import jax
 import numpy as np
 
-from specdec_jax import contention, stats, theory, timing
+from specdec_jax import contention, stats, theory
+from specdec_jax.costs import timing
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment.record import Example, PointRow

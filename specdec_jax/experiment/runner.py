@@ -31,7 +31,8 @@ import jax
 import numpy as np
 import tqdm
 
-from specdec_jax import contention, distributed, partitioning, timing, validation
+from specdec_jax import contention, distributed, partitioning, validation
+from specdec_jax.costs import timing
 from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft

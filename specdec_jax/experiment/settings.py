@@ -125,7 +125,7 @@ class Experiment(Settings):
     batch_sizes: decoder batch sizes.
     temperatures: sampling temperatures (0 = greedy).
     gammas: draft proposals per iteration, each an int >= 1 or 'auto': the
-      gamma in 1..auto_max_gamma that `specdec_jax.gamma_choice`
+      gamma in 1..auto_max_gamma that `specdec_jax.costs.gamma_choice`
       predicts to be fastest, chosen per (task, batch size, draft,
       temperature) before that point is measured, from the whole cost model
       (`timing.calibrate`; its row says which and why).

@@ -42,7 +42,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from specdec_jax import contention, distributed, theory, theory_trees, timing, tree_choice
+from specdec_jax import contention, distributed, theory, theory_trees
+from specdec_jax.costs import timing, tree_choice
 from specdec_jax.decoding import baseline, trees
 from specdec_jax.decoding.proposers import Merged, PromptLookup, Proposer, tree_parents
 from specdec_jax.decoding.sampling import Warp

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from specdec_jax import atomic_io, gamma_choice
+from specdec_jax import atomic_io
+from specdec_jax.costs import gamma_choice
 from specdec_jax.data import layout
 from specdec_jax.experiment import results_io
 from specdec_jax.experiment.record import PointRow

@@ -42,7 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
 
-from specdec_jax import contention, gamma_choice, timing, validation
+from specdec_jax import contention, validation
+from specdec_jax.costs import gamma_choice, timing
 from specdec_jax.data import layout, prompts
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.drafts import Draft

@@ -35,7 +35,8 @@ import jax
 import numpy as np
 import sentencepiece as spm
 
-from specdec_jax import atomic_io, distributed, gamma_choice
+from specdec_jax import atomic_io, distributed
+from specdec_jax.costs import gamma_choice
 from specdec_jax.data import prompts
 from specdec_jax.decoding import buckets, speculative
 from specdec_jax.decoding.drafts import Draft

@@ -45,20 +45,20 @@ import numpy as np
 from absl import logging
 
 from specdec_jax import distributed, validation
+from specdec_jax.costs.gamma_choice import (
+  DEFAULT_MAX_GAMMA,
+  AlphaEstimate,
+  GammaChoice,
+  check_alpha,
+  fitted_ratios,
+  make_choice,
+  pooled_alpha,
+)
+from specdec_jax.costs.loop_work import fit_loop_work
 from specdec_jax.decoding import baseline, buckets, programs, speculative
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Context, EncoderOutputs, Scorer
-from specdec_jax.gamma_choice import (
-    DEFAULT_MAX_GAMMA,
-    AlphaEstimate,
-    GammaChoice,
-    check_alpha,
-    fitted_ratios,
-    make_choice,
-    pooled_alpha,
-)
-from specdec_jax.loop_work import fit_loop_work
 from specdec_jax.theory import LoopCosts
 
 Array = jax.Array

@@ -1,6 +1,6 @@
 """gamma = 'auto', the decision: the draft length the whole cost model predicts to be fastest.
 
-A pure function of measured times (no model, no timing; `specdec_jax.timing`
+A pure function of measured times (no model, no timing; `specdec_jax.costs.timing`
 measures them). `theory.CostModel.sequence_speedup` prices a decoding as it
 runs: the target's one-token step T_step and its k-token call T_verify(k), the
 draft's cost per proposed token T_draft (c = T_draft / T_step), each loop's own
