@@ -51,6 +51,10 @@ class ErrorSummary:
     median_abs: the median |error|.
     max_abs: the largest |error|.
     within: the share of rows with |error| <= `WITHIN`.
+    baseline: the median error of the cost model's seconds per token for the baseline
+      (`PointRow.cost_model_time_errors`, > 0: priced slower than it ran) over the rows at
+      batch 1, None where there are none.
+    speculative: the same for the speculative decoder.
   """
 
   name: str
@@ -59,6 +63,8 @@ class ErrorSummary:
   median_abs: float
   max_abs: float
   within: float
+  baseline: float | None
+  speculative: float | None
 
   @classmethod
   def of(cls, name: str, rows: Sequence[PointRow]) -> ErrorSummary:
@@ -70,9 +76,13 @@ class ErrorSummary:
     if not rows:
       raise ValueError(f"{name}: no rows to summarize; check the results root and GROUPS.")
     errors = np.array([r.cost_model_error for r in rows])
+    times = np.array([r.cost_model_time_errors for r in rows
+                      if r.batch_size == 1 and r.cost_model_terms.loop_tokens > 0]).reshape(-1, 2)
+    baseline, speculative = (float(np.median(e)) if len(e) else None for e in times.T)
     return cls(name=name, rows=len(rows), median=float(np.median(errors)),
                median_abs=float(np.median(np.abs(errors))), max_abs=float(np.max(np.abs(errors))),
-               within=float(np.mean(np.abs(errors) <= WITHIN)))
+               within=float(np.mean(np.abs(errors) <= WITHIN)), baseline=baseline,
+               speculative=speculative)
 
 
 def group_files(results_root: str, patterns: Sequence[str]) -> list[str]:
@@ -114,11 +124,17 @@ def summarize(results_root: str, groups: Mapping[str, Sequence[str]] = GROUPS
   return by_group + [ErrorSummary.of("all", everything)], by_file
 
 
+def _signed(value: float | None) -> str:
+  return "-" if value is None else f"{value:+.1%}"
+
+
 def _table(summaries: Sequence[ErrorSummary], what: str) -> str:
   lines = [f"| {what} | rows | median error | median abs error | max abs error | "
-           f"within ±{WITHIN:.0%} |", "|---|---|---|---|---|---|"]
+           f"within ±{WITHIN:.0%} | baseline's time | speculative's time |",
+           "|---|---|---|---|---|---|---|---|"]
   lines += [f"| {s.name} | {s.rows} | {s.median:+.1%} | {s.median_abs:.1%} | {s.max_abs:.1%} | "
-            f"{s.within:.0%} |" for s in summaries]
+            f"{s.within:.0%} | {_signed(s.baseline)} | {_signed(s.speculative)} |"
+            for s in summaries]
   return "\n".join(lines)
 
 
@@ -128,5 +144,9 @@ def section(results_root: str) -> str:
   return "\n\n".join([
       "Error = (predicted - measured) / measured speedup, the prediction being each row's "
       "`speedup_predicted_cost_model` as it was recorded (older rows: the cost model of "
-      "their day).",
+      "their day). The last two columns say where it comes from, over the rows at batch 1: "
+      "the median error of the cost model's seconds per token for each decoder (> 0: priced "
+      "slower than it ran; a baseline priced slower, or a speculative decoder priced faster, "
+      "raises the predicted speedup), from the row's own terms "
+      "(`PointRow.cost_model_time_errors`).",
       _table(by_group, "rows of"), _table(by_file, "file")]) + "\n"

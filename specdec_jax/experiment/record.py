@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from specdec_jax import theory
 from specdec_jax.theory import LoopCosts
 
 AUTO = "auto"  # In Experiment.gammas: chosen per point by `gamma_choice` after a calibration.
@@ -195,6 +196,34 @@ class PointRow:
     """The cost model's error on this point: (predicted - measured) / measured speedup, the
     prediction `speedup_predicted_cost_model` (> 0: it promised more than was measured)."""
     return self.speedup_predicted_cost_model / self.speedup_measured - 1
+
+  @property
+  def cost_model_time_errors(self) -> tuple[float, float]:
+    """Where `cost_model_error` comes from: the cost model's seconds per token of the
+    baseline and of the speculative decoder over the measured ones, each less 1 (> 0: the
+    model priced that decoder slower than it ran, which raises the predicted speedup for the
+    baseline and lowers it for the speculative decoder).
+
+    Priced from the row's terms (`cost_model_terms`, `t_verify_s`, `t_draft_token_s`) at
+    alpha_beta and gamma over `loop_tokens` tokens a sequence, encoders included, as
+    `speedup_predicted_cost_model` is: (1 + baseline) / (1 + speculative) is then
+    1 + `cost_model_error`.
+
+    Raises:
+      ValueError: at batch > 1 (the loops run to the longest row, while every row's tokens
+        count per token), or a row without `loop_tokens` (recorded before the term).
+    """
+    tokens = self.cost_model_terms.loop_tokens
+    if self.batch_size != 1 or not tokens > 0:
+      raise ValueError(f"the cost model prices a token at batch 1 with loop_tokens > 0; this "
+                       f"row has batch_size={self.batch_size}, loop_tokens={tokens}.")
+    model = self.cost_model_terms.cost_model(self.t_verify_s, self.t_draft_token_s)
+    per_iteration = float(theory.expected_tokens_per_iteration(self.alpha_beta, self.gamma))
+    baseline = model.t_encode_target / tokens + model.t_target_step + model.t_step_overhead
+    speculative = ((model.t_encode_target + model.t_encode_draft) / tokens
+                   + model.iteration_time(self.gamma) / per_iteration)
+    return (baseline / (self.baseline_ms_per_token / 1e3) - 1,
+            speculative / (self.speculative_ms_per_token / 1e3) - 1)
 
   @property
   def efficiency(self) -> float:
