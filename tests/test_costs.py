@@ -176,6 +176,41 @@ def _gin(tmp_path, pair_dir: str, gammas: str) -> str:
   return str(path)
 
 
+def test_once_per_sequence_work_is_timed_once_per_batches_and_cache_length(pair, monkeypatch):
+  target, params, inputs = pair
+  scorer, draft, batches = _scorer(target, params), T5Draft(target, params), [inputs]
+  taken = {}
+  first = timing.time_sequence_work(scorer, draft, batches, cache_len=16, repeats=1,
+                                    taken=taken)
+  assert len(taken) == 1 and first[0] > 0 and first[1] > 0
+  monkeypatch.setattr(timing, "time_calls", lambda *a: pytest.fail("timed again"))
+  assert timing.time_sequence_work(scorer, draft, [inputs.copy()], cache_len=16, repeats=1,
+                                   taken=taken) == first
+  with pytest.raises(pytest.fail.Exception, match="timed again"):  # Another cache length.
+    timing.time_sequence_work(scorer, draft, batches, cache_len=32, repeats=1, taken=taken)
+  with pytest.raises(pytest.fail.Exception, match="timed again"):  # Other inputs.
+    timing.time_sequence_work(scorer, draft, [inputs[::-1]], cache_len=16, repeats=1,
+                              taken=taken)
+
+
+def test_the_points_of_a_run_share_t_verify_and_the_encoders(tmp_path, pair_dir, monkeypatch):
+  """Two temperatures of one task: T_verify(k) timed once for the batch size, and each
+  batch's once-per-sequence work once for the draft (both rows carry the same times)."""
+  exp = gin_flags.load_experiment([_gin(tmp_path, pair_dir, "[2]")],
+                                  ["Experiment.temperatures = [0.0, 1.0]"])
+  verified = []
+  real_verify_times = timing.verify_times
+  monkeypatch.setattr(timing, "verify_times",
+                      lambda *a, **k: verified.append(1) or real_verify_times(*a, **k))
+  path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
+                    placement=gin_flags.placement())
+  greedy, sampled = (PointRow.from_json(r) for r in results_io.read_rows(path))
+  assert (greedy.temperature, sampled.temperature) == (0.0, 1.0) and len(verified) == 1
+  assert greedy.t_verify_s == sampled.t_verify_s
+  for name in ("encode_target_s", "encode_draft_s"):
+    assert getattr(greedy.cost_model_terms, name) == getattr(sampled.cost_model_terms, name) > 0
+
+
 def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, pair_dir):
   exp = gin_flags.load_experiment([_gin(tmp_path, pair_dir, "['auto', 3]")], [])
   points = settings.plan(exp)

@@ -470,9 +470,9 @@ def test_shipped_experiment_configs_parse_and_plan(name, points):
     gin.clear_config()
   assert exp.name == name
   assert len(settings.plan(exp)) == points
-  trees = settings.tree_points(exp)  # The first command's tree: beside one chain point.
+  trees = settings.tree_points(exp)  # The first command's trees: beside its greedy points.
   assert [(p.task, p.temperature) for p in trees] == (
-      [("mansum", 0.0)] if name == "quickstart_smollm2" else [])
+      [("mansum", 0.0), ("explain", 0.0)] if name == "quickstart_smollm2" else [])
   assert all(exp.num_examples % b == 0 for b in exp.batch_sizes)
 
 

@@ -820,8 +820,14 @@ def draft_time(draft: Draft, inputs: Array, *, gamma: int, warp: Warp, max_decod
       target_encoded=target_encoded_for(draft, target, inputs))
 
 
+# `time_sequence_work`'s times already taken for one target and draft: {(cache length,
+# repeats, the batches' shapes and bytes): (the target's seconds, the draft's)}.
+SequenceWork = dict[tuple, tuple[float, float]]
+
+
 def time_sequence_work(target: Scorer, draft: Draft, batches: Sequence[Array], *,
-                       cache_len: int, repeats: int) -> tuple[float, float]:
+                       cache_len: int, repeats: int, taken: SequenceWork | None = None
+                       ) -> tuple[float, float]:
   """Both models' work once per sequence: `LoopCosts.encode_target_s` and `encode_draft_s`.
 
   The target's `encode` and the arrays its `init_state` makes
@@ -834,11 +840,17 @@ def time_sequence_work(target: Scorer, draft: Draft, batches: Sequence[Array], *
     batches: int32 `[batch, input_len]` checked batches, cut to their length bucket.
     cache_len: the decoders' cache length.
     repeats: timed calls of each.
+    taken: times this target and draft already took (`SequenceWork`, filled in): the
+      same batches at the same cache length are not timed again. Neither temperature
+      nor gamma enters this work, so the points of one task share it.
 
   Returns:
     Seconds per batch of the target's work and of the draft's, the means over
     `batches` (their lengths differ, and the encoders' cost with them).
   """
+  key = (cache_len, repeats, tuple((tuple(x.shape), np.asarray(x).tobytes()) for x in batches))
+  if taken is not None and key in taken:
+    return taken[key]
   init_draft = jax.jit(lambda d, x, encoded: d.init_state(x, cache_len, encoded))
   encode_target = encode_draft = 0.0
   for x in batches:
@@ -850,6 +862,8 @@ def time_sequence_work(target: Scorer, draft: Draft, batches: Sequence[Array], *
     encoded = target_encoded_for(draft, target, x)
     encode_draft += time_calls(
         lambda x=x, e=encoded: init_draft(draft, x, e), repeats).median_s / len(batches)
+  if taken is not None:
+    taken[key] = (encode_target, encode_draft)
   return encode_target, encode_draft
 
 
@@ -862,7 +876,8 @@ LOOP_COST_MAX_PASSES = 8
 def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *, gamma: int,
                        warp: Warp, max_decode_len: int, eos_id: int,
                        t_chunk: Mapping[int, float], t_draft: float, rng: Array, repeats: int,
-                       held_out: bool, slope_gamma: int | None = None
+                       held_out: bool, slope_gamma: int | None = None,
+                       sequence_work: SequenceWork | None = None
                        ) -> tuple[LoopCosts, AlphaEstimate]:
   """Times both models' work once per sequence and the decodings of the batches by each
   decoder (after one untimed call per batch shape; one pass over them, or as many, up to
@@ -899,6 +914,8 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
     held_out: recorded: whether `batches` lie outside the measured examples.
     slope_gamma: a second gamma to decode at (with `t_chunk[slope_gamma + 1]`),
       or None.
+    sequence_work: the once-per-sequence times already taken (`time_sequence_work`'s
+      `taken`), or None.
 
   Returns:
     The `LoopCosts`, and alpha pooled over the speculative decodings at `gamma`.
@@ -916,7 +933,7 @@ def measure_loop_costs(target: Scorer, draft: Draft, batches: Sequence[Array], *
   n = len(batches)
   encode_target, encode_draft = time_sequence_work(
       target, draft, batches, cache_len=timing_geometry(max_decode_len, gammas[-1])[0],
-      repeats=repeats)
+      repeats=repeats, taken=sequence_work)
   steps = sum(int(np.max(o.lengths)) for o in outputs["baseline"])
   overhead = {}  # {gamma: seconds per iteration beyond the model calls}
   for g in gammas:
@@ -949,8 +966,8 @@ def second_gamma(calibration_gamma: int, max_gamma: int) -> int | None:
 def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: Warp,
               max_decode_len: int, max_gamma: int, eos_id: int, rng: Array,
               verify: VerifyTimes, calibration_gamma: int = DEFAULT_CALIBRATION_GAMMA,
-              timing_calls: int = 8, timing_repeats: int = 3, alpha: float | None = None
-              ) -> GammaChoice:
+              timing_calls: int = 8, timing_repeats: int = 3, alpha: float | None = None,
+              sequence_work: SequenceWork | None = None) -> GammaChoice:
   """The one calibration: measures what the whole cost model needs and chooses gamma.
 
   Times the draft's proposals at `calibration_gamma` and both decoders over
@@ -981,6 +998,8 @@ def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: W
     timing_repeats: timed runs per loop (the median is used).
     alpha: the acceptance rate to decide with, if known (the measured one is
       otherwise used).
+    sequence_work: the once-per-sequence times already taken (`time_sequence_work`'s
+      `taken`), or None.
 
   Returns:
     The `GammaChoice`, its `idle_check` None.
@@ -994,7 +1013,8 @@ def calibrate(target: Scorer, draft: Draft, batches: Sequence[Array], *, warp: W
   loop_costs, estimate = measure_loop_costs(
       target, draft, batches, gamma=calibration_gamma, warp=warp,
       max_decode_len=max_decode_len, eos_id=eos_id, t_chunk=t_chunk, t_draft=t_draft,
-      rng=rng, repeats=timing_repeats, held_out=True, slope_gamma=slope_gamma)
+      rng=rng, repeats=timing_repeats, held_out=True, slope_gamma=slope_gamma,
+      sequence_work=sequence_work)
   ks = sorted(verify.t_chunk)
   values = distributed.agreed([verify.t_chunk[k] for k in ks] + [t_draft]
                               + [getattr(loop_costs, n) for n in _AGREED_LOOP_COSTS])
@@ -1094,11 +1114,14 @@ class SharedCosts:
     verify_check: the guard's record of their timing.
     choice: gamma = 'auto''s choice for the point (`calibrate`), None until made or at a
       fixed gamma.
+    sequence_work: both models' once-per-sequence times (`time_sequence_work`) for the
+      point's draft, filled in; the points of one draft and batch size share one.
   """
 
   verify: VerifyTimes | None = None
   verify_check: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   choice: GammaChoice | None = None
+  sequence_work: SequenceWork = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1182,8 +1205,9 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
   `shared` has the choice), then both decoders interleaved (`time_decoders`), T_draft at
   the gamma decoded (`draft_time`), the loops' own work (`measure_loop_costs` on
   `held_out`, or the first batch; the calibration's own when it timed them) and the
-  encoders on the measured batches (`time_sequence_work`). `shared` is filled in as each
-  is measured. The record ends with where it ran (`environment`).
+  encoders on the measured batches (`time_sequence_work`, unless `shared` has them for
+  these batches). `shared` is filled in as each is measured. The record ends with where
+  it ran (`environment`).
 
   Args:
     target: the target's scorer.
@@ -1211,6 +1235,8 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
                             max_decode_len=setup.max_decode_len, calls=setup.timing_calls,
                             repeats=setup.timing_repeats, rounds=setup.timing_rounds)
     shared.verify, shared.verify_check = verify, checked.record()
+  # Times taken inside a guard are kept once it has passed them.
+  work = dict(shared.sequence_work)
   if setup.gamma is None and shared.choice is None:
     with watch("costs"), guard("gamma calibration") as checked:
       choice = calibrate(
@@ -1218,7 +1244,9 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
           max_gamma=setup.auto_max_gamma, eos_id=setup.eos_id,
           rng=jax.random.PRNGKey(setup.seed), verify=shared.verify,
           calibration_gamma=min(DEFAULT_CALIBRATION_GAMMA, setup.auto_max_gamma),
-          timing_calls=setup.timing_calls, timing_repeats=setup.timing_repeats)
+          timing_calls=setup.timing_calls, timing_repeats=setup.timing_repeats,
+          sequence_work=work)
+    shared.sequence_work.update(work)
     shared.choice = dataclasses.replace(choice, idle_check=types.MappingProxyType(
         checked.record()))
   choice = shared.choice if setup.gamma is None else None
@@ -1235,7 +1263,8 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
                               enforce_greedy=setup.enforce_greedy, what=what)
     with watch("costs"):
       draft_cost, loop_costs, encoders = _point_costs(
-          target, draft, batches, held_out, setup, gamma, choice, shared.verify)
+          target, draft, batches, held_out, setup, gamma, choice, shared.verify, work)
+  shared.sequence_work.update(work)
   # Tokens per batch as the loops run them, on the measured examples: until the longest
   # row ends.
   loop_costs = dataclasses.replace(
@@ -1252,10 +1281,11 @@ def time_point(target: Scorer, draft: Draft, batches: Sequence[Array],
 
 def _point_costs(target: Scorer, draft: Draft, batches: Sequence[Array],
                  held_out: Sequence[Array], setup: PointSetup, gamma: int,
-                 choice: GammaChoice | None, verify: VerifyTimes
+                 choice: GammaChoice | None, verify: VerifyTimes, work: SequenceWork
                  ) -> tuple[StepTimes, LoopCosts, tuple[float, float]]:
   """`time_point`'s costs after the decoders: T_draft at `gamma`, the loops' own work and
-  the encoders on the measured batches (seconds per batch: the target's, the draft's)."""
+  the encoders on the measured batches (seconds per batch: the target's, the draft's;
+  `work` the once-per-sequence times already taken, filled in)."""
   draft_cost = draft_time(draft, batches[0], gamma=gamma, warp=setup.warp,
                           max_decode_len=setup.max_decode_len, max_gamma=setup.max_gamma,
                           calls=setup.timing_calls, repeats=setup.timing_repeats,
@@ -1271,11 +1301,12 @@ def _point_costs(target: Scorer, draft: Draft, batches: Sequence[Array],
         max_decode_len=setup.max_decode_len, eos_id=setup.eos_id,
         t_chunk=verify.t_chunk, t_draft=draft_cost.seconds,
         rng=jax.random.PRNGKey(setup.seed), repeats=setup.timing_repeats,
-        held_out=bool(held_out))
+        held_out=bool(held_out), sequence_work=work)
   # The once-per-sequence work at the measured examples' own lengths: the few held-out
   # batches' lengths need not be theirs (man-page inputs run from 16 to 128 tokens).
   encoders = time_sequence_work(target, draft, batches, repeats=setup.timing_repeats,
-                                cache_len=timing_geometry(setup.max_decode_len, gamma)[0])
+                                cache_len=timing_geometry(setup.max_decode_len, gamma)[0],
+                                taken=work)
   return draft_cost, loop_costs, encoders
 
 

@@ -228,9 +228,13 @@ class _Bench:
   def measure(self, point: settings.Point, say: Callable[[str], Any]) -> PointRow:
     """Measures `point`, choosing its gamma first if it is 'auto'."""
     exp = self.exp
-    verify = self._once(("verify", point.task, point.batch_size), timing.SharedCosts)
-    shared = self._once(("costs", point.key), lambda: dataclasses.replace(verify))
+    # T_verify(k) at the batch size, timed at a fixed cached length (`timing_geometry`), so
+    # every task of the run shares it; the encoders' times per draft.
+    verify = self._once(("verify", point.batch_size), timing.SharedCosts)
     examples, draft = self._inputs(point)
+    work = self._once(("sequence_work", point.draft, point.batch_size), dict)
+    shared = self._once(("costs", point.key),
+                        lambda: dataclasses.replace(verify, sequence_work=work))
     if not examples.held_out and point.gamma == settings.AUTO:
       raise ValueError(
           f"Experiment.auto_calibration_examples={exp.auto_calibration_examples}: gamma="
