@@ -848,9 +848,13 @@ def time_sequence_work(target: Scorer, draft: Draft, batches: Sequence[Array], *
     Seconds per batch of the target's work and of the draft's, the means over
     `batches` (their lengths differ, and the encoders' cost with them).
   """
-  key = (cache_len, repeats, tuple((tuple(x.shape), np.asarray(x).tobytes()) for x in batches))
-  if taken is not None and key in taken:
-    return taken[key]
+  if taken is not None:
+    # Whole on every process (a collective, as every process times the same batches), so
+    # that all of them find the same times taken, and run the same programs.
+    key = (cache_len, repeats,
+           tuple((x.shape, x.tobytes()) for x in distributed.fetch(list(batches))))
+    if key in taken:
+      return taken[key]
   init_draft = jax.jit(lambda d, x, encoded: d.init_state(x, cache_len, encoded))
   encode_target = encode_draft = 0.0
   for x in batches:
