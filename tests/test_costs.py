@@ -164,6 +164,13 @@ def test_choose_gamma_rejects_bad_arguments_before_work(pair, monkeypatch, kwarg
     timing.choose_gamma(_scorer(target, params), args.pop("draft"), inputs, **args)
 
 
+def _count_calls(monkeypatch, name: str) -> list[int]:
+  """`timing.<name>` made to append to the returned list at each call, then run."""
+  calls, real = [], getattr(timing, name)
+  monkeypatch.setattr(timing, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+  return calls
+
+
 def _gin(tmp_path, pair_dir: str, gammas: str) -> str:
   bindings = {
       "name": "'tiny_auto'", "models_dir": repr(pair_dir), "drafts": "['draft']",
@@ -198,10 +205,7 @@ def test_the_points_of_a_run_share_t_verify_and_the_encoders(tmp_path, pair_dir,
   batch's once-per-sequence work once for the draft (both rows carry the same times)."""
   exp = gin_flags.load_experiment([_gin(tmp_path, pair_dir, "[2]")],
                                   ["Experiment.temperatures = [0.0, 1.0]"])
-  verified = []
-  real_verify_times = timing.verify_times
-  monkeypatch.setattr(timing, "verify_times",
-                      lambda *a, **k: verified.append(1) or real_verify_times(*a, **k))
+  verified = _count_calls(monkeypatch, "verify_times")
   path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
                     placement=gin_flags.placement())
   greedy, sampled = (PointRow.from_json(r) for r in results_io.read_rows(path))
@@ -230,10 +234,7 @@ def test_gin_auto_plans_validates_and_rejects_other_strings(tmp_path, pair_dir):
 
 def test_run_with_gamma_auto_records_the_choice(tmp_path, pair_dir, monkeypatch):
   exp = gin_flags.load_experiment([_gin(tmp_path, pair_dir, "['auto']")], [])
-  timed = []
-  real_measure_loop_costs = timing.measure_loop_costs
-  monkeypatch.setattr(timing, "measure_loop_costs",
-                      lambda *a, **k: timed.append(1) or real_measure_loop_costs(*a, **k))
+  timed = _count_calls(monkeypatch, "measure_loop_costs")
   path = runner.run(exp, str(tmp_path / "out"), greedy=GreedyCheck(),
                     placement=gin_flags.placement())
   (row,) = results_io.read_rows(path)
