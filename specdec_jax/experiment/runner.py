@@ -228,10 +228,12 @@ class _Bench:
   def measure(self, point: settings.Point, say: Callable[[str], Any]) -> PointRow:
     """Measures `point`, choosing its gamma first if it is 'auto'."""
     exp = self.exp
-    # T_verify(k) at the batch size, timed at a fixed cached length (`timing_geometry`), so
-    # every task of the run shares it; the encoders' times per draft.
-    verify = self._once(("verify", point.batch_size), timing.SharedCosts)
     examples, draft = self._inputs(point)
+    # T_verify(k) at the batch size, timed at a fixed cached length (`timing_geometry`):
+    # every task of a decoder-only target shares it; a target with an encoder attends over
+    # its outputs, so its tasks share it at one input length (the first batch's bucket).
+    inputs = () if self.target.encoder_width is None else examples.measured[0].shape[1:]
+    verify = self._once(("verify", point.batch_size, *inputs), timing.SharedCosts)
     work = self._once(("sequence_work", point.draft, point.batch_size), dict)
     shared = self._once(("costs", point.key),
                         lambda: dataclasses.replace(verify, sequence_work=work))
