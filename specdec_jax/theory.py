@@ -308,11 +308,22 @@ class CostModel:
     Raises:
       ValueError: unless `tokens` (output tokens of the sequence) is a number > 0.
     """
+    baseline, speculative = self.sequence_seconds(tokens, per_iteration, iteration_s)
+    return baseline / speculative
+
+  def sequence_seconds(self, tokens: float, per_iteration: float, iteration_s: float
+                       ) -> tuple[float, float]:
+    """A sequence's seconds, encoders included: the baseline's, E_t + tokens * step, and
+    the speculative loop's, E_t + E_d + tokens / per_iteration * iteration_s.
+
+    Raises:
+      ValueError: unless `tokens` (output tokens of the sequence) is a number > 0.
+    """
     if not (np.isfinite(tokens) and tokens > 0):
       raise ValueError(f"tokens must be a number of output tokens > 0, got {tokens!r}.")
     baseline = self.t_encode_target + tokens * (self.t_target_step + self.t_step_overhead)
-    return baseline / (self.t_encode_target + self.t_encode_draft
-                       + tokens / per_iteration * iteration_s)
+    return baseline, (self.t_encode_target + self.t_encode_draft
+                      + tokens / per_iteration * iteration_s)
 
   def predicted_speedup(self, alpha: float, gamma: int, tokens: float | None = None) -> float:
     """`sequence_speedup` over `tokens` output tokens (encoders included), or without

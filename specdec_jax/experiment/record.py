@@ -219,11 +219,10 @@ class PointRow:
                        f"row has batch_size={self.batch_size}, loop_tokens={tokens}.")
     model = self.cost_model_terms.cost_model(self.t_verify_s, self.t_draft_token_s)
     per_iteration = float(theory.expected_tokens_per_iteration(self.alpha_beta, self.gamma))
-    baseline = model.t_encode_target / tokens + model.t_target_step + model.t_step_overhead
-    speculative = ((model.t_encode_target + model.t_encode_draft) / tokens
-                   + model.iteration_time(self.gamma) / per_iteration)
-    return (baseline / (self.baseline_ms_per_token / 1e3) - 1,
-            speculative / (self.speculative_ms_per_token / 1e3) - 1)
+    baseline, speculative = model.sequence_seconds(tokens, per_iteration,
+                                                   model.iteration_time(self.gamma))
+    return (baseline / tokens / (self.baseline_ms_per_token / 1e3) - 1,
+            speculative / tokens / (self.speculative_ms_per_token / 1e3) - 1)
 
   @property
   def efficiency(self) -> float:
