@@ -12,6 +12,11 @@ Within `compile_only()`, a top-level loop call compiles its program and
 returns zeros in the shape of its outputs without running it: a timing's
 warm-up then pays the compilation, not a whole decoding (jax keeps the
 compiled program, and the next call with those shapes runs it).
+
+A command that compiles program after program (a sweep's points, a ranking's
+drafts) calls `drop_when_crowded` after each unit of work: it keeps the
+programs a later unit may run again until the process nears the kernel's limit
+on memory maps.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ import jax.numpy as jnp
 CompilerOptions = tuple[tuple[str, Any], ...]
 
 _mode = threading.local()  # `compile_only`'s switch, per thread.
+
+# XLA:CPU maps memory for every program it compiles and unmaps it only when the program is
+# dropped; past the kernel's limit on one process's maps (`vm.max_map_count`, 65,530 by
+# default) LLVM fails to compile ('Cannot allocate memory'): a 160-point sweep in one process
+# died so at its 45th point (6 speculative loops mapped ~3,800). Half the limit leaves room
+# for the largest unit of work measured since.
+MAPS_FRACTION = 0.5
 
 
 @contextlib.contextmanager
@@ -100,3 +112,32 @@ def loop_jit(fn: Callable[..., Any], *, static_argnames: tuple[str, ...]) -> Cal
 
   call.clear_cache = clear_cache
   return call
+
+
+def memory_maps() -> tuple[int, int] | None:
+  """(maps this process holds, the kernel's limit per process), or None where they cannot be
+  read (not Linux)."""
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      used = sum(1 for _ in f)
+    with open("/proc/sys/vm/max_map_count", encoding="ascii") as f:
+      limit = int(f.read())
+  except (OSError, ValueError):
+    return None
+  return used, limit
+
+
+def drop_when_crowded(fraction: float = MAPS_FRACTION) -> bool:
+  """Drops every compiled program and trace (`jax.clear_caches`) once this process holds more
+  than `fraction` of its memory-map limit, or always where the maps cannot be counted.
+
+  Returns:
+    Whether it dropped them. A program dropped and needed again is compiled again (from the
+    persistent cache where that is on), so a command calls this between units of work,
+    never inside a timing.
+  """
+  maps = memory_maps()
+  if maps is not None and maps[0] < fraction * maps[1]:
+    return False
+  jax.clear_caches()
+  return True

@@ -26,6 +26,7 @@ import numpy as np
 
 from specdec_jax import contention
 from specdec_jax.costs import gamma_choice, timing
+from specdec_jax.decoding import programs
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.decoding.scorer import Scorer
@@ -245,10 +246,9 @@ def rank_drafts(target: Scorer, drafts: Sequence[DraftToRank], batches: Sequence
         choice = gamma_choice.make_choice(d.alphas[t], verify.t_chunk, t_draft[d.name],
                                           loop_costs=loop_costs, spread=verify.spread,
                                           max_gamma=max_gamma)
-        # Each draft compiles its loops per length bucket and gamma, and XLA:CPU maps every
-        # program's kernels apart: seven drafts' programs passed the kernel's 65,530 maps
-        # per process (vm.max_map_count) and compilation failed. They are not run again.
-        jax.clear_caches()
+        # Each draft compiles its loops per length bucket and gamma: seven drafts' programs
+        # passed the kernel's 65,530 maps per process and compilation failed.
+        programs.drop_when_crowded()
         prices[d.name][t] = DraftPrice.of(d.alphas[t], choice)
   return Ranking(
       drafts=tuple(RankedDraft(d.name, d.model_dir, d.recipe, d.params, prices[d.name])

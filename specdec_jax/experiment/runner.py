@@ -34,7 +34,7 @@ import tqdm
 from specdec_jax import contention, distributed, partitioning, validation
 from specdec_jax.costs import timing
 from specdec_jax.data import prompts
-from specdec_jax.decoding import buckets
+from specdec_jax.decoding import buckets, programs
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.experiment import measure, results_io, settings, tree_point
 from specdec_jax.experiment.record import PointRow
@@ -129,11 +129,10 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
                 f"c {row.c:.3f}, {row.tokens_per_iteration:.2f} tokens/call")
       bar.update(1)
       slowest = max(slowest, time.monotonic() - start)
-      # Every point compiles programs of its own (the loop at its gamma, step timers), and
-      # XLA:CPU maps memory for each compiled program until it is dropped: a 160-point sweep
-      # in one process ran out of memory maps (vm.max_map_count) at point 45. Drop them; a
-      # program a later point needs again is recompiled (compilation is timed apart).
-      jax.clear_caches()
+      # Every point compiles programs of its own (the loop at its gamma, step timers); a
+      # later point runs some again (the baseline, T_verify's), so they stay until the
+      # process nears its memory-map limit (compilation is timed apart).
+      programs.drop_when_crowded()
     chains = {r.key: r for r in results_io.read_points(path)}
     for point in trees:  # Beside its chain, on the same examples with the same draft.
       bar.set_description(f"{point.task} b{point.batch_size} {settings.draft_name(point.draft)} "
@@ -150,7 +149,7 @@ def run(exp: settings.Experiment, output_dir: str, *, greedy: measure.GreedyChec
                 f"{row.speedup_predicted:.2f}X), {row.tokens_per_call:.2f} tokens/call "
                 f"(chain: {row.chain_speedup:.2f}X, {row.chain_tokens_per_call:.2f})")
       bar.update(1)
-      jax.clear_caches()
+      programs.drop_when_crowded()
   bar.close()
   return path
 

@@ -45,7 +45,7 @@ import sentencepiece as spm
 from specdec_jax import contention, validation
 from specdec_jax.costs import gamma_choice, timing
 from specdec_jax.data import layout, prompts
-from specdec_jax.decoding import buckets
+from specdec_jax.decoding import buckets, programs
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
 from specdec_jax.experiment import results_io
@@ -524,7 +524,7 @@ def run(settings: MapSettings, output_dir: str, say: Callable[[str], Any] = _say
     results_io.append_row(path, row.to_json())
     rows[job.key] = row
     say(f"[{i}/{len(jobs)}] {describe(row)} ({row.wall_s:.0f} s)")
-    jax.clear_caches()  # Each row compiles its own programs; XLA:CPU maps each until dropped.
+    programs.drop_when_crowded()  # Each row compiles its own programs.
   return [row.to_json() for row in rows.values()]
 
 
