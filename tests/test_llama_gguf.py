@@ -28,7 +28,6 @@ from specdec_jax.data import layout
 from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.drafts import Draft
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.distillation.teacher import teacher_sha256
 from specdec_jax.models.llama import (
   LayerSkipDraft,
   LlamaModel,
@@ -38,7 +37,6 @@ from specdec_jax.models.llama import (
   student_io,
 )
 from specdec_jax.models.llama.feature_draft import FeatureDraft
-from specdec_jax.models.llama.student import Student
 
 # Teacher-forced logits (magnitudes up to ~40) agree to 1.2e-4 on these prompts: float32
 # sums in another order over 30 layers.
@@ -136,16 +134,10 @@ def test_teacher_forced_logits_match_transformers(checkpoint, hf, prompts):
                                rtol=0)
 
 
-def _shipped_draft(checkpoint, name: str) -> Draft:
+def _shipped_draft(checkpoint, scorer, name: str) -> Draft:
   """The shipped draft `name`, checked to be one trained for this file."""
-  directory = os.path.join(layout.ASSETS_DIR, "models", name)
-  saved = student_io.load_student(directory)
-  path = gguf_loader.smollm2_path()
-  student_io.check_target(saved, directory, teacher_sha256(path),
-                          checkpoint.config.vocab_size, checkpoint.config.d_model,
-                          os.path.basename(path))
-  return Student(saved.config).draft(
-      saved.params, checkpoint.params["token_embedder"]["embedding"], saved.head_tokens)
+  return student_io.load_draft(os.path.join(layout.ASSETS_DIR, "models", name), scorer,
+                               checkpoint.path)
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +191,8 @@ def test_greedy_speculative_with_a_layer_skip_draft_equals_the_baseline(checkpoi
 def test_greedy_speculative_with_each_shipped_draft_equals_the_baseline(checkpoint, scorer,
                                                                        greedy, name):
   _, inputs, base = greedy
-  out = _speculative_greedy(checkpoint, scorer, inputs, _shipped_draft(checkpoint, name), 6)
+  draft = _shipped_draft(checkpoint, scorer, name)
+  out = _speculative_greedy(checkpoint, scorer, inputs, draft, 6)
   np.testing.assert_array_equal(out.sequences, base.sequences)
   np.testing.assert_array_equal(out.lengths, base.lengths)
   # The trained draft agrees with the target often (untrained: ~0).
@@ -223,7 +216,7 @@ def sampled_position(checkpoint, hf, prompts, scorer):
   # The shared prompt prefilled once; each row then feeds only its last token.
   scorer = scorer.with_prefix(jnp.asarray(prompt[:-1]))
   inputs = jnp.asarray(np.tile(prompt, (SAMPLES, 1)), jnp.int32)
-  draft = _shipped_draft(checkpoint, QUICKSTART_DRAFT)
+  draft = _shipped_draft(checkpoint, scorer, QUICKSTART_DRAFT)
   assert isinstance(draft, FeatureDraft)
 
   def sample(verify=None) -> np.ndarray:

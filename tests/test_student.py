@@ -15,9 +15,10 @@ import pytest
 from test_llama import EOS, PROMPT, PROMPTS, SAMPLES, _exact_distribution, _random_model
 from test_speculative import LENGTH, VOCAB, _chi_square_p_value, accept_all
 
+from specdec_jax import checksums
 from specdec_jax.decoding import baseline, speculative
 from specdec_jax.decoding.sampling import Warp
-from specdec_jax.models.llama import LlamaScorer, pad_prompts
+from specdec_jax.models.llama import LlamaScorer, pad_prompts, student_io
 from specdec_jax.models.llama.student import (
     Student,
     StudentConfig,
@@ -168,3 +169,27 @@ def test_the_transformers_export_refuses_a_feature_reading_draft():
   with pytest.raises(ValueError, match="reads its target's features"):
     to_transformers(config, {}, np.asarray(params["token_embedder"]["embedding"]),
                     np.arange(8, dtype=np.int32))
+
+
+def test_load_draft_checks_the_target_file_and_builds_it_on_the_targets_weights(tmp_path):
+  model, params = _random_model()
+  target = LlamaScorer(model, model.prepare(params))
+  head = np.asarray([1, 5, 9, 40, 41, 96], np.int32)
+  student, sparams = _student(model.config, head)
+  target_file, other_file = tmp_path / "tiny.gguf", tmp_path / "other.gguf"
+  target_file.write_bytes(b"the target's weights")
+  other_file.write_bytes(b"another model's weights")
+  sha = checksums.sha256_files([str(target_file)])
+  assert sha != checksums.sha256_files([str(other_file)])
+  directory = str(tmp_path / "draft")
+  student_io.save_student(directory, student.config, sparams, head, student_io.TargetId(
+      sha, model.config.vocab_size, model.config.d_model, "tiny.gguf"))
+  draft = student_io.load_draft(directory, target, str(target_file))
+  assert isinstance(draft, StudentDraft) and draft.model.options == model.options
+  # It reads the target's embedding through its own (float16-stored) projection.
+  saved = student_io.load_student(directory)
+  want = student.prepare(saved.params, target.weights.embedding, head)
+  np.testing.assert_array_equal(draft.weights.embedding, want.embedding)
+  np.testing.assert_array_equal(draft.weights.head_tokens, head)
+  with pytest.raises(ValueError, match=r"trained for tiny.gguf .* but the target is other.gguf"):
+    student_io.load_draft(directory, target, str(other_file))

@@ -21,7 +21,6 @@ import abc
 import dataclasses
 import fcntl
 import functools
-import hashlib
 import os
 from collections.abc import Callable, Sequence
 from typing import IO
@@ -33,6 +32,7 @@ import sentencepiece as spm
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from specdec_jax import checksums
 from specdec_jax.data import chat_prompts, corpora, layout, prompts
 from specdec_jax.data import teacher_signals as ts
 from specdec_jax.decoding import baseline
@@ -51,16 +51,6 @@ DATA_AXIS = "data"  # The mesh axis the rows are split over (`partitioning.MESH_
 
 class DistillError(ValueError):
   """A setting or input that makes the run impossible (found before any decoding)."""
-
-
-def _sha256_files(paths: list[str]) -> str:
-  digest = hashlib.sha256()
-  for path in paths:
-    digest.update(os.path.basename(path).encode())
-    with open(path, "rb") as f:
-      for block in iter(lambda f=f: f.read(1 << 20), b""):
-        digest.update(block)
-  return digest.hexdigest()
 
 
 def top_k_logprobs(logits: Array, k: int) -> tuple[Array, Array, Array]:
@@ -450,10 +440,10 @@ def teacher_sha256(path: str) -> str:
     FileNotFoundError: `path` names no such directory or file.
   """
   if is_gguf(path):
-    return _sha256_files([gguf_file(path)])
+    return checksums.sha256_files([gguf_file(path)])
   files = sorted(os.path.join(path, f) for f in os.listdir(path)
                  if f == "config.json" or f.endswith(".safetensors"))
-  return _sha256_files(files)
+  return checksums.sha256_files(files)
 
 
 def check_vocab(cfg: T5Config, vocab_path: str, teacher_path: str) -> spm.SentencePieceProcessor:

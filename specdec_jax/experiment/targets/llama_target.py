@@ -68,7 +68,7 @@ from specdec_jax.models.llama import (
 )
 from specdec_jax.models.llama.feature_branches import FeatureBranches
 from specdec_jax.models.llama.feature_draft import FeatureDraft
-from specdec_jax.models.llama.student import Student, StudentDraft
+from specdec_jax.models.llama.student import StudentDraft
 from specdec_jax.models.options import DecodeOptions
 
 if TYPE_CHECKING:
@@ -306,10 +306,7 @@ def _check_student(exp: Experiment, spec: str, target_vocab: int) -> None:
 def _build_student(target: LlamaTarget, spec: str, task: str) -> StudentDraft | FeatureDraft:
   del task  # One draft for every task.
   saved = student_io.load_student(_student_dir(target.settings, spec))
-  student = Student(dataclasses.replace(saved.config, blocks=saved.config.blocks.replace(
-      dtype=target.settings.dtype, param_dtype=target.settings.param_dtype)),
-                    options=target.model.options)
-  return student.draft(saved.params, target.weights.embedding, saved.head_tokens)
+  return student_io.build_draft(saved, LlamaScorer(target.model, target.weights))
 
 
 STUDENT = DraftKind(

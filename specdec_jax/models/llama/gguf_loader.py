@@ -145,11 +145,13 @@ class GGUFCheckpoint:
     config: the architecture (`LlamaConfig`).
     params: the parameter tree of `llama.model`, float32 numpy arrays.
     vocabulary: the tokenizer and chat template.
+    path: the file it was read from (what a trained draft checks: `student_io.load_draft`).
   """
 
   config: LlamaConfig
   params: dict
   vocabulary: GGUFVocabulary
+  path: str
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
@@ -226,7 +228,7 @@ def load_gguf(path: str | None = None) -> GGUFCheckpoint:
     path: the .gguf file (default: `smollm2_path()`).
 
   Returns:
-    The `GGUFCheckpoint`: config, parameters, vocabulary.
+    The `GGUFCheckpoint`: config, parameters, vocabulary and the file's path.
 
   Raises:
     ValueError: the file is not a tied-embedding Llama, or a tensor is missing
@@ -234,7 +236,8 @@ def load_gguf(path: str | None = None) -> GGUFCheckpoint:
   """
   import gguf
 
-  reader = gguf.GGUFReader(path or smollm2_path())
+  path = path or smollm2_path()
+  reader = gguf.GGUFReader(path)
   config = read_config(reader)
   tensors = {t.name: t for t in reader.tensors}
   if "output.weight" in tensors:
@@ -261,7 +264,7 @@ def load_gguf(path: str | None = None) -> GGUFCheckpoint:
       node[path_[-1]] = np.ascontiguousarray(w.T) if transposed else w
     params["decoder"][f"layers_{i}"] = layer
   _check_shapes(params, LlamaModel(config).param_info())
-  return GGUFCheckpoint(config, params, read_vocabulary(reader))
+  return GGUFCheckpoint(config, params, read_vocabulary(reader), path)
 
 
 def _check_shapes(params: dict, info: dict, where: str = "") -> None:

@@ -9,7 +9,8 @@
 
 The draft owns no embedding: it reads its target's, so it is refused before any
 work for a target whose file differs (`check_target`): another vocabulary or
-tokenizer would give its ids other meanings.
+tokenizer would give its ids other meanings. `load_draft` reads, checks and builds
+one for generation beside its target's scorer.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import os
 import numpy as np
 import safetensors.numpy
 
-from specdec_jax import atomic_io
-from specdec_jax.models.llama.student import StudentConfig
+from specdec_jax import atomic_io, checksums
+from specdec_jax.models.llama.feature_draft import FeatureDraft
+from specdec_jax.models.llama.scorer import LlamaScorer
+from specdec_jax.models.llama.student import Student, StudentConfig, StudentDraft
 
 FORMAT = "specdec_student/1"
 CONFIG = "config.json"
@@ -35,7 +38,7 @@ class TargetId:
   """The target a draft was trained for.
 
   Attributes:
-    sha256: of its GGUF file (`distillation.teacher.teacher_sha256`).
+    sha256: of its GGUF file (`checksums.sha256_files([file])`).
     vocab_size: its vocabulary's size.
     embed_dim: its embedding's width.
     file: the file's name (for messages).
@@ -151,3 +154,38 @@ def check_target(saved: SavedStudent, where: str, sha256: str, vocab_size: int,
         f"{file} (sha256 {sha256[:12]}..., vocabulary {vocab_size}, embedding width "
         f"{embed_dim}): its token ids and embedding would mean other things; use a draft "
         "trained for this target.")
+
+
+def build_draft(saved: SavedStudent, target: LlamaScorer) -> StudentDraft | FeatureDraft:
+  """A saved draft for generation beside `target`: in the target's compute and parameter
+  dtypes and decode options, reading its prepared embedding. The caller has checked
+  that `target` is the one it was trained for (`check_target`)."""
+  config = target.model.config
+  blocks = saved.config.blocks.replace(dtype=config.dtype, param_dtype=config.param_dtype)
+  student = Student(dataclasses.replace(saved.config, blocks=blocks),
+                    options=target.model.options)
+  return student.draft(saved.params, target.weights.embedding, saved.head_tokens)
+
+
+def load_draft(directory: str, target: LlamaScorer, target_file: str
+               ) -> StudentDraft | FeatureDraft:
+  """The draft saved in `directory`, checked against its target, ready to decode.
+
+  Args:
+    directory: a saved draft (`save_student`; e.g. assets/models/draft_smollm2_eagle).
+    target: the target's scorer (its weights prepared from `target_file`).
+    target_file: the GGUF file the target was read from (`GGUFCheckpoint.path`).
+
+  Returns:
+    A `FeatureDraft` if the draft reads the target's features, else a `StudentDraft`.
+
+  Raises:
+    FileNotFoundError: `directory` holds no saved draft.
+    ValueError: it was trained for another file, vocabulary or embedding width
+      (`check_target`), or is not a saved draft of this format.
+  """
+  saved = load_student(directory)
+  config = target.model.config
+  check_target(saved, directory, checksums.sha256_files([target_file]), config.vocab_size,
+               config.d_model, os.path.basename(target_file))
+  return build_draft(saved, target)
