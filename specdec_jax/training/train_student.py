@@ -458,7 +458,8 @@ def model_card(config: StudentTrainConfig, student: Student, summary: dict, *,
       "(`training/student_distill.py`); the speedup and alpha measured by decoding are in "
       "results/README.md.",
       "It works only with the target it was trained for: config.json names that file by "
-      "its sha256, and the run refuses another (`student_io.check_target`). Use it by name "
-      "in a `llama_gguf` experiment (`Experiment.drafts = ['<this directory>']`)."]
+      "its sha256, and loading it for another is refused (`student_io.check_target`). In "
+      "Python: `student_io.load_draft('<this directory>', target_scorer, gguf_path)`; in a "
+      "`llama_gguf` experiment, by name (`Experiment.drafts = ['<this directory>']`)."]
   return ModelCard(f"A decoder-only draft for `{summary['target_file']}`", [intro], facts,
                    sections).markdown()
