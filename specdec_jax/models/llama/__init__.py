@@ -7,6 +7,7 @@
   student.py      `Student`: a small trained draft that reads the target's embedding
   feature_draft.py  `FeatureDraft`: a trained draft that also reads the target's features
   feature_branches.py  `FeatureBranches`: a `FeatureDraft` expanding the tree loop's tree
+  student_io.py   a trained draft on disk, tied to its target's file (`load_draft`)
 """
 
 from specdec_jax.models.llama.drafts import LayerSkipDraft
