@@ -193,3 +193,5 @@ def test_load_draft_checks_the_target_file_and_builds_it_on_the_targets_weights(
   np.testing.assert_array_equal(draft.weights.head_tokens, head)
   with pytest.raises(ValueError, match=r"trained for tiny.gguf .* but the target is other.gguf"):
     student_io.load_draft(directory, target, str(other_file))
+  with pytest.raises(ValueError, match=r"weights must be prepared"):
+    student_io.load_draft(directory, LlamaScorer(model, params), str(target_file))

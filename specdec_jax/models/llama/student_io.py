@@ -24,6 +24,7 @@ import safetensors.numpy
 
 from specdec_jax import atomic_io, checksums
 from specdec_jax.models.llama.feature_draft import FeatureDraft
+from specdec_jax.models.llama.model import LlamaWeights
 from specdec_jax.models.llama.scorer import LlamaScorer
 from specdec_jax.models.llama.student import Student, StudentConfig, StudentDraft
 
@@ -159,7 +160,14 @@ def check_target(saved: SavedStudent, where: str, sha256: str, vocab_size: int,
 def build_draft(saved: SavedStudent, target: LlamaScorer) -> StudentDraft | FeatureDraft:
   """A saved draft for generation beside `target`: in the target's compute and parameter
   dtypes and decode options, reading its prepared embedding. The caller has checked
-  that `target` is the one it was trained for (`check_target`)."""
+  that `target` is the one it was trained for (`check_target`).
+
+  Raises:
+    ValueError: `target` holds raw parameters, not prepared weights.
+  """
+  if not isinstance(target.weights, LlamaWeights):
+    raise ValueError("the target scorer's weights must be prepared, as the draft reads its "
+                     "prepared embedding: LlamaScorer(model, model.prepare(params)).")
   config = target.model.config
   blocks = saved.config.blocks.replace(dtype=config.dtype, param_dtype=config.param_dtype)
   student = Student(dataclasses.replace(saved.config, blocks=blocks),
@@ -182,7 +190,8 @@ def load_draft(directory: str, target: LlamaScorer, target_file: str
   Raises:
     FileNotFoundError: `directory` holds no saved draft.
     ValueError: it was trained for another file, vocabulary or embedding width
-      (`check_target`), or is not a saved draft of this format.
+      (`check_target`), is not a saved draft of this format, or `target`'s weights are
+      not prepared (`build_draft`).
   """
   saved = load_student(directory)
   config = target.model.config
