@@ -207,6 +207,11 @@ def test_a_feature_reading_draft_trains_on_the_stored_features_and_exports(data,
   assert summary["steps"] == summary["total_steps"]
   saved = load_student(os.path.join(model_dir, train_student.EXPORT))
   assert saved.config.feature_size == TEST_CONFIG.d_model
+  with open(os.path.join(model_dir, train_student.CURVE)) as f:
+    last = json.load(f)["points"][-1]
+  with open(os.path.join(model_dir, train_student.EXPORT, "README.md")) as f:
+    assert (f"| held-out alpha, second proposal | T=0: {last['alpha_t0_second']:.3f}, "
+            f"T=1: >= {last['alpha_t1_lower_second']:.3f} |") in f.read()
   student = Student(saved.config)
   embedding = np.asarray(tiny.params["token_embedder"]["embedding"])
   train = train_student.read_packed(("mansum", "explain"), root=root, with_hidden=True)

@@ -431,7 +431,8 @@ def model_card(config: StudentTrainConfig, student: Student, summary: dict, *,
          f"{config.feature_weight}), which it reads while it proposes beyond the verified "
          "text (`specdec_jax/models/llama/feature_draft.py`). Its held-out alpha below is "
          "teacher-forced with the target's own features: that of each iteration's first "
-         "proposal." if config.reads_features else ""))
+         "proposal, and of its second, which reads the feature the draft predicted itself."
+         if config.reads_features else ""))
   facts = [
       ("parameters (own)", f"{summary['parameters'] / 1e6:.2f}M"),
       ("layers / d_model / heads / kv heads / d_ff", f"{blocks.num_layers} / {blocks.d_model} / "
@@ -453,6 +454,10 @@ def model_card(config: StudentTrainConfig, student: Student, summary: dict, *,
        f"T=0: {last.get('alpha_t0', float('nan')):.3f}, "
        f"T=1: >= {last.get('alpha_t1_lower', float('nan')):.3f}"),
   ]
+  if config.reads_features and "alpha_t0_second" in last:
+    facts.append(("held-out alpha, second proposal",
+                  f"T=0: {last['alpha_t0_second']:.3f}, "
+                  f"T=1: >= {last['alpha_t1_lower_second']:.3f}"))
   sections = [
       "Held-out alpha is estimated along the target's own validation outputs "
       "(`training/student_distill.py`); the speedup and alpha measured by decoding are in "
