@@ -454,7 +454,7 @@ def model_card(config: StudentTrainConfig, student: Student, summary: dict, *,
        f"T=0: {last.get('alpha_t0', float('nan')):.3f}, "
        f"T=1: >= {last.get('alpha_t1_lower', float('nan')):.3f}"),
   ]
-  if config.reads_features and "alpha_t0_second" in last:
+  if "alpha_t0_second" in last:  # Estimated for a draft that reads features.
     facts.append(("held-out alpha, second proposal",
                   f"T=0: {last['alpha_t0_second']:.3f}, "
                   f"T=1: >= {last['alpha_t1_lower_second']:.3f}"))
